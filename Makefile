@@ -1,0 +1,31 @@
+# sepp-trio developer commands. `make test` sets up everything on a fresh machine.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: test demo gen check-gen lint typecheck bench venv
+
+test:            ## set up (venv, deps, sepp server) and run lint, types and every test
+	bash scripts/test.sh
+
+demo:            ## run examples/main.py end to end ($$SEPP_ADDR, or a server started here)
+	bash scripts/demo.sh
+
+venv:
+	bash scripts/setup-venv.sh
+
+gen: venv        ## regenerate src/sepp/_pb from ../shared/proto (comments stripped)
+	$(PY) scripts/gen_proto.py
+
+check-gen: venv  ## fail if the committed generated code differs from a fresh generation
+	bash scripts/check-gen.sh
+
+lint: venv
+	$(VENV)/bin/ruff check src tests examples benchmarks scripts
+	$(VENV)/bin/ruff format --check src tests examples benchmarks scripts
+
+typecheck: venv
+	$(VENV)/bin/mypy src/sepp
+
+bench: venv      ## side-by-side benchmark against sepp-py
+	$(PY) -m benchmarks

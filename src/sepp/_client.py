@@ -1,0 +1,499 @@
+"""Client: one method per operation — validate, convert, call, map — and `open()`."""
+
+from __future__ import annotations
+
+import os
+import ssl
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import trio
+
+from . import _convert as cv
+from . import _validate as v
+from ._address import parse_address
+from ._errors import (
+    BatchValidationError,
+    JobRejectedError,
+    MalformedResponseError,
+    SeppError,
+    ValidationError,
+    error_from_status,
+)
+from ._log import Log, LoggerLike
+from ._pb import queue_pb2 as pb
+from ._rejections import JobRejection
+from ._retry import AMBIGUOUS, NO_RETRY, RETRYABLE, RetryPolicy, call_with_retry
+from ._types import (
+    BatchRejection,
+    CustomValue,
+    DeadLetterRecord,
+    EnqueueAck,
+    EnqueueRequest,
+    Job,
+    JobContext,
+    Payload,
+    Retry,
+    ServerInfo,
+    TraceContext,
+)
+from ._version import __version__
+from .wire._status import StatusCode
+from .wire._transport import Channel, Endpoint, RpcError
+
+if TYPE_CHECKING:
+    from ._errors import CallKind
+
+T = TypeVar("T")
+
+# Fits the largest Reserve a default server can send (256 jobs x 1 MiB payloads) with room
+# for the envelope; lower it to bound memory against a misconfigured or hostile server.
+DEFAULT_MAX_RECEIVE_MESSAGE_BYTES = 272 * 1024 * 1024
+# A Reserve's deadline is its long-poll wait plus this much slack.
+RESERVE_DEADLINE_SLACK_S = 10.0
+USER_AGENT = f"sepp-trio/{__version__}"
+
+
+class Client:
+    """A connection to one sepp server. Get one from `sepp.open()`; safe to share between tasks."""
+
+    def __init__(
+        self,
+        channel: Channel,
+        *,
+        address: str,
+        rpc_timeout: float | None,
+        retry_policy: RetryPolicy,
+        log: Log,
+    ) -> None:
+        self._channel = channel
+        self._address = address
+        self._rpc_timeout = rpc_timeout
+        self._retry_policy = retry_policy
+        self._log = log
+
+    def __repr__(self) -> str:
+        return f"<sepp.Client {self._address}>"
+
+    @property
+    def address(self) -> str:
+        return self._address
+
+    # -- producing --------------------------------------------------------------------------
+
+    async def enqueue(
+        self,
+        queue: str | EnqueueRequest,
+        job_type: str | None = None,
+        *,
+        payload: Payload | None = None,
+        idempotency_key: str | None = None,
+        priority: int | None = None,
+        max_attempts: int | None = None,
+        custom: Mapping[str, CustomValue] | None = None,
+        scheduled_at: datetime | None = None,
+        trace_context: TraceContext | None = None,
+        timeout: float | timedelta | None = None,
+    ) -> EnqueueAck:
+        """Enqueue one job; raises JobRejectedError if the server rejects it."""
+        if isinstance(queue, EnqueueRequest):
+            if job_type is not None:
+                raise ValidationError("job_type", "pass either an EnqueueRequest or its fields")
+            request = queue
+        else:
+            if job_type is None:
+                raise ValidationError("job_type", "is required")
+            request = EnqueueRequest(
+                queue,
+                job_type,
+                payload=payload,
+                idempotency_key=idempotency_key,
+                priority=priority,
+                max_attempts=max_attempts,
+                custom=custom if custom is not None else {},
+                scheduled_at=scheduled_at,
+                trace_context=trace_context,
+            )
+        (result,) = await self._enqueue_batch([request], timeout)
+        if isinstance(result, JobRejection):
+            raise JobRejectedError(result)
+        return result
+
+    async def enqueue_batch(
+        self, jobs: Iterable[EnqueueRequest], *, timeout: float | timedelta | None = None
+    ) -> list[EnqueueAck | JobRejection]:
+        """Best effort: one result per job, in order; rejections are values, not errors."""
+        return await self._enqueue_batch(_requests(jobs), timeout)
+
+    async def enqueue_atomic(
+        self, jobs: Iterable[EnqueueRequest], *, timeout: float | timedelta | None = None
+    ) -> list[EnqueueAck]:
+        """All or nothing: every job is enqueued, or BatchValidationError lists the culprits."""
+        requests = _requests(jobs)
+        body = await self._call(
+            "EnqueueAtomic",
+            cv.enqueue_batch_to_pb(requests),
+            timeout=timeout,
+            retryable=_enqueue_retryable(requests),
+        )
+        msg = _parse(pb.EnqueueAtomicResponse, body, "EnqueueAtomic")
+        which = msg.WhichOneof("outcome")
+        if which == "rejection":
+            raise BatchValidationError(
+                [
+                    BatchRejection(e.index, cv.rejection_from_pb(e.rejection))
+                    for e in msg.rejection.errors
+                ]
+            )
+        if which != "success":
+            raise MalformedResponseError("EnqueueAtomic: response has no outcome")
+        if len(msg.success.responses) != len(requests):
+            raise MalformedResponseError(
+                f"EnqueueAtomic: expected {len(requests)} results, got {len(msg.success.responses)}"
+            )
+        return [self._convert(cv.ack_from_pb, r, "EnqueueAtomic") for r in msg.success.responses]
+
+    async def _enqueue_batch(
+        self, requests: list[EnqueueRequest], timeout: float | timedelta | None
+    ) -> list[EnqueueAck | JobRejection]:
+        body = await self._call(
+            "EnqueueBatch",
+            cv.enqueue_batch_to_pb(requests),
+            timeout=timeout,
+            retryable=_enqueue_retryable(requests),
+        )
+        try:
+            return cv.batch_results_from_pb(body, len(requests))
+        except Exception as exc:
+            raise MalformedResponseError(f"EnqueueBatch: {exc}") from exc
+
+    # -- consuming --------------------------------------------------------------------------
+
+    async def reserve(
+        self,
+        queues: Sequence[str] | str,
+        *,
+        lease_duration: float | timedelta = 30.0,
+        wait_timeout: float | timedelta = 20.0,
+        max_jobs: int | None = None,
+        worker_id: str | None = None,
+    ) -> list[Job] | None:
+        """Long-poll for jobs; None when the wait ended with nothing to do. Never retried.
+
+        If this call is cancelled after the server leased jobs, those jobs come back only when
+        their leases expire.
+        """
+        names = [queues] if isinstance(queues, str) else list(queues)
+        if not names:
+            raise ValidationError("queues", "must name at least one queue")
+        for index, name in enumerate(names):
+            v.utf8_text(f"queues[{index}]", name)
+        lease_s = v.seconds("lease_duration", lease_duration)
+        wait_s = v.seconds("wait_timeout", wait_timeout, allow_zero=True)
+        if max_jobs is not None:
+            v.whole_number("max_jobs", max_jobs, low=1, high=v.UINT32_MAX)
+        v.optional_text("worker_id", worker_id)
+        msg = pb.ReserveRequest(queues=names)
+        cv.duration_to_pb(wait_s, msg.wait_timeout)
+        cv.duration_to_pb(lease_s, msg.lease_duration)
+        if worker_id is not None:
+            msg.worker_id = worker_id
+        if max_jobs is not None:
+            msg.max_jobs = max_jobs
+        body = await self._call(
+            "Reserve",
+            msg.SerializeToString(),
+            timeout=wait_s + RESERVE_DEADLINE_SLACK_S,
+            retryable=frozenset(),
+            kind="reserve",
+        )
+        response = _parse(pb.ReserveResponse, body, "Reserve")
+        if not response.jobs:
+            return None
+        jobs: list[Job] = []
+        for job_msg in response.jobs:
+            try:
+                jobs.append(cv.job_from_pb(job_msg, worker_id))
+            except Exception as exc:  # one bad job must not cost the others
+                self._log.warning("sepp: skipping a malformed job from Reserve: %s", exc)
+        return jobs or None
+
+    async def ack(self, ctx: JobContext, *, timeout: float | timedelta | None = None) -> None:
+        """Finish a job. JobNotFoundError / AttemptMismatchError mean the lease was lost."""
+        msg = pb.AckRequest(job_id=_ctx(ctx).id, attempt=ctx.attempt)
+        if ctx.worker_id is not None:
+            msg.worker_id = ctx.worker_id
+        body = await self._call("Ack", msg.SerializeToString(), timeout=timeout, kind="lease")
+        _parse(pb.AckResponse, body, "Ack")
+
+    async def nack(
+        self,
+        ctx: JobContext,
+        *,
+        reason: str | None = None,
+        retry: Retry = Retry.DEFAULT,
+        timeout: float | timedelta | None = None,
+    ) -> bool:
+        """Give a job back; returns whether the server dead-lettered it."""
+        msg = pb.NackRequest(job_id=_ctx(ctx).id, attempt=ctx.attempt)
+        if not isinstance(retry, Retry):
+            raise ValidationError(
+                "retry", "must be Retry.DEFAULT, Retry.after(...) or Retry.DEAD_LETTER"
+            )
+        if reason:
+            msg.reason = v.utf8_text("reason", reason)
+        if retry.kind == "delay" and retry.delay is not None:
+            cv.duration_to_pb(retry.delay.total_seconds(), msg.retry.delay)
+        elif retry.kind == "dead_letter":
+            msg.retry.dead_letter.SetInParent()
+        else:
+            msg.retry.default.SetInParent()
+        if ctx.worker_id is not None:
+            msg.worker_id = ctx.worker_id
+        body = await self._call("Nack", msg.SerializeToString(), timeout=timeout, kind="lease")
+        return _parse(pb.NackResponse, body, "Nack").dead_lettered
+
+    async def extend(
+        self,
+        ctx: JobContext,
+        lease_duration: float | timedelta,
+        *,
+        timeout: float | timedelta | None = None,
+    ) -> datetime:
+        """Extend a lease to `lease_duration` from now (the server may clamp it); returns and
+        records on `ctx` the new expiry."""
+        lease_s = v.seconds("lease_duration", lease_duration)
+        msg = pb.ExtendRequest(job_id=_ctx(ctx).id, attempt=ctx.attempt)
+        cv.duration_to_pb(lease_s, msg.lease_duration)
+        if ctx.worker_id is not None:
+            msg.worker_id = ctx.worker_id
+        body = await self._call("Extend", msg.SerializeToString(), timeout=timeout, kind="lease")
+        response = _parse(pb.ExtendResponse, body, "Extend")
+        if not response.HasField("lease_expires_at"):
+            raise MalformedResponseError("Extend: response has no lease_expires_at")
+        expires = self._convert(cv.timestamp_from_pb, response.lease_expires_at, "Extend")
+        ctx._lease.expires_at = expires
+        return expires
+
+    # -- operations -------------------------------------------------------------------------
+
+    async def drain_dead_letters(
+        self,
+        queue: str | None = None,
+        *,
+        max: int = 100,
+        timeout: float | timedelta | None = None,
+    ) -> list[DeadLetterRecord]:
+        """Remove and return up to `max` dead-lettered jobs, oldest first. Destructive, so never
+        retried. `max=0` returns [] without a call."""
+        v.whole_number("max", max, low=0, high=v.UINT32_MAX)
+        if max == 0:
+            return []
+        msg = pb.DrainDeadLettersRequest(max=max)
+        if queue is not None:
+            msg.queue = v.utf8_text("queue", queue)
+        body = await self._call(
+            "DrainDeadLetters", msg.SerializeToString(), timeout=timeout, retryable=frozenset()
+        )
+        records: list[DeadLetterRecord] = []
+        for record in _parse(pb.DrainDeadLettersResponse, body, "DrainDeadLetters").records:
+            try:
+                records.append(cv.dead_letter_from_pb(record))
+            except Exception as exc:
+                self._log.warning("sepp: skipping a malformed dead-letter record: %s", exc)
+        return records
+
+    async def get_server_info(self, *, timeout: float | timedelta | None = None) -> ServerInfo:
+        body = await self._call("GetServerInfo", b"", timeout=timeout)
+        msg = _parse(pb.GetServerInfoResponse, body, "GetServerInfo")
+        return self._convert(cv.server_info_from_pb, msg, "GetServerInfo")
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    async def _call(
+        self,
+        method: str,
+        request: bytes,
+        *,
+        timeout: float | timedelta | None,
+        retryable: frozenset[StatusCode] = RETRYABLE,
+        kind: CallKind = "generic",
+    ) -> bytes:
+        if timeout is None:
+            timeout_s = self._rpc_timeout
+        else:
+            timeout_s = v.seconds("timeout", timeout)
+
+        async def attempt() -> bytes:
+            return await self._channel.call(method, request, timeout=timeout_s)
+
+        try:
+            return await call_with_retry(
+                self._retry_policy, attempt, method=method, log=self._log, retryable=retryable
+            )
+        except RpcError as exc:
+            raise error_from_status(
+                exc.code, exc.details, call=kind, method=method, kind=exc.kind, addr=self._address
+            ) from None
+
+    @staticmethod
+    def _convert(fn: Callable[[Any], T], value: object, method: str) -> T:
+        try:
+            return fn(value)
+        except SeppError:
+            raise
+        except Exception as exc:
+            raise MalformedResponseError(f"{method}: {exc}") from exc
+
+
+def _requests(jobs: Iterable[EnqueueRequest]) -> list[EnqueueRequest]:
+    if isinstance(jobs, (str, bytes, EnqueueRequest)):
+        raise ValidationError("jobs", "must be an iterable of EnqueueRequest")
+    requests = list(jobs)
+    if not requests:
+        raise ValidationError("jobs", "must not be empty")
+    for index, job in enumerate(requests):
+        if not isinstance(job, EnqueueRequest):
+            raise ValidationError(f"jobs[{index}]", "must be a sepp.EnqueueRequest")
+    return requests
+
+
+def _enqueue_retryable(requests: Sequence[EnqueueRequest]) -> frozenset[StatusCode]:
+    # Without a key on every job, a timeout may hide a commit: retrying could duplicate.
+    if all(job.idempotency_key for job in requests):
+        return RETRYABLE
+    return RETRYABLE - AMBIGUOUS
+
+
+def _ctx(ctx: object) -> JobContext:
+    if not isinstance(ctx, JobContext):
+        raise ValidationError("ctx", "must be the JobContext of a reserved job (job.ctx)")
+    return ctx
+
+
+M = TypeVar("M")
+
+
+def _parse(cls: type[M], body: bytes, method: str) -> M:
+    try:
+        return cls.FromString(body)  # type: ignore[attr-defined,no-any-return]
+    except Exception as exc:
+        raise MalformedResponseError(f"{method}: response does not parse: {exc}") from exc
+
+
+def _ssl_context(
+    tls: bool | ssl.SSLContext | None,
+    tls_ca_cert: bytes | str | os.PathLike[str] | None,
+) -> ssl.SSLContext:
+    if isinstance(tls, ssl.SSLContext):
+        context = tls
+    elif tls_ca_cert is not None:
+        context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
+        try:
+            if isinstance(tls_ca_cert, bytes):
+                context.load_verify_locations(cadata=tls_ca_cert.decode("ascii"))
+            else:
+                context.load_verify_locations(cafile=os.fspath(tls_ca_cert))
+        except (OSError, ssl.SSLError, UnicodeDecodeError, ValueError) as exc:
+            raise ValidationError("tls_ca_cert", f"cannot load the CA certificate: {exc}") from None
+    else:
+        context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
+    context.set_alpn_protocols(["h2"])
+    return context
+
+
+@asynccontextmanager
+async def open(
+    address: str,
+    *,
+    api_key: str | None = None,
+    tls: bool | ssl.SSLContext | None = None,
+    tls_ca_cert: bytes | str | os.PathLike[str] | None = None,
+    tls_domain: str | None = None,
+    retry_policy: RetryPolicy | None = None,
+    connect_timeout: float | timedelta = 5.0,
+    rpc_timeout: float | timedelta | None = 30.0,
+    max_receive_message_bytes: int | None = None,
+    logger: LoggerLike | None = None,
+    keepalive_interval: float | timedelta | None = 30.0,
+    keepalive_timeout: float | timedelta = 10.0,
+) -> AsyncIterator[Client]:
+    """Connect to a sepp server; the client's connection tasks live until the block exits.
+
+    `address` is `host:port`, `[v6]:port`, `http://host:port` or `https://host:port`.
+    TLS is on for `https://`, `tls=True` (system roots), a `tls_ca_cert` (PEM bytes or a
+    path), a `tls_domain` (server-name override) or a caller's `ssl.SSLContext`.
+    """
+    parsed = parse_address(address)
+    wants_tls = bool(tls) or tls_ca_cert is not None or tls_domain is not None or parsed.tls is True
+    if parsed.tls is True and tls is False:
+        raise ValidationError("tls", "an https:// address never falls back to plaintext")
+    if parsed.tls is False and wants_tls:
+        raise ValidationError("tls", "TLS options given for an http:// (plaintext) address")
+    if tls_domain is not None:
+        v.utf8_text("tls_domain", tls_domain)
+    connect_s = v.seconds("connect_timeout", connect_timeout)
+    rpc_s = None if rpc_timeout is None else v.seconds("rpc_timeout", rpc_timeout)
+    keepalive_s = (
+        None if keepalive_interval is None else v.seconds("keepalive_interval", keepalive_interval)
+    )
+    keepalive_timeout_s = v.seconds("keepalive_timeout", keepalive_timeout)
+    if max_receive_message_bytes is None:
+        max_receive = DEFAULT_MAX_RECEIVE_MESSAGE_BYTES
+    else:
+        max_receive = v.whole_number(
+            "max_receive_message_bytes", max_receive_message_bytes, low=1, high=2**32
+        )
+    if retry_policy is not None and not isinstance(retry_policy, RetryPolicy):
+        raise ValidationError("retry_policy", "must be a sepp.RetryPolicy")
+    log = Log(logger)
+    secret: list[tuple[bytes, bytes]] = []
+    if api_key is not None:
+        key = v.header_safe_api_key(api_key)
+        secret.append((b"authorization", b"Bearer " + key.encode("ascii")))
+        if not wants_tls:
+            log.warning("sepp: an API key is configured without TLS; it travels in plaintext")
+    ssl_context = _ssl_context(tls, tls_ca_cert) if wants_tls else None
+    endpoint = Endpoint(parsed.host, parsed.port, ssl_context, tls_domain)
+    display = f"{parsed.host}:{parsed.port}" if ":" not in parsed.host else endpoint.authority
+
+    user_exc: BaseException | None = None
+    async with trio.open_nursery() as nursery:
+        channel = Channel(
+            endpoint,
+            nursery,
+            user_agent=USER_AGENT,
+            secret_metadata=secret,
+            connect_timeout=connect_s,
+            max_receive_message_bytes=max_receive,
+            keepalive_interval=keepalive_s,
+            keepalive_timeout=keepalive_timeout_s,
+        )
+        client = Client(
+            channel,
+            address=display,
+            rpc_timeout=rpc_s,
+            retry_policy=retry_policy or NO_RETRY,
+            log=log,
+        )
+        try:
+            try:
+                await channel._ready_connection()
+            except RpcError as exc:
+                raise error_from_status(
+                    exc.code, exc.details, kind=exc.kind, addr=display
+                ) from None
+            yield client
+        except BaseException as exc:
+            # Re-raised below, outside the nursery, so it is not wrapped in an ExceptionGroup.
+            user_exc = exc
+        finally:
+            await channel.aclose()
+            nursery.cancel_scope.cancel()
+    if user_exc is not None:
+        try:
+            raise user_exc
+        finally:
+            user_exc = None

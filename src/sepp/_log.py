@@ -1,0 +1,39 @@
+"""Logging through stdlib `logging.getLogger("sepp")` or any object with warning/error."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Protocol
+
+
+class LoggerLike(Protocol):
+    def warning(self, msg: str, /, *args: Any, **kwargs: Any) -> Any: ...
+    def error(self, msg: str, /, *args: Any, **kwargs: Any) -> Any: ...
+
+
+class Log:
+    """Adapter giving every logger debug/info/warning/error/exception."""
+
+    __slots__ = ("_target",)
+
+    def __init__(self, target: LoggerLike | None) -> None:
+        self._target: Any = target if target is not None else logging.getLogger("sepp")
+
+    def debug(self, msg: str, *args: object) -> None:
+        fn = getattr(self._target, "debug", None)
+        if fn is not None:
+            fn(msg, *args)
+
+    def info(self, msg: str, *args: object) -> None:
+        fn = getattr(self._target, "info", None)
+        if fn is not None:
+            fn(msg, *args)
+
+    def warning(self, msg: str, *args: object) -> None:
+        self._target.warning(msg, *args)
+
+    def error(self, msg: str, *args: object, exc_info: BaseException | None = None) -> None:
+        if exc_info is not None and isinstance(self._target, logging.Logger):
+            self._target.error(msg, *args, exc_info=exc_info)
+        else:
+            self._target.error(msg, *args)

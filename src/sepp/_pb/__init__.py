@@ -1,0 +1,1 @@
+"""Generated protobuf messages for sepp.v1 (make gen)."""

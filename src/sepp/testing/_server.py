@@ -1,0 +1,711 @@
+"""Launch a real ``sepp`` server process from trio code (see :mod:`sepp.testing`)."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import trio
+
+from ._toml import dumps as toml_dumps
+
+__all__ = [
+    "INSTALL_COMMAND",
+    "SEPP_SERVER_VERSION",
+    "ExternalSeppServer",
+    "SeppServer",
+    "SeppServerNotFound",
+    "SeppServerStartError",
+    "find_sepp_binary",
+    "sepp_cache_binary_path",
+    "sepp_server",
+]
+
+SEPP_SERVER_VERSION = "0.1.1"
+"""The sepp server release this client is tested against."""
+
+INSTALL_COMMAND = f"cargo install sepp --version {SEPP_SERVER_VERSION} --locked"
+"""The command that installs the pinned server (add ``--root DIR`` to choose where)."""
+
+#: How many recent output lines (stdout and stderr together) a server keeps.
+OUTPUT_LINES_KEPT = 200
+#: How many of those lines go into an exception message.
+_MESSAGE_TAIL_LINES = 60
+#: How long ``stop()`` waits after SIGTERM before it sends SIGKILL.
+_TERM_GRACE_SECONDS = 10.0
+#: How long ``start()`` keeps retrying when the pinned port is briefly busy.
+_PORT_BUSY_RETRY_SECONDS = 10.0
+#: Longest partial line kept while waiting for a newline.
+_MAX_PARTIAL_LINE = 64 * 1024
+
+_ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
+_LISTENING_MARKER = "queue server listening"
+_TEXT_ADDR = re.compile(r"\baddr=(\S+)")
+_JSON_ADDR = re.compile(r'"addr"\s*:\s*"([^"]+)"')
+_PORT_BUSY = re.compile(r"address already in use|addrinuse|os error 98|os error 48", re.I)
+# Config overrides inherited from the caller's environment would make tests
+# depend on the shell they run in; they are dropped (pass ``env=`` instead).
+_INHERITED_OVERRIDE = re.compile(r"SEPP_[A-Z0-9_]+__[A-Z0-9_]+", re.I)
+
+
+class SeppServerNotFound(RuntimeError):
+    """No usable ``sepp`` server binary could be found."""
+
+
+class SeppServerStartError(RuntimeError):
+    """The ``sepp`` server process did not come up (or died while starting).
+
+    ``output_lines`` holds the server's recent output (stdout and stderr) and
+    ``returncode`` its exit status, or ``None`` if it had to be killed.
+    """
+
+    def __init__(
+        self, message: str, output_lines: list[str], returncode: int | None = None
+    ) -> None:
+        super().__init__(message)
+        self.output_lines = output_lines
+        self.returncode = returncode
+
+
+def _cache_root() -> Path:
+    configured = os.environ.get("SEPP_TRIO_CACHE")
+    if configured:
+        return Path(configured).expanduser()
+    return Path.home() / ".cache" / "sepp-trio"
+
+
+def sepp_cache_binary_path() -> Path:
+    """Where ``scripts/ensure-sepp-server.sh`` installs the pinned server.
+
+    ``${SEPP_TRIO_CACHE:-~/.cache/sepp-trio}/sepp-<version>/bin/sepp``.
+    """
+    exe = "sepp.exe" if sys.platform == "win32" else "sepp"
+    return _cache_root() / f"sepp-{SEPP_SERVER_VERSION}" / "bin" / exe
+
+
+def _is_executable_file(path: str | os.PathLike[str]) -> bool:
+    return os.path.isfile(path) and os.access(path, os.X_OK)
+
+
+def _not_found_message(reason: str) -> str:
+    cache_bin = sepp_cache_binary_path()
+    return (
+        f"{reason}\n"
+        f"The sepp server {SEPP_SERVER_VERSION} is needed to run these tests. Either:\n"
+        f"  * run scripts/ensure-sepp-server.sh (it installs into {cache_bin.parent.parent}), or\n"
+        f"  * install it yourself:  {INSTALL_COMMAND} --root {cache_bin.parent.parent}\n"
+        f"    (or plain `{INSTALL_COMMAND}` to put it on PATH), or\n"
+        f"  * point SEPP_BIN at an existing sepp binary."
+    )
+
+
+def find_sepp_binary() -> str:
+    """Return the path of the ``sepp`` server binary to launch.
+
+    Looked up in this order:
+
+    1. the ``SEPP_BIN`` environment variable (it must name an executable file;
+       a wrong value is an error, not silently skipped);
+    2. the cache used by ``scripts/ensure-sepp-server.sh``:
+       ``${SEPP_TRIO_CACHE:-~/.cache/sepp-trio}/sepp-0.1.1/bin/sepp``;
+    3. ``sepp`` on ``PATH``.
+
+    Raises :class:`SeppServerNotFound` (with the install command in the
+    message) if none of these yields a binary.
+    """
+    configured = os.environ.get("SEPP_BIN")
+    if configured:
+        if _is_executable_file(configured):
+            return configured
+        raise SeppServerNotFound(
+            _not_found_message(f"SEPP_BIN={configured!r} is not an executable file.")
+        )
+    cached = sepp_cache_binary_path()
+    if _is_executable_file(cached):
+        return str(cached)
+    on_path = shutil.which("sepp")
+    if on_path:
+        return on_path
+    raise SeppServerNotFound(
+        _not_found_message(
+            f"No sepp server binary: SEPP_BIN is not set, {cached} does not exist "
+            "and there is no `sepp` on PATH."
+        )
+    )
+
+
+def _resolve_binary(binary: str | os.PathLike[str]) -> str:
+    text = os.fspath(binary)
+    if os.sep not in text and (os.altsep is None or os.altsep not in text):
+        found = shutil.which(text)
+        if found is None:
+            raise SeppServerNotFound(_not_found_message(f"{text!r} was not found on PATH."))
+        return found
+    if not os.path.exists(text):
+        raise SeppServerNotFound(_not_found_message(f"The sepp binary {text!r} does not exist."))
+    if not _is_executable_file(text):
+        raise SeppServerNotFound(
+            _not_found_message(f"The sepp binary {text!r} is not an executable file.")
+        )
+    return text
+
+
+def _split_host_port(address: str) -> tuple[str, int]:
+    """Split ``host:port`` / ``[v6]:port`` into ``(host, port)`` (host without brackets)."""
+    host, sep, port_text = address.rpartition(":")
+    if not sep or not port_text.isdigit():
+        raise ValueError(f"not a host:port address: {address!r}")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host, int(port_text)
+
+
+def _join_host_port(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _parse_listening_line(line: str) -> str | None:
+    """Return the bound address from a ``queue server listening`` log line, if it is one."""
+    if _LISTENING_MARKER not in line:
+        return None
+    match = _JSON_ADDR.search(line) or _TEXT_ADDR.search(line)
+    if match is None:
+        # JSON logs could nest the fields; fall back to a real parse.
+        try:
+            record = json.loads(line)
+        except ValueError:
+            return None
+        fields = record.get("fields", record) if isinstance(record, dict) else None
+        addr = fields.get("addr") if isinstance(fields, dict) else None
+        return addr if isinstance(addr, str) else None
+    return match.group(1).strip("\"',")
+
+
+def _write_config_file(path: Path, config: Mapping[str, object]) -> None:
+    """Write ``config`` as TOML to ``path`` atomically (the server watches it)."""
+    text = toml_dumps(config)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _config_sets_admin_enabled(config: Mapping[str, object]) -> bool:
+    admin = config.get("admin")
+    return isinstance(admin, Mapping) and admin.get("enabled") is not None
+
+
+class _Process:
+    """Book-keeping for one run of the server binary."""
+
+    def __init__(self, process: trio.Process, first_line: int) -> None:
+        self.process = process
+        self.first_line = first_line
+        self.listening = trio.Event()
+        self.address: str | None = None
+        self.drained = trio.Event()
+        self.open_streams = 0
+        self.drain_scopes: list[trio.CancelScope] = []
+
+
+class SeppServer:
+    """A ``sepp`` server process run by :func:`sepp_server`.
+
+    Do not construct this yourself; use the :func:`sepp_server` context
+    manager (or the ``sepp_server`` pytest fixture), which owns the nursery the
+    output-draining tasks run in.
+
+    Attributes:
+        host: the loopback host the server listens on (``"127.0.0.1"``).
+        port: the TCP port, chosen by the OS on the first start and reused by
+            :meth:`start` / :meth:`restart`.
+        data_dir: the server's ``db_path`` (a fresh temp dir unless given).
+        config_path: the TOML file passed with ``--config``; the server
+            hot-reloads it (see :meth:`update_config`).
+    """
+
+    def __init__(
+        self,
+        *,
+        binary: str,
+        config: Mapping[str, object],
+        config_path: Path,
+        data_dir: Path,
+        env: Mapping[str, str] | None,
+        startup_timeout: float,
+        nursery: trio.Nursery,
+    ) -> None:
+        self.binary = binary
+        self.config_path = config_path
+        self.data_dir = data_dir
+        self.host = "127.0.0.1"
+        self.startup_timeout = startup_timeout
+        self._config: dict[str, object] = dict(config)
+        self._extra_env: dict[str, str] = dict(env or {})
+        self._nursery = nursery
+        self._port: int | None = None
+        self._proc: _Process | None = None
+        self._lines: collections.deque[str] = collections.deque(maxlen=OUTPUT_LINES_KEPT)
+        self._line_count = 0
+        self._new_output = trio.Event()
+        self._closed = False
+
+    # ------------------------------------------------------------------ info
+
+    @property
+    def port(self) -> int:
+        """The server's TCP port (fixed after the first successful start)."""
+        if self._port is None:
+            raise RuntimeError("the sepp server has not been started yet")
+        return self._port
+
+    @property
+    def address(self) -> str:
+        """``"127.0.0.1:PORT"``: what a client should connect to."""
+        return _join_host_port(self.host, self.port)
+
+    @property
+    def running(self) -> bool:
+        """Whether the server process is alive."""
+        return self._proc is not None and self._proc.process.returncode is None
+
+    @property
+    def returncode(self) -> int | None:
+        """Exit status of the last server process (``None`` while running or never run)."""
+        return None if self._proc is None else self._proc.process.returncode
+
+    @property
+    def pid(self) -> int | None:
+        """Process id of the current (or last) server process."""
+        return None if self._proc is None else self._proc.process.pid
+
+    @property
+    def config(self) -> dict[str, object]:
+        """A copy of the config last written to :attr:`config_path`."""
+        return dict(self._config)
+
+    @property
+    def output_lines(self) -> list[str]:
+        """The last ~200 lines the server wrote (stdout and stderr, ANSI codes removed)."""
+        return list(self._lines)
+
+    @property
+    def output_line_count(self) -> int:
+        """Total number of lines seen so far; pass it as ``after=`` to :meth:`wait_for_output`."""
+        return self._line_count
+
+    def __repr__(self) -> str:
+        state = "running" if self.running else "stopped"
+        port = self._port if self._port is not None else "?"
+        return f"<SeppServer {self.host}:{port} {state} data_dir={str(self.data_dir)!r}>"
+
+    # ------------------------------------------------------------ lifecycle
+
+    def update_config(self, config: Mapping[str, object] | None) -> None:
+        """Rewrite the config file (atomically) with ``config``.
+
+        The running server notices the change and hot-reloads it after a
+        ~500 ms debounce; it logs ``configuration reloaded`` on success and
+        ``config reload failed`` (keeping the old config) on an invalid one.
+        Restart-only keys (``server.*``, ``storage.*``,
+        ``limits.max_message_bytes``) need :meth:`restart`.  To wait for the
+        reload::
+
+            mark = server.output_line_count
+            server.update_config(new)
+            with trio.fail_after(10):
+                await server.wait_for_output("configuration reloaded", after=mark)
+        """
+        self._config = dict(config or {})
+        _write_config_file(self.config_path, self._config)
+
+    async def wait_for_output(self, pattern: str | re.Pattern[str], *, after: int = 0) -> str:
+        """Wait until the server prints a line matching ``pattern`` (``re.search``).
+
+        Only lines numbered ``after`` or later (see :attr:`output_line_count`)
+        count, so a mark taken before an action ignores older output.  Returns
+        the matching line.  It waits forever: bound it with ``trio.fail_after``.
+        Lines that have already scrolled out of the ~200-line buffer are not seen.
+        """
+        regex = re.compile(pattern) if isinstance(pattern, str) else pattern
+        while True:
+            first_kept = self._line_count - len(self._lines)
+            for index, line in enumerate(self._lines, start=first_kept):
+                if index >= after and regex.search(line):
+                    return line
+            await self._new_output.wait()
+
+    async def start(self) -> None:
+        """Start the server process and wait until it accepts TCP connections.
+
+        The first start lets the OS pick a free port; later starts (after
+        :meth:`stop`) reuse the same port and the same data dir, retrying for a
+        few seconds if the port is briefly busy.  Raises
+        :class:`SeppServerStartError` (with the server's output) on failure.
+        """
+        if self._closed:
+            raise RuntimeError("this SeppServer's context has exited")
+        if self.running:
+            raise RuntimeError("the sepp server is already running")
+        deadline = trio.current_time() + self.startup_timeout
+        busy_deadline = min(deadline, trio.current_time() + _PORT_BUSY_RETRY_SECONDS)
+        while True:
+            try:
+                await self._start_once(deadline)
+                return
+            except SeppServerStartError as exc:
+                port_busy = (
+                    self._port is not None
+                    and exc.returncode is not None
+                    and any(_PORT_BUSY.search(line) for line in exc.output_lines)
+                )
+                if not port_busy or trio.current_time() + 0.25 >= busy_deadline:
+                    raise
+            await trio.sleep(0.25)
+
+    async def stop(self, *, kill: bool = False) -> None:
+        """Stop the server and wait for it to exit.
+
+        Sends SIGTERM (graceful: in-flight calls finish, waiting reserves
+        return empty) or, with ``kill=True``, SIGKILL (a crash: nothing is
+        flushed).  After SIGTERM it waits up to 10 s, then SIGKILLs.  Does
+        nothing if the server is not running.  The wait is shielded from
+        cancellation so the process is never left behind.
+        """
+        proc = self._proc
+        if proc is None:
+            return
+        with trio.CancelScope(shield=True):
+            await self._terminate(proc, kill=kill)
+
+    async def restart(self, *, kill: bool = False) -> None:
+        """:meth:`stop` (``kill`` as there) then :meth:`start` on the same port and data dir."""
+        await self.stop(kill=kill)
+        await self.start()
+
+    # ------------------------------------------------------------- internals
+
+    def _child_env(self) -> dict[str, str]:
+        env = {
+            key: value
+            for key, value in os.environ.items()
+            if key != "SEPP_CONFIG" and not _INHERITED_OVERRIDE.fullmatch(key)
+        }
+        port = self._port if self._port is not None else 0
+        env["SEPP_SERVER__LISTEN_ADDR"] = _join_host_port(self.host, port)
+        env["SEPP_SERVER__DB_PATH"] = str(self.data_dir)
+        if not _config_sets_admin_enabled(self._config):
+            env["SEPP_ADMIN__ENABLED"] = "false"
+        # If admin is switched on, a fixed port would clash between servers.
+        env["SEPP_ADMIN__LISTEN_ADDR"] = "127.0.0.1:0"
+        env["RUST_LOG"] = "sepp=info"
+        env["NO_COLOR"] = "1"
+        env.update(self._extra_env)
+        return env
+
+    def _tail_message(self, since: int = 0) -> str:
+        lines = self._lines_since(since)
+        if not lines:
+            return "\n(the server printed nothing)"
+        lines = lines[-_MESSAGE_TAIL_LINES:]
+        return "\nserver output (last lines):\n" + "\n".join(f"  | {line}" for line in lines)
+
+    def _add_line(self, raw: bytes, proc: _Process) -> None:
+        line = _ANSI_ESCAPE.sub("", raw.decode("utf-8", errors="replace")).rstrip("\r\n")
+        self._lines.append(line)
+        self._line_count += 1
+        if not proc.listening.is_set():
+            addr = _parse_listening_line(line)
+            if addr is not None:
+                proc.address = addr
+                proc.listening.set()
+        self._new_output.set()
+        self._new_output = trio.Event()
+
+    async def _drain(self, stream: trio.abc.ReceiveStream, proc: _Process) -> None:
+        buffer = b""
+        scope = trio.CancelScope()
+        proc.drain_scopes.append(scope)
+        try:
+            with scope:
+                while True:
+                    try:
+                        chunk = await stream.receive_some(65536)
+                    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                        break
+                    if not chunk:
+                        break
+                    buffer += chunk
+                    *complete, buffer = buffer.split(b"\n")
+                    for raw in complete:
+                        self._add_line(raw, proc)
+                    if len(buffer) > _MAX_PARTIAL_LINE:
+                        self._add_line(buffer, proc)
+                        buffer = b""
+        finally:
+            if buffer:
+                self._add_line(buffer, proc)
+            with trio.CancelScope(shield=True):
+                try:
+                    await stream.aclose()
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                    pass
+            proc.open_streams -= 1
+            if proc.open_streams == 0:
+                proc.drained.set()
+
+    async def _start_once(self, deadline: float) -> None:
+        _write_config_file(self.config_path, self._config)
+        first_line = self._line_count
+        try:
+            process = await trio.lowlevel.open_process(
+                [self.binary, "--config", str(self.config_path)],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=self._child_env(),
+                cwd=str(self.config_path.parent),
+            )
+        except OSError as exc:
+            raise SeppServerStartError(
+                f"could not execute the sepp binary {self.binary!r}: {exc}", []
+            ) from exc
+        proc = _Process(process, first_line)
+        self._proc = proc
+        for stream in (process.stdout, process.stderr):
+            if stream is not None:
+                proc.open_streams += 1
+                self._nursery.start_soon(self._drain, stream, proc)
+        if proc.open_streams == 0:  # pragma: no cover - we always ask for pipes
+            proc.drained.set()
+
+        failure: str | None = None
+        try:
+            failure = await self._wait_until_ready(proc, deadline)
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await self._terminate(proc, kill=True)
+            raise
+        if failure is None:
+            return
+        with trio.CancelScope(shield=True):
+            await self._terminate(proc, kill=True)
+        returncode = process.returncode if failure.startswith("exited") else None
+        raise SeppServerStartError(
+            f"the sepp server ({self.binary}) failed to start: {failure}"
+            + self._tail_message(first_line),
+            self._lines_since(first_line),
+            returncode,
+        )
+
+    def _lines_since(self, since: int) -> list[str]:
+        first_kept = self._line_count - len(self._lines)
+        return [line for index, line in enumerate(self._lines, start=first_kept) if index >= since]
+
+    async def _wait_until_ready(self, proc: _Process, deadline: float) -> str | None:
+        """Wait for the listening line and a TCP connect; return a failure reason or None."""
+        with trio.move_on_at(deadline):
+            async with trio.open_nursery() as nursery:
+
+                async def watch_exit() -> None:
+                    await proc.process.wait()
+                    # Let the drain tasks collect the last words before reporting.
+                    with trio.move_on_after(2):
+                        await proc.drained.wait()
+                    nursery.cancel_scope.cancel()
+
+                nursery.start_soon(watch_exit)
+                await proc.listening.wait()
+                assert proc.address is not None
+                try:
+                    host, port = _split_host_port(proc.address)
+                except ValueError:
+                    nursery.cancel_scope.cancel()
+                    return f"could not parse the listening address {proc.address!r}"
+                if host in ("0.0.0.0", ""):
+                    host = "127.0.0.1"
+                elif host == "::":
+                    host = "::1"
+                while True:
+                    try:
+                        stream = await trio.open_tcp_stream(host, port)
+                    except OSError:
+                        await trio.sleep(0.05)
+                        continue
+                    await stream.aclose()
+                    break
+                self.host = host
+                self._port = port
+                nursery.cancel_scope.cancel()
+                return None
+        if proc.process.returncode is not None:
+            return f"exited with status {proc.process.returncode} before it was ready"
+        if proc.listening.is_set():
+            return (
+                f"it logged {proc.address!r} but did not accept TCP connections "
+                f"within {self.startup_timeout}s"
+            )
+        return (
+            f"no '{_LISTENING_MARKER}' line within {self.startup_timeout}s "
+            "(is RUST_LOG hiding INFO logs?)"
+        )
+
+    async def _terminate(self, proc: _Process, *, kill: bool) -> None:
+        """Signal the process, reap it and let the drain tasks finish (call shielded)."""
+        process = proc.process
+        if process.returncode is None:
+            if kill or sys.platform == "win32":
+                process.kill()
+            else:
+                process.send_signal(signal.SIGTERM)
+            with trio.move_on_after(_TERM_GRACE_SECONDS):
+                await process.wait()
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
+        with trio.move_on_after(5):
+            await proc.drained.wait()
+        for scope in proc.drain_scopes:
+            scope.cancel()
+
+    async def _close(self) -> None:
+        self._closed = True
+        await self.stop()
+
+
+def _make_workdir(data_dir: str | os.PathLike[str] | None) -> tuple[Path, Path, Path]:
+    """Create the temp dir; return it, the config file path and the data dir path."""
+    workdir = Path(tempfile.mkdtemp(prefix="sepp-test-"))
+    # The config file sits alone in its directory: the server watches the
+    # file's parent directory for hot reload.
+    config_dir = workdir / "config"
+    config_dir.mkdir()
+    data_path = Path(data_dir).resolve() if data_dir is not None else workdir / "data"
+    return workdir, config_dir / "sepp.toml", data_path
+
+
+@asynccontextmanager
+async def sepp_server(
+    config: Mapping[str, object] | None = None,
+    *,
+    binary: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    startup_timeout: float = 30.0,
+    data_dir: str | os.PathLike[str] | None = None,
+) -> AsyncIterator[SeppServer]:
+    """Run a real ``sepp`` server on loopback for the duration of the block.
+
+    ``config`` is written as TOML (see :mod:`sepp.testing._toml` for the
+    supported shapes) and passed with ``--config``.  The process also gets
+    these environment variables, which take precedence over the file:
+
+    * ``SEPP_SERVER__LISTEN_ADDR=127.0.0.1:0`` (the OS picks the port; a
+      restart pins the port it got first),
+    * ``SEPP_SERVER__DB_PATH=<data dir>`` (a fresh temp dir unless
+      ``data_dir`` is given; a given dir is left in place afterwards),
+    * ``SEPP_ADMIN__ENABLED=false`` unless ``config`` sets ``admin.enabled``,
+      and ``SEPP_ADMIN__LISTEN_ADDR=127.0.0.1:0``,
+    * ``RUST_LOG=sepp=info`` (the readiness line is an INFO log) and ``NO_COLOR=1``,
+    * then everything in ``env``, which overrides all of the above.
+
+    ``SEPP_<SECTION>__<FIELD>`` overrides and ``SEPP_CONFIG`` inherited from
+    the calling environment are dropped so that the shell cannot change
+    what a test runs against.
+
+    The block is entered once the server has logged ``queue server
+    listening addr=...`` and a TCP connect to that port succeeded.  On exit
+    the server gets SIGTERM (SIGKILL after 10 s), the output-draining tasks
+    (which run in a nursery this context manager owns) finish, and the temp
+    dirs are removed.
+
+    ``binary`` defaults to :func:`find_sepp_binary`.  Raises
+    :class:`SeppServerNotFound` if there is no binary, and
+    :class:`SeppServerStartError` (with the server's output) if it does not
+    come up within ``startup_timeout`` seconds.
+    """
+    resolved = find_sepp_binary() if binary is None else _resolve_binary(binary)
+    config = dict(config or {})
+    workdir, config_path, data_path = _make_workdir(data_dir)
+    try:
+        caught: BaseException | None = None
+        async with trio.open_nursery() as nursery:
+            server = SeppServer(
+                binary=resolved,
+                config=config,
+                config_path=config_path,
+                data_dir=data_path,
+                env=env,
+                startup_timeout=startup_timeout,
+                nursery=nursery,
+            )
+            # Exceptions are carried out of the nursery by hand so callers see
+            # them as raised, not wrapped in an ExceptionGroup.
+            try:
+                await server.start()
+                yield server
+            except BaseException as exc:
+                caught = exc
+            finally:
+                with trio.CancelScope(shield=True):
+                    await server._close()
+                nursery.cancel_scope.cancel()
+        if caught is not None:
+            raise caught
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+class ExternalSeppServer:
+    """Stands in for :class:`SeppServer` when tests use an already-running server.
+
+    The pytest fixture yields one of these when ``SEPP_TEST_ADDR`` is set.
+    It has ``address``, ``host`` and ``port`` but no process: :meth:`start`,
+    :meth:`stop`, :meth:`restart` and :meth:`update_config` raise
+    ``NotImplementedError``; ``data_dir`` and ``config_path`` are ``None``.
+    """
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.host, self.port = _split_host_port(address)
+        self.data_dir: Path | None = None
+        self.config_path: Path | None = None
+        self.output_lines: list[str] = []
+
+    @property
+    def running(self) -> bool:
+        """Always ``True``: the external server is assumed to be up."""
+        return True
+
+    def __repr__(self) -> str:
+        return f"<ExternalSeppServer {self.address}>"
+
+    def _unsupported(self, what: str) -> NotImplementedError:
+        return NotImplementedError(
+            f"{what} is not supported for an external sepp server ({self.address}, from "
+            "SEPP_TEST_ADDR); unset SEPP_TEST_ADDR to let the tests launch their own server"
+        )
+
+    async def start(self) -> None:
+        """Unsupported: raises ``NotImplementedError``."""
+        raise self._unsupported("start()")
+
+    async def stop(self, *, kill: bool = False) -> None:
+        """Unsupported: raises ``NotImplementedError``."""
+        raise self._unsupported("stop()")
+
+    async def restart(self, *, kill: bool = False) -> None:
+        """Unsupported: raises ``NotImplementedError``."""
+        raise self._unsupported("restart()")
+
+    def update_config(self, config: Mapping[str, object] | None) -> None:
+        """Unsupported: raises ``NotImplementedError``."""
+        raise self._unsupported("update_config()")

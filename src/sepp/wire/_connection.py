@@ -1,0 +1,408 @@
+"""The sans-IO gRPC-over-HTTP/2 client connection: bytes and calls in, events and bytes out.
+
+No sockets, clocks or tasks here: a driver feeds received bytes to `receive_data`, sends
+whatever `data_to_send` returns, and hands `CallFinished` events back to waiting callers.
+Every sepp RPC is unary, so a call is one request message and one response message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import h2.config
+import h2.connection
+import h2.events
+import h2.exceptions
+import h2.settings
+from h2.errors import ErrorCodes
+from hpack import NeverIndexedHeaderTuple
+
+from ._events import (
+    CallFinished,
+    ConnectionBroken,
+    Event,
+    GoAwayReceived,
+    PingAcknowledged,
+    StreamCapacityChanged,
+)
+from ._framing import FramingError, MessageDecoder, encode_message
+from ._status import (
+    StatusCode,
+    decode_grpc_message,
+    encode_grpc_timeout,
+    parse_grpc_status,
+    status_from_http,
+    status_from_rst,
+)
+
+Header = tuple[bytes, bytes]
+
+# Big windows: a 16 MiB Reserve response must not wait on WINDOW_UPDATE round trips.
+DEFAULT_STREAM_WINDOW = 16 * 1024 * 1024
+DEFAULT_CONNECTION_WINDOW = 64 * 1024 * 1024
+DEFAULT_MAX_FRAME_SIZE = 1024 * 1024
+DEFAULT_MAX_HEADER_LIST_SIZE = 64 * 1024
+_H2_DEFAULT_WINDOW = 65_535
+_SERVICE_PATH = b"/sepp.v1.QueueService/"
+
+
+class _Call:
+    __slots__ = (
+        "content_type",
+        "decoder",
+        "grpc_message",
+        "grpc_status",
+        "http_status",
+        "outbound",
+    )
+
+    def __init__(self, max_receive_bytes: int | None, body: bytes) -> None:
+        self.decoder = MessageDecoder(max_receive_bytes)
+        self.http_status: int | None = None
+        self.content_type: bytes | None = None
+        self.grpc_status: bytes | None = None
+        self.grpc_message: bytes | None = None
+        self.outbound = memoryview(body)
+
+
+class GrpcConnection:
+    """One HTTP/2 connection carrying many concurrent unary gRPC calls."""
+
+    def __init__(
+        self,
+        *,
+        authority: str,
+        scheme: str = "http",
+        user_agent: str = "sepp-trio",
+        metadata: Sequence[Header] = (),
+        secret_metadata: Sequence[Header] = (),
+        max_receive_message_bytes: int | None = None,
+        stream_window: int = DEFAULT_STREAM_WINDOW,
+        connection_window: int = DEFAULT_CONNECTION_WINDOW,
+    ) -> None:
+        config = h2.config.H2Configuration(
+            client_side=True,
+            header_encoding=None,
+            # We build lower-case bytes headers ourselves and check metadata at the API edge;
+            # h2's per-header validation costs about a quarter of a call.
+            validate_outbound_headers=False,
+            normalize_outbound_headers=False,
+            validate_inbound_headers=False,
+            normalize_inbound_headers=False,
+        )
+        self._h2 = h2.connection.H2Connection(config=config)
+        self._h2.local_settings = h2.settings.Settings(
+            client=True,
+            initial_values={
+                h2.settings.SettingCodes.ENABLE_PUSH: 0,
+                h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: stream_window,
+                h2.settings.SettingCodes.MAX_FRAME_SIZE: DEFAULT_MAX_FRAME_SIZE,
+                h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: DEFAULT_MAX_HEADER_LIST_SIZE,
+            },
+        )
+        self._connection_window = connection_window
+        self._max_receive = max_receive_message_bytes
+        self._calls: dict[int, _Call] = {}
+        self._base_headers: list[Header] = [
+            (b":method", b"POST"),
+            (b":scheme", scheme.encode("ascii")),
+            (b":path", b""),  # replaced per method
+            (b":authority", authority.encode("idna")),
+            (b"te", b"trailers"),
+            (b"content-type", b"application/grpc"),
+            (b"user-agent", user_agent.encode("ascii")),
+            *metadata,
+            # Credentials must never enter the HPACK dynamic table (RFC 7541 §7.1.3).
+            *(NeverIndexedHeaderTuple(k, v) for k, v in secret_metadata),
+        ]
+        self._method_headers: dict[str, list[Header]] = {}
+        self._remote_max_streams: int | None = None
+        self.draining = False
+        self.broken: str | None = None
+
+    # -- driver API -------------------------------------------------------------------------
+
+    def initiate(self) -> None:
+        """Queue the connection preface and our SETTINGS."""
+        self._h2.initiate_connection()
+        extra = self._connection_window - _H2_DEFAULT_WINDOW
+        if extra > 0:
+            self._h2.increment_flow_control_window(extra)
+
+    def data_to_send(self) -> bytes:
+        return self._h2.data_to_send()
+
+    @property
+    def active_calls(self) -> int:
+        return len(self._calls)
+
+    @property
+    def can_start_call(self) -> bool:
+        """False while the server's MAX_CONCURRENT_STREAMS is reached, or after GOAWAY."""
+        if self.draining or self.broken is not None:
+            return False
+        limit = self._remote_max_streams
+        return limit is None or len(self._calls) < limit
+
+    @property
+    def usable(self) -> bool:
+        """Whether new calls may be placed on this connection (now or once a slot frees)."""
+        return not self.draining and self.broken is None
+
+    def start_call(
+        self,
+        method: str,
+        request: bytes,
+        *,
+        timeout: float | None = None,
+        metadata: Iterable[Header] = (),
+    ) -> int:
+        """Open a stream for `method` and queue its request; returns the stream id."""
+        headers = self._method_headers.get(method)
+        if headers is None:
+            headers = list(self._base_headers)
+            headers[2] = (b":path", _SERVICE_PATH + method.encode("ascii"))
+            self._method_headers[method] = headers
+        per_call: list[Header] = []
+        if timeout is not None:
+            # Per-call values are never indexed so they do not churn the dynamic table.
+            per_call.append(NeverIndexedHeaderTuple(b"grpc-timeout", encode_grpc_timeout(timeout)))
+        for name, value in metadata:
+            per_call.append(NeverIndexedHeaderTuple(name, value))
+        stream_id = self._h2.get_next_available_stream_id()
+        self._h2.send_headers(stream_id, headers + per_call if per_call else headers)
+        call = _Call(self._max_receive, encode_message(request))
+        self._calls[stream_id] = call
+        self._flush_outbound(stream_id, call)
+        return stream_id
+
+    def cancel_call(self, stream_id: int) -> None:
+        """Forget a call and reset its stream with CANCEL; the connection stays usable."""
+        if self._calls.pop(stream_id, None) is None:
+            return
+        self._reset(stream_id, ErrorCodes.CANCEL)
+
+    def send_ping(self, opaque: bytes) -> None:
+        self._h2.ping(opaque)
+
+    def close(self) -> None:
+        """Queue a GOAWAY; the driver sends it and closes the socket."""
+        try:
+            self._h2.close_connection()
+        except h2.exceptions.ProtocolError:
+            pass
+
+    def connection_lost(self, reason: str) -> list[CallFinished]:
+        """The transport died: finish every call with UNAVAILABLE."""
+        if self.broken is None:
+            self.broken = reason
+        return self._fail_all(StatusCode.UNAVAILABLE, reason, "connection")
+
+    def receive_data(self, data: bytes) -> list[Event]:
+        """Feed bytes from the socket; returns the resulting events in order."""
+        if self.broken is not None:
+            return []
+        try:
+            h2_events = self._h2.receive_data(data)
+        except Exception as exc:
+            # h2, hpack and hyperframe raise assorted types on hostile input; all of them mean
+            # the peer broke HTTP/2 and the connection cannot be trusted any more.
+            reason = f"HTTP/2 protocol error from server: {type(exc).__name__}: {exc}"
+            self.broken = reason
+            out: list[Event] = list(self._fail_all(StatusCode.UNAVAILABLE, reason, "protocol"))
+            out.append(ConnectionBroken(reason))
+            return out
+        events: list[Event] = []
+        for event in h2_events:
+            handler: _Handler | None = _DISPATCH.get(type(event))
+            if handler is not None:
+                handler(self, event, events)
+        return events
+
+    # -- h2 event handlers ------------------------------------------------------------------
+
+    def _on_response(self, event: h2.events.ResponseReceived, out: list[Event]) -> None:
+        call = self._calls.get(event.stream_id)
+        if call is not None:
+            self._read_headers(call, event.headers)
+
+    def _on_trailers(self, event: h2.events.TrailersReceived, out: list[Event]) -> None:
+        call = self._calls.get(event.stream_id)
+        if call is not None:
+            self._read_headers(call, event.headers)
+
+    def _on_data(self, event: h2.events.DataReceived, out: list[Event]) -> None:
+        stream_id = event.stream_id
+        # Unary responses are buffered (and size-capped) anyway, so credit the window at once.
+        if event.flow_controlled_length:
+            self._h2.acknowledge_received_data(event.flow_controlled_length, stream_id)
+        call = self._calls.get(stream_id)
+        if call is None:
+            return
+        try:
+            call.decoder.feed(event.data)
+        except FramingError as exc:
+            code = StatusCode.RESOURCE_EXHAUSTED if exc.kind == "too_large" else StatusCode.INTERNAL
+            del self._calls[stream_id]
+            self._reset(stream_id, ErrorCodes.CANCEL)
+            out.append(CallFinished(stream_id, code, str(exc), None, exc.kind))
+            out.append(StreamCapacityChanged())
+
+    def _on_stream_ended(self, event: h2.events.StreamEnded, out: list[Event]) -> None:
+        call = self._calls.pop(event.stream_id, None)
+        if call is not None:
+            out.append(self._finish(event.stream_id, call))
+            out.append(StreamCapacityChanged())
+
+    def _on_reset(self, event: h2.events.StreamReset, out: list[Event]) -> None:
+        call = self._calls.pop(event.stream_id, None)
+        if call is None:
+            return
+        code = int(event.error_code)
+        if call.grpc_status is not None:
+            # A status already arrived; it wins over the reset.
+            out.append(self._finish(event.stream_id, call))
+        else:
+            out.append(
+                CallFinished(
+                    event.stream_id,
+                    status_from_rst(code),
+                    f"stream reset by server (HTTP/2 error code {code})",
+                    None,
+                    "reset",
+                )
+            )
+        out.append(StreamCapacityChanged())
+
+    def _on_goaway(self, event: h2.events.ConnectionTerminated, out: list[Event]) -> None:
+        last = event.last_stream_id if event.last_stream_id is not None else 0
+        self.draining = True
+        # h2 closes its state machine on GOAWAY, but RFC 9113 §6.8 lets streams up to
+        # last_stream_id finish: reopen it so their responses are still processed.
+        self._h2.state_machine.state = h2.connection.ConnectionState.CLIENT_OPEN
+        for stream_id in [s for s in self._calls if s > last]:
+            del self._calls[stream_id]
+            out.append(
+                CallFinished(
+                    stream_id,
+                    StatusCode.UNAVAILABLE,
+                    "server sent GOAWAY before processing the call",
+                    None,
+                    "goaway",
+                )
+            )
+        out.append(GoAwayReceived(last, int(event.error_code or 0)))
+
+    def _on_ping_ack(self, event: h2.events.PingAckReceived, out: list[Event]) -> None:
+        out.append(PingAcknowledged(bytes(event.ping_data or b"")))
+
+    def _on_settings(self, event: h2.events.RemoteSettingsChanged, out: list[Event]) -> None:
+        changed = event.changed_settings.get(h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS)
+        if changed is not None:
+            self._remote_max_streams = changed.new_value
+        self._flush_all()
+        out.append(StreamCapacityChanged())
+
+    def _on_window(self, event: h2.events.WindowUpdated, out: list[Event]) -> None:
+        self._flush_all()
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    @staticmethod
+    def _read_headers(call: _Call, headers: Iterable[tuple[bytes, bytes]]) -> None:
+        for name, value in headers:
+            if name == b":status":
+                try:
+                    call.http_status = int(value)
+                except ValueError:
+                    call.http_status = 0
+            elif name == b"grpc-status":
+                call.grpc_status = value
+            elif name == b"grpc-message":
+                call.grpc_message = value
+            elif name == b"content-type":
+                call.content_type = value
+
+    @staticmethod
+    def _finish(stream_id: int, call: _Call) -> CallFinished:
+        if call.http_status != 200:
+            http = call.http_status
+            return CallFinished(
+                stream_id,
+                status_from_http(http or 0),
+                f"server answered HTTP {http} instead of 200",
+                None,
+                "http",
+            )
+        status = parse_grpc_status(call.grpc_status)
+        if status is None:
+            return CallFinished(
+                stream_id, StatusCode.UNKNOWN, "response carried no grpc-status", None, "malformed"
+            )
+        details = decode_grpc_message(call.grpc_message)
+        if status is not StatusCode.OK:
+            return CallFinished(stream_id, status, details)
+        if call.content_type is not None and not call.content_type.startswith(b"application/grpc"):
+            ctype = call.content_type.decode("latin-1")
+            return CallFinished(
+                stream_id,
+                StatusCode.UNKNOWN,
+                f"unexpected content-type {ctype!r}",
+                None,
+                "malformed",
+            )
+        if call.decoder.message is None:
+            why = "truncated response message" if call.decoder.incomplete else "no response message"
+            return CallFinished(stream_id, StatusCode.INTERNAL, why, None, "malformed")
+        return CallFinished(stream_id, StatusCode.OK, details, call.decoder.message)
+
+    def _flush_outbound(self, stream_id: int, call: _Call) -> None:
+        """Send as much of the request as flow control allows; END_STREAM with the last byte."""
+        body = call.outbound
+        while True:
+            window = min(
+                self._h2.local_flow_control_window(stream_id), self._h2.max_outbound_frame_size
+            )
+            if len(body) <= window:
+                self._h2.send_data(stream_id, body.tobytes(), end_stream=True)
+                call.outbound = memoryview(b"")
+                return
+            if window <= 0:
+                call.outbound = body
+                return
+            self._h2.send_data(stream_id, body[:window].tobytes())
+            body = body[window:]
+
+    def _flush_all(self) -> None:
+        for stream_id, call in list(self._calls.items()):
+            if call.outbound:
+                try:
+                    self._flush_outbound(stream_id, call)
+                except h2.exceptions.StreamClosedError:
+                    call.outbound = memoryview(b"")
+
+    def _reset(self, stream_id: int, code: ErrorCodes) -> None:
+        try:
+            self._h2.reset_stream(stream_id, code)
+        except (h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError):
+            pass  # already closed on the wire; nothing to reset
+
+    def _fail_all(self, code: StatusCode, reason: str, kind: str) -> list[CallFinished]:
+        finished = [CallFinished(sid, code, reason, None, kind) for sid in self._calls]
+        self._calls.clear()
+        return finished
+
+
+_Handler = Callable[[GrpcConnection, Any, list[Event]], None]
+_DISPATCH: dict[type[h2.events.Event], _Handler] = {
+    h2.events.ResponseReceived: GrpcConnection._on_response,
+    h2.events.TrailersReceived: GrpcConnection._on_trailers,
+    h2.events.DataReceived: GrpcConnection._on_data,
+    h2.events.StreamEnded: GrpcConnection._on_stream_ended,
+    h2.events.StreamReset: GrpcConnection._on_reset,
+    h2.events.ConnectionTerminated: GrpcConnection._on_goaway,
+    h2.events.PingAckReceived: GrpcConnection._on_ping_ack,
+    h2.events.RemoteSettingsChanged: GrpcConnection._on_settings,
+    h2.events.WindowUpdated: GrpcConnection._on_window,
+}

@@ -1,0 +1,50 @@
+"""Events the sans-IO gRPC connection hands to its driver (small, slotted, immutable)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ._status import StatusCode
+
+
+@dataclass(frozen=True, slots=True)
+class CallFinished:
+    """A call ended. `body` is the response message when `code` is OK.
+
+    `error_kind` names a local verdict on the response ("too_large", "compressed",
+    "malformed") or how the call died ("reset", "goaway", "connection", "protocol").
+    """
+
+    stream_id: int
+    code: StatusCode
+    details: str
+    body: bytes | None = None
+    error_kind: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GoAwayReceived:
+    """The server will take no new streams; streams above `last_stream_id` already failed."""
+
+    last_stream_id: int
+    error_code: int
+
+
+@dataclass(frozen=True, slots=True)
+class PingAcknowledged:
+    opaque: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionBroken:
+    """The peer broke HTTP/2; every call on the connection has been finished with an error."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class StreamCapacityChanged:
+    """The server's MAX_CONCURRENT_STREAMS changed or a stream slot was freed."""
+
+
+Event = CallFinished | GoAwayReceived | PingAcknowledged | ConnectionBroken | StreamCapacityChanged

@@ -1,0 +1,389 @@
+"""The trio driver for GrpcConnection: TCP/TLS, one reader, one coalescing writer, keepalive,
+and reconnect-on-next-call. Every socket, ssl, h2 and trio failure is mapped here, once, to
+`RpcError`; background tasks never raise into the caller's code.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import ssl
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import trio
+
+from ._connection import GrpcConnection, Header
+from ._events import (
+    CallFinished,
+    ConnectionBroken,
+    GoAwayReceived,
+    PingAcknowledged,
+    StreamCapacityChanged,
+)
+from ._status import StatusCode
+
+_RECEIVE_BYTES = 256 * 1024
+_GOAWAY_FLUSH_S = 0.25
+
+_log = logging.getLogger("sepp.wire")
+
+
+class RpcError(Exception):
+    """A call failed: a gRPC status from the server, or a local verdict (`kind`)."""
+
+    def __init__(self, code: StatusCode, details: str, kind: str | None = None) -> None:
+        super().__init__(details)
+        self.code = code
+        self.details = details
+        self.kind = kind
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    host: str
+    port: int
+    ssl_context: ssl.SSLContext | None = None
+    server_hostname: str | None = None
+
+    @property
+    def authority(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+
+class _Pending:
+    __slots__ = ("event", "result")
+
+    def __init__(self) -> None:
+        self.event = trio.Event()
+        self.result: CallFinished | None = None
+
+
+class _Connection:
+    """One live HTTP/2 connection and the tasks that drive it."""
+
+    def __init__(self, stream: trio.abc.Stream, proto: GrpcConnection, channel: Channel) -> None:
+        self.stream = stream
+        self.proto = proto
+        self.waiters: dict[int, _Pending] = {}
+        self.slots = trio.lowlevel.ParkingLot()
+        self.cancel_scope = trio.CancelScope()
+        self.dead = False
+        self._channel = channel
+        self._wake = trio.Event()
+        self._ping_acks: dict[bytes, trio.Event] = {}
+
+    @property
+    def usable(self) -> bool:
+        return not self.dead and self.proto.usable
+
+    def wake_writer(self) -> None:
+        self._wake.set()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        try:
+            with self.cancel_scope:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._reader)
+                    nursery.start_soon(self._writer)
+                    if self._channel.keepalive_interval is not None:
+                        nursery.start_soon(self._keepalive)
+                    task_status.started()
+        except Exception as exc:  # pragma: no cover - the tasks catch their own errors
+            self.die(f"internal error in connection task: {exc!r}")
+        finally:
+            self.die("connection closed")
+            with trio.CancelScope(shield=True):
+                await self._close_stream()
+
+    async def _close_stream(self) -> None:
+        try:
+            self.proto.close()
+            data = self.proto.data_to_send()
+            if data:
+                with trio.move_on_after(_GOAWAY_FLUSH_S):
+                    await self.stream.send_all(data)
+        except Exception:
+            pass  # best effort: the socket is going away anyway
+        await trio.aclose_forcefully(self.stream)
+
+    def die(self, reason: str) -> None:
+        """Fail every waiting call with UNAVAILABLE and stop this connection's tasks."""
+        if self.dead:
+            return
+        self.dead = True
+        for finished in self.proto.connection_lost(reason):
+            self._deliver(finished)
+        for pending in self.waiters.values():  # defensive: nothing should be left
+            pending.result = CallFinished(0, StatusCode.UNAVAILABLE, reason, None, "connection")
+            pending.event.set()
+        self.waiters.clear()
+        self.slots.unpark_all()
+        self.cancel_scope.cancel()
+        self._channel.forget(self)
+
+    def _deliver(self, finished: CallFinished) -> None:
+        pending = self.waiters.pop(finished.stream_id, None)
+        if pending is not None:
+            pending.result = finished
+            pending.event.set()
+
+    async def _reader(self) -> None:
+        try:
+            while True:
+                data = await self.stream.receive_some(_RECEIVE_BYTES)
+                if not data:
+                    self.die("connection closed by the server")
+                    return
+                for event in self.proto.receive_data(bytes(data)):
+                    if type(event) is CallFinished:
+                        self._deliver(event)
+                    elif type(event) is StreamCapacityChanged:
+                        self.slots.unpark_all()
+                    elif type(event) is PingAcknowledged:
+                        ack = self._ping_acks.pop(event.opaque, None)
+                        if ack is not None:
+                            ack.set()
+                    elif type(event) is GoAwayReceived:
+                        _log.debug("server sent GOAWAY (last stream %d)", event.last_stream_id)
+                        self._channel.forget(self)
+                        self.slots.unpark_all()
+                    elif type(event) is ConnectionBroken:
+                        self.die(event.reason)
+                        return
+                if self.proto.draining and self.proto.active_calls == 0:
+                    self.die("connection drained after GOAWAY")
+                    return
+                self._wake.set()
+        except Exception as exc:
+            self.die(_describe_io_error(exc))
+
+    async def _writer(self) -> None:
+        try:
+            while True:
+                await self._wake.wait()
+                self._wake = trio.Event()
+                data = self.proto.data_to_send()
+                if data:
+                    await self.stream.send_all(data)
+        except Exception as exc:
+            self.die(_describe_io_error(exc))
+
+    async def _keepalive(self) -> None:
+        interval = self._channel.keepalive_interval
+        timeout = self._channel.keepalive_timeout
+        assert interval is not None
+        while True:
+            await trio.sleep(interval)
+            opaque = os.urandom(8)
+            ack = trio.Event()
+            self._ping_acks[opaque] = ack
+            try:
+                self.proto.send_ping(opaque)
+            except Exception as exc:
+                self.die(f"cannot send keepalive ping: {exc!r}")
+                return
+            self._wake.set()
+            with trio.move_on_after(timeout):
+                await ack.wait()
+            if not ack.is_set():
+                self.die(f"keepalive ping not answered within {timeout:g}s")
+                return
+
+
+def _describe_io_error(exc: BaseException) -> str:
+    if isinstance(exc, trio.BrokenResourceError) and exc.__cause__ is not None:
+        exc = exc.__cause__
+    return f"connection lost: {type(exc).__name__}: {exc}"
+
+
+class Channel:
+    """Places unary calls on one shared HTTP/2 connection, opening a new one when needed."""
+
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        nursery: trio.Nursery,
+        *,
+        user_agent: str,
+        metadata: Sequence[Header] = (),
+        secret_metadata: Sequence[Header] = (),
+        connect_timeout: float = 5.0,
+        max_receive_message_bytes: int | None = None,
+        keepalive_interval: float | None = 30.0,
+        keepalive_timeout: float = 10.0,
+    ) -> None:
+        self.endpoint = endpoint
+        self.keepalive_interval = keepalive_interval
+        self.keepalive_timeout = keepalive_timeout
+        self._nursery = nursery
+        self._user_agent = user_agent
+        self._metadata = tuple(metadata)
+        self._secret_metadata = tuple(secret_metadata)
+        self._connect_timeout = connect_timeout
+        self._max_receive = max_receive_message_bytes
+        self._current: _Connection | None = None
+        self._all: set[_Connection] = set()
+        self._connect_lock = trio.Lock()
+        self._closed = False
+        self.connections_opened = 0
+
+    def forget(self, conn: _Connection) -> None:
+        """Stop placing new calls on `conn` (GOAWAY or death)."""
+        if self._current is conn:
+            self._current = None
+        if conn.dead:
+            self._all.discard(conn)
+
+    async def call(
+        self,
+        method: str,
+        request: bytes,
+        *,
+        timeout: float | None,
+        metadata: Iterable[Header] = (),
+    ) -> bytes:
+        """Make one unary call; returns the response message or raises RpcError.
+
+        `timeout` bounds this call; the caller's own trio deadline also applies, and the
+        smaller of the two is sent as grpc-timeout. Cancellation resets the stream.
+        """
+        own_deadline = trio.current_time() + timeout if timeout is not None else math.inf
+        pending: _Pending | None = None
+        conn: _Connection | None = None
+        stream_id = 0
+        with trio.move_on_at(own_deadline) as scope:
+            try:
+                conn = await self._ready_connection()
+                while not conn.proto.can_start_call:
+                    if not conn.usable:
+                        conn = await self._ready_connection()
+                        continue
+                    await conn.slots.park()
+                deadline = min(own_deadline, trio.current_effective_deadline())
+                remaining = deadline - trio.current_time() if deadline != math.inf else None
+                try:
+                    stream_id = conn.proto.start_call(
+                        method, request, timeout=remaining, metadata=metadata
+                    )
+                except Exception as exc:
+                    conn.die(f"cannot start a call: {exc!r}")
+                    raise RpcError(StatusCode.UNAVAILABLE, conn_reason(exc), "connection") from exc
+                pending = _Pending()
+                conn.waiters[stream_id] = pending
+                conn.wake_writer()
+                await pending.event.wait()
+            except BaseException:
+                if pending is not None and pending.result is None and conn is not None:
+                    self._abandon(conn, stream_id)
+                raise
+        if pending is None or pending.result is None:
+            if pending is not None and conn is not None:
+                self._abandon(conn, stream_id)
+            assert scope.cancelled_caught
+            raise RpcError(
+                StatusCode.DEADLINE_EXCEEDED,
+                f"deadline exceeded after {timeout:g}s" if timeout is not None else "deadline",
+                "deadline",
+            )
+        result = pending.result
+        if result.code is StatusCode.OK and result.body is not None:
+            return result.body
+        raise RpcError(result.code, result.details, result.error_kind)
+
+    def _abandon(self, conn: _Connection, stream_id: int) -> None:
+        conn.waiters.pop(stream_id, None)
+        if not conn.dead:
+            conn.proto.cancel_call(stream_id)
+            conn.wake_writer()
+            conn.slots.unpark_all()
+
+    async def _ready_connection(self) -> _Connection:
+        conn = self._current
+        if conn is not None and conn.usable:
+            return conn
+        async with self._connect_lock:
+            conn = self._current
+            if conn is not None and conn.usable:
+                return conn
+            conn = await self._connect()
+            self._current = conn
+            self._all.add(conn)
+            return conn
+
+    async def _connect(self) -> _Connection:
+        if self._closed:
+            raise RpcError(StatusCode.UNAVAILABLE, "the client is closed", "closed")
+        ep = self.endpoint
+        stream: trio.abc.Stream | None = None
+        try:
+            with trio.fail_after(self._connect_timeout):
+                stream = await trio.open_tcp_stream(ep.host, ep.port)
+                if ep.ssl_context is not None:
+                    tls = trio.SSLStream(
+                        stream,
+                        ep.ssl_context,
+                        server_hostname=ep.server_hostname or ep.host,
+                        https_compatible=True,
+                    )
+                    stream = tls
+                    await tls.do_handshake()
+                    if tls.selected_alpn_protocol() != "h2":
+                        raise RpcError(
+                            StatusCode.UNAVAILABLE,
+                            "the server did not negotiate HTTP/2 (ALPN h2) over TLS",
+                            "connect",
+                        )
+                proto = GrpcConnection(
+                    authority=ep.authority,
+                    scheme="https" if ep.ssl_context is not None else "http",
+                    user_agent=self._user_agent,
+                    metadata=self._metadata,
+                    secret_metadata=self._secret_metadata,
+                    max_receive_message_bytes=self._max_receive,
+                )
+                proto.initiate()
+                await stream.send_all(proto.data_to_send())
+        except trio.TooSlowError:
+            await _close_quietly(stream)
+            raise RpcError(
+                StatusCode.UNAVAILABLE,
+                f"could not connect within {self._connect_timeout:g}s",
+                "connect",
+            ) from None
+        except RpcError:
+            await _close_quietly(stream)
+            raise
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError, ssl.SSLError) as exc:
+            await _close_quietly(stream)
+            raise RpcError(StatusCode.UNAVAILABLE, conn_reason(exc), "connect") from exc
+        conn = _Connection(stream, proto, self)
+        try:
+            await self._nursery.start(conn.run)
+        except RuntimeError as exc:  # the client's nursery is closing
+            await _close_quietly(stream)
+            raise RpcError(StatusCode.UNAVAILABLE, "the client is closed", "closed") from exc
+        self.connections_opened += 1
+        return conn
+
+    async def aclose(self) -> None:
+        """Fail in-flight calls, close every connection, refuse new calls."""
+        self._closed = True
+        for conn in list(self._all):
+            conn.die("the client is closed")
+        self._all.clear()
+        self._current = None
+
+
+def conn_reason(exc: BaseException) -> str:
+    if isinstance(exc, trio.BrokenResourceError) and exc.__cause__ is not None:
+        exc = exc.__cause__
+    text = str(exc) or type(exc).__name__
+    return f"{type(exc).__name__}: {text}" if str(exc) else text
+
+
+async def _close_quietly(stream: trio.abc.Stream | None) -> None:
+    if stream is not None:
+        await trio.aclose_forcefully(stream)
