@@ -158,8 +158,9 @@ async def test_queues_and_named_api_keys_config() -> None:
     with trio.fail_after(60):
         async with sepp_server(config) as server:
             [line] = listening_lines(server)
-            assert "auth=enabled" in line
-            assert "strict_queues=enabled" in line
+            # String fields are quoted in the text log format.
+            assert 'auth="enabled"' in line
+            assert 'strict_queues="enabled"' in line
             assert "declared_queues=2" in line
             assert tcp_connects(server.port)
 
@@ -350,17 +351,27 @@ EXTERNAL_TESTS = """
 """
 
 
-def use_this_checkout(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Let the pytester subprocess import the same ``sepp`` package as this run."""
+@pytest.fixture(scope="module")
+def real_sepp_binary() -> str:
+    # Module-scoped so it is resolved before pytester points HOME at a temp dir
+    # (which would hide the default binary cache).
+    return find_sepp_binary()
+
+
+def use_this_checkout(monkeypatch: pytest.MonkeyPatch, binary: str) -> None:
+    """Let the pytester subprocess import the same ``sepp`` package and binary as this run."""
     import sepp.testing
 
     src = str(Path(sepp.testing.__file__).resolve().parents[2])
     paths = [src, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(paths))
+    monkeypatch.setenv("SEPP_BIN", binary)
 
 
-def test_pytest_plugin_fixture(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
-    use_this_checkout(monkeypatch)
+def test_pytest_plugin_fixture(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, real_sepp_binary: str
+) -> None:
+    use_this_checkout(monkeypatch, real_sepp_binary)
     pytester.makeini("[pytest]\ntrio_mode = true\n")
     pytester.makepyfile(test_plugin=textwrap.dedent(PLUGIN_TESTS))
     result = pytester.runpytest_subprocess("-p", "sepp.testing.pytest_plugin", "-q")
@@ -368,9 +379,9 @@ def test_pytest_plugin_fixture(pytester: pytest.Pytester, monkeypatch: pytest.Mo
 
 
 def test_pytest_plugin_honours_sepp_test_addr(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, real_sepp_binary: str
 ) -> None:
-    use_this_checkout(monkeypatch)
+    use_this_checkout(monkeypatch, real_sepp_binary)
     monkeypatch.setenv("SEPP_TEST_ADDR", "127.0.0.1:65000")
     pytester.makeini("[pytest]\ntrio_mode = true\n")
     pytester.makepyfile(test_external=textwrap.dedent(EXTERNAL_TESTS))

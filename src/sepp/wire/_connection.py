@@ -101,6 +101,10 @@ class GrpcConnection:
                 h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: DEFAULT_MAX_HEADER_LIST_SIZE,
             },
         )
+        # Initial values count as already in force, so h2 would never apply these two on the
+        # server's SETTINGS ACK: set them by hand (the server applies ours before responding).
+        self._h2.max_inbound_frame_size = DEFAULT_MAX_FRAME_SIZE
+        self._h2.decoder.max_header_list_size = DEFAULT_MAX_HEADER_LIST_SIZE
         self._connection_window = connection_window
         self._max_receive = max_receive_message_bytes
         self._calls: dict[int, _Call] = {}

@@ -1,0 +1,65 @@
+"""Shared test setup: the real-server fixture, and a summary of what ran where.
+
+Tests are counted by where they run: `unit` (no sockets), `fixture` (our misbehaving h2
+server or scripted fakes), `real_server` (the real sepp binary). The summary line at the end
+of a run shows the counts, so a green run that quietly skipped the server is visible.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+import sepp
+from sepp.testing import ExternalSeppServer, SeppServer
+
+pytest_plugins = ["sepp.testing.pytest_plugin"]
+
+_TESTS = Path(__file__).parent
+_CATEGORY_BY_DIR = {"unit": "unit", "integration": "real_server", "interop": "real_server"}
+_passed: Counter[str] = Counter()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for name, doc in (
+        ("unit", "no sockets"),
+        ("fixture", "against a fixture server or a scripted fake"),
+        ("real_server", "against the real sepp server"),
+    ):
+        config.addinivalue_line("markers", f"{name}: {doc}")
+
+
+def _category(item: pytest.Item) -> str:
+    for marker in ("real_server", "fixture", "unit"):
+        if item.get_closest_marker(marker) is not None:
+            return marker
+    rel = Path(str(item.fspath)).resolve().relative_to(_TESTS.resolve())
+    return _CATEGORY_BY_DIR.get(rel.parts[0], "unit")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker(_category(item)) is None:
+            item.add_marker(_category(item))
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.when == "call" and report.passed:
+        _passed[next(m for m in ("real_server", "fixture", "unit") if m in report.keywords)] += 1
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    terminalreporter.write_line(
+        "sepp-trio tests passed by kind: "
+        f"unit={_passed['unit']} fixture={_passed['fixture']} "
+        f"real_server={_passed['real_server']}"
+    )
+
+
+@pytest.fixture
+async def client(sepp_server: SeppServer | ExternalSeppServer) -> AsyncIterator[sepp.Client]:
+    async with sepp.open(sepp_server.address) as c:
+        yield c
