@@ -134,7 +134,6 @@ async def test_enqueue_wakes_a_waiting_reserve(client: sepp.Client) -> None:
 
 
 LIMITED = config(
-    server={"strict_queues": True},
     limits={
         "max_schedule_horizon_ms": 60_000,
         "max_custom_entries": 2,
@@ -153,9 +152,22 @@ LIMITED = config(
             "max_queue_depth": 1,
         },
         {"name": "open"},
-        {"name": "a" * 16},
     ],
 )
+STRICT = config(server={"strict_queues": True}, queues=[{"name": "declared"}])
+
+
+async def test_strict_mode_rejects_undeclared_queues() -> None:
+    async with sepp_server(STRICT) as server, sepp.open(server.address) as client:
+        results = await client.enqueue_batch(
+            [sepp.EnqueueRequest("nope", "t"), sepp.EnqueueRequest("declared", "t")]
+        )
+        assert results[0] == sepp.UnknownQueue("nope")
+        assert isinstance(results[1], sepp.EnqueueAck)
+        with pytest.raises(sepp.UnknownQueuesError) as info:
+            await client.reserve(["declared", "undeclared"], wait_timeout=0)
+        assert info.value.code is sepp.StatusCode.FAILED_PRECONDITION
+        assert (await client.reserve("declared", wait_timeout=1)) is not None
 
 
 async def test_every_configurable_rejection_kind() -> None:
@@ -163,7 +175,6 @@ async def test_every_configurable_rejection_kind() -> None:
         R = sepp.EnqueueRequest
         js = sepp.Payload.json
         cases: list[tuple[sepp.EnqueueRequest, type[sepp.JobRejection]]] = [
-            (R("nope", "ok"), sepp.UnknownQueue),
             (R("open", "ok", payload=sepp.Payload.bytes(b"x" * 1_100_000)), sepp.PayloadTooLarge),
             (R("limited", "ok", payload=sepp.Payload.text("hi")), sepp.EncodingNotAllowed),
             (R("limited", "bad"), sepp.JobTypeNotAllowed),
@@ -179,13 +190,13 @@ async def test_every_configurable_rejection_kind() -> None:
             ),
         ]
         results = await client.enqueue_batch([req for req, _ in cases])
-        assert [type(r) for r in results] == [kind for _, kind in cases]
+        assert [type(r).__name__ for r in results] == [k.__name__ for _, k in cases], results
         assert all(sepp.is_job_rejection(r) for r in results)
-        too_large = results[1]
+        too_large = results[0]
         assert isinstance(too_large, sepp.PayloadTooLarge) and too_large.limit == 1_048_576
-        enc = results[2]
+        enc = results[1]
         assert isinstance(enc, sepp.EncodingNotAllowed) and enc.allowed == ("application/json",)
-        far = results[10]
+        far = results[9]
         assert isinstance(far, sepp.ScheduledTooFar) and far.horizon == timedelta(minutes=1)
         assert far.actual is not None
         for r in results:
@@ -199,17 +210,14 @@ async def test_every_configurable_rejection_kind() -> None:
             await client.enqueue("limited", "x")
         assert isinstance(info.value.rejection, sepp.QueueFull)
         assert info.value.rejection.retryable
-        # Strict mode: Reserve on an undeclared queue.
-        with pytest.raises(sepp.UnknownQueuesError):
-            await client.reserve(["limited", "undeclared"], wait_timeout=0)
 
 
 async def test_enqueue_batch_mixes_acks_and_rejections_in_order() -> None:
     async with sepp_server(LIMITED) as server, sepp.open(server.address) as client:
         R = sepp.EnqueueRequest
-        results = await client.enqueue_batch([R("open", "ok"), R("nope", "ok"), R("open", "x")])
+        results = await client.enqueue_batch([R("open", "ok"), R("limited", "no"), R("open", "x")])
         assert isinstance(results[0], sepp.EnqueueAck)
-        assert isinstance(results[1], sepp.UnknownQueue) and results[1].queue == "nope"
+        assert isinstance(results[1], sepp.JobTypeNotAllowed) and results[1].job_type == "no"
         assert isinstance(results[2], sepp.EnqueueAck)
 
 
