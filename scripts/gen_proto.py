@@ -42,7 +42,9 @@ def main() -> int:
         (tmp_path / "out").mkdir()
         subprocess.run(
             [
-                sys.executable, "-c", "import sys; from protoc import exec_protoc; "
+                sys.executable,
+                "-c",
+                "import sys; from protoc import exec_protoc; "
                 "sys.argv[0]='protoc'; sys.exit(exec_protoc())",
                 f"-I{tmp_path / 'in'}",
                 f"--python_out={tmp_path / 'out'}",

@@ -52,6 +52,11 @@ from ._types import Retry as Retry
 from ._types import ServerInfo as ServerInfo
 from ._types import TraceContext as TraceContext
 from ._version import __version__ as __version__
+from ._worker import DuplicateHandlerError as DuplicateHandlerError
+from ._worker import Handler as Handler
+from ._worker import HandlerError as HandlerError
+from ._worker import ShutdownHandle as ShutdownHandle
+from ._worker import Worker as Worker
 from .wire._status import StatusCode as StatusCode
 
 __all__ = [
@@ -67,9 +72,12 @@ __all__ = [
     "CustomMapTooLarge",
     "DeadLetterCause",
     "DeadLetterRecord",
+    "DuplicateHandlerError",
     "EncodingNotAllowed",
     "EnqueueAck",
     "EnqueueRequest",
+    "Handler",
+    "HandlerError",
     "IdempotencyKeyTooLong",
     "InvalidRequest",
     "InvalidRequestError",
@@ -95,6 +103,7 @@ __all__ = [
     "SeppError",
     "ServerInfo",
     "ServerInternalError",
+    "ShutdownHandle",
     "StatusCode",
     "TraceContext",
     "TransportError",
@@ -104,6 +113,7 @@ __all__ = [
     "UnknownQueuesError",
     "UnknownRejection",
     "ValidationError",
+    "Worker",
     "__version__",
     "describe_job_rejection",
     "is_job_rejection",

@@ -55,15 +55,21 @@ async def test_round_trip_keeps_payload_bytes_and_custom_types(client: sepp.Clie
     data = b"\x00\xff\xfe binary \x00 with NUL and invalid utf-8 \xc3\x28"
     custom = {"s": "x", "i": 1, "d": 1.5, "b": True, "big": 2**62, "neg": -(2**63), "one": 1.0}
     ack = await client.enqueue(
-        "rt", "kind", payload=sepp.Payload.bytes(data, "application/x-test"), custom=custom,
-        priority=7, max_attempts=5,
+        "rt",
+        "kind",
+        payload=sepp.Payload.bytes(data, "application/x-test"),
+        custom=custom,
+        priority=7,
+        max_attempts=5,
     )
     assert ack.deduplicated is False and uuid.UUID(ack.job_id)
     job = await reserve_one(client, "rt", lease_duration=30)
     assert job.id == ack.job_id
     assert job.payload == sepp.Payload(data, "application/x-test")
     assert job.ctx.custom == custom
-    assert {k: type(v) for k, v in job.ctx.custom.items()} == {k: type(v) for k, v in custom.items()}
+    assert {k: type(v) for k, v in job.ctx.custom.items()} == {
+        k: type(v) for k, v in custom.items()
+    }
     assert (job.ctx.priority, job.ctx.max_attempts, job.ctx.attempt) == (7, 5, 1)
     assert job.ctx.queue == "rt" and job.ctx.job_type == "kind"
     assert job.ctx.enqueued_at.tzinfo is not None

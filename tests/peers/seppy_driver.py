@@ -93,6 +93,7 @@ _pin_sepp_py_on_path()
 
 import asyncio  # noqa: E402
 import base64  # noqa: E402
+import contextlib  # noqa: E402
 import dataclasses  # noqa: E402
 import enum  # noqa: E402
 import importlib.metadata as _md  # noqa: E402
@@ -105,6 +106,7 @@ import resource  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
+from collections.abc import Iterator  # noqa: E402
 from datetime import datetime, timedelta, timezone  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -402,10 +404,16 @@ def _percentile(sorted_vals: list[float], p: float) -> float:
 
 
 class _Otel:
+    """The SDK provider samples only while a trace op runs (``recording()``).
+    Outside them spans are non-recording, so later benchmarks in the same
+    driver neither fill the in-memory exporter nor pay for span recording
+    (they still see valid span contexts; use a fresh driver for clean runs)."""
+
     def __init__(self) -> None:
         self.ready = False
         self.exporter: Any = None
         self.tracer: Any = None
+        self.sampler: Any = None
 
     def setup(self) -> None:
         if self.ready:
@@ -419,9 +427,21 @@ class _Otel:
             from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
                 InMemorySpanExporter,
             )
+            from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
         except ImportError as exc:
             raise OtelUnavailable(f"opentelemetry-sdk is not installed: {exc}") from exc
-        provider = TracerProvider()
+
+        class _ToggleSampler(Sampler):
+            on = False
+
+            def should_sample(self, *args: Any, **kwargs: Any) -> SamplingResult:
+                return SamplingResult(Decision.RECORD_AND_SAMPLE if self.on else Decision.DROP)
+
+            def get_description(self) -> str:
+                return "seppy_driver toggle"
+
+        self.sampler = _ToggleSampler()
+        provider = TracerProvider(sampler=self.sampler)
         self.exporter = InMemorySpanExporter()
         provider.add_span_processor(SimpleSpanProcessor(self.exporter))
         trace.set_tracer_provider(provider)
@@ -429,6 +449,16 @@ class _Otel:
             raise OtelUnavailable("another TracerProvider was already installed")
         self.tracer = trace.get_tracer("seppy_driver")
         self.ready = True
+
+    @contextlib.contextmanager
+    def recording(self) -> Iterator[None]:
+        self.setup()
+        self.exporter.clear()
+        self.sampler.on = True
+        try:
+            yield
+        finally:
+            self.sampler.on = False
 
     def finished(self) -> list[Any]:
         return list(self.exporter.get_finished_spans())
@@ -919,7 +949,7 @@ class Driver:
                 "job": encode_job(Job(payload, ctx)),
                 "handler_span": None,
             }
-            if self.otel.ready:
+            if self.otel.ready and self.otel.sampler.on:
                 from opentelemetry import trace
 
                 sc = trace.get_current_span().get_span_context()
@@ -968,18 +998,17 @@ class Driver:
         return {"ready": True}
 
     async def op_enqueue_in_span(self, req: dict[str, Any]) -> dict[str, Any]:
-        self.otel.setup()
         client = self.need_client()
         span_name = req.get("span_name", "seppy_driver.produce")
-        self.otel.exporter.clear()
-        with self.otel.tracer.start_as_current_span(span_name) as span:
-            sc = span.get_span_context()
-            ack = await client.enqueue(decode_enqueue_request(req))
-        enqueue_spans = [
-            _span_json(s)
-            for s in self.otel.finished()
-            if s.name == "sepp.enqueue" and s.context.trace_id == sc.trace_id
-        ]
+        with self.otel.recording():
+            with self.otel.tracer.start_as_current_span(span_name) as span:
+                sc = span.get_span_context()
+                ack = await client.enqueue(decode_enqueue_request(req))
+            enqueue_spans = [
+                _span_json(s)
+                for s in self.otel.finished()
+                if s.name == "sepp.enqueue" and s.context.trace_id == sc.trace_id
+            ]
         return {
             **encode_ack(ack),
             "trace_id": _hex_trace(sc.trace_id),
@@ -990,10 +1019,9 @@ class Driver:
         }
 
     async def op_process_one_traced(self, req: dict[str, Any]) -> dict[str, Any]:
-        self.otel.setup()
-        self.otel.exporter.clear()
-        result = await self._process_one(req)
-        process = [_span_json(s) for s in self.otel.finished() if s.name == "sepp.process"]
+        with self.otel.recording():
+            result = await self._process_one(req)
+            process = [_span_json(s) for s in self.otel.finished() if s.name == "sepp.process"]
         if not process:
             raise DriverError("sepp-py's Worker emitted no 'sepp.process' span")
         p = process[0]
@@ -1021,17 +1049,28 @@ async def amain() -> int:
     lines: asyncio.Queue[bytes] = asyncio.Queue()
 
     def read_stdin() -> None:
-        # A daemon thread, so a readline still blocked at exit never holds the
-        # interpreter open. b"" marks EOF.
-        stdin = sys.stdin.buffer
+        # A daemon thread reading the raw fd: a read still blocked at exit must
+        # neither hold the interpreter open nor hold sys.stdin's buffer lock
+        # (CPython aborts at finalization if a daemon thread owns it). b"" = EOF.
+        pending: list[bytes] = []  # pieces of a line not yet terminated
         while True:
             try:
-                line = stdin.readline()
-            except (OSError, ValueError):
-                line = b""
-            loop.call_soon_threadsafe(lines.put_nowait, line)
-            if not line:
+                chunk = os.read(0, 1 << 16)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                if pending:
+                    loop.call_soon_threadsafe(lines.put_nowait, b"".join(pending))
+                loop.call_soon_threadsafe(lines.put_nowait, b"")
                 return
+            if b"\n" not in chunk:
+                pending.append(chunk)
+                continue
+            first, *rest = chunk.split(b"\n")
+            complete = [b"".join([*pending, first]), *rest[:-1]]
+            pending = [rest[-1]] if rest[-1] else []
+            for line in complete:
+                loop.call_soon_threadsafe(lines.put_nowait, line + b"\n")
 
     threading.Thread(target=read_stdin, name="seppy-driver-stdin", daemon=True).start()
     try:

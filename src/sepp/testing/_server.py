@@ -45,6 +45,8 @@ _MESSAGE_TAIL_LINES = 60
 _TERM_GRACE_SECONDS = 10.0
 #: How long ``start()`` keeps retrying when the pinned port is briefly busy.
 _PORT_BUSY_RETRY_SECONDS = 10.0
+#: How long start() waits for the server to install its SIGTERM handler.
+_SIGTERM_HANDLER_GRACE_SECONDS = 2.0
 #: Longest partial line kept while waiting for a newline.
 _MAX_PARTIAL_LINE = 64 * 1024
 
@@ -189,6 +191,18 @@ def _parse_listening_line(line: str) -> str | None:
         addr = fields.get("addr") if isinstance(fields, dict) else None
         return addr if isinstance(addr, str) else None
     return match.group(1).strip("\"',")
+
+
+def _catches_sigterm(pid: int) -> bool | None:
+    """Whether process ``pid`` has a SIGTERM handler (``None``: cannot tell here)."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as status:
+            for line in status:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) & (1 << (signal.SIGTERM - 1)))
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def _write_config_file(path: Path, config: Mapping[str, object]) -> None:
@@ -543,6 +557,7 @@ class SeppServer:
                         continue
                     await stream.aclose()
                     break
+                await self._wait_for_sigterm_handler(proc)
                 self.host = host
                 self._port = port
                 nursery.cancel_scope.cancel()
@@ -558,6 +573,25 @@ class SeppServer:
             f"no '{_LISTENING_MARKER}' line within {self.startup_timeout}s "
             "(is RUST_LOG hiding INFO logs?)"
         )
+
+    async def _wait_for_sigterm_handler(self, proc: _Process) -> None:
+        """Wait briefly until the server catches SIGTERM, so stop() is graceful.
+
+        The server binds (and logs the listening line) before its serve loop
+        installs the SIGTERM handler; a SIGTERM in that window kills it
+        outright (status -15).  On Linux the handler is visible in
+        /proc/PID/status; elsewhere a short pause has to do.  A binary that
+        never handles SIGTERM is accepted after the grace period.
+        """
+        with trio.move_on_after(_SIGTERM_HANDLER_GRACE_SECONDS):
+            while True:
+                caught = _catches_sigterm(proc.process.pid)
+                if caught is None:
+                    await trio.sleep(0.1)
+                    return
+                if caught:
+                    return
+                await trio.sleep(0.01)
 
     async def _terminate(self, proc: _Process, *, kill: bool) -> None:
         """Signal the process, reap it and let the drain tasks finish (call shielded)."""

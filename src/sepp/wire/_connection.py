@@ -17,6 +17,7 @@ import h2.exceptions
 import h2.settings
 from h2.errors import ErrorCodes
 from hpack import NeverIndexedHeaderTuple
+from hyperframe.frame import Frame, GoAwayFrame
 
 from ._events import (
     CallFinished,
@@ -44,7 +45,28 @@ DEFAULT_CONNECTION_WINDOW = 64 * 1024 * 1024
 DEFAULT_MAX_FRAME_SIZE = 1024 * 1024
 DEFAULT_MAX_HEADER_LIST_SIZE = 64 * 1024
 _H2_DEFAULT_WINDOW = 65_535
+_MAX_STREAM_ID = 2**31 - 1
 _SERVICE_PATH = b"/sepp.v1.QueueService/"
+
+
+class _H2Connection(h2.connection.H2Connection):
+    """h2's client connection, except that a GOAWAY does not end it on the spot.
+
+    h2 moves its state machine to CLOSED and drops every queued outbound frame when a GOAWAY
+    arrives, so any later frame, even one in the same read, is a protocol error. RFC 9113 §6.8
+    lets streams up to `last_stream_id` finish, so keep the state (and the queued WINDOW_UPDATEs,
+    acks and request data those streams still need) as they were.
+    """
+
+    def _receive_goaway_frame(
+        self, frame: GoAwayFrame
+    ) -> tuple[list[Frame], list[h2.events.Event]]:
+        state = self.state_machine.state
+        queued = self._data_to_send
+        result = super()._receive_goaway_frame(frame)
+        self.state_machine.state = state
+        self._data_to_send = queued + self._data_to_send
+        return result
 
 
 class _Call:
@@ -91,7 +113,7 @@ class GrpcConnection:
             validate_inbound_headers=False,
             normalize_inbound_headers=False,
         )
-        self._h2 = h2.connection.H2Connection(config=config)
+        self._h2 = _H2Connection(config=config)
         self._h2.local_settings = h2.settings.Settings(
             client=True,
             initial_values={
@@ -122,6 +144,7 @@ class GrpcConnection:
         ]
         self._method_headers: dict[str, list[Header]] = {}
         self._remote_max_streams: int | None = None
+        self._settings_received = False
         self.draining = False
         self.broken: str | None = None
 
@@ -142,12 +165,23 @@ class GrpcConnection:
         return len(self._calls)
 
     @property
+    def remote_settings_received(self) -> bool:
+        """Whether the server's connection preface (its first SETTINGS frame) has arrived."""
+        return self._settings_received
+
+    @property
     def can_start_call(self) -> bool:
-        """False while the server's MAX_CONCURRENT_STREAMS is reached, or after GOAWAY."""
+        """False while the server's MAX_CONCURRENT_STREAMS is reached, or after GOAWAY.
+
+        Until the server's first SETTINGS arrives its limit is unknown, so only one call may be
+        in flight: a server with a low limit would refuse the excess streams.
+        """
         if self.draining or self.broken is not None:
             return False
         limit = self._remote_max_streams
-        return limit is None or len(self._calls) < limit
+        if limit is None:
+            return self._settings_received or not self._calls
+        return len(self._calls) < limit
 
     @property
     def usable(self) -> bool:
@@ -178,6 +212,9 @@ class GrpcConnection:
         self._h2.send_headers(stream_id, headers + per_call if per_call else headers)
         call = _Call(self._max_receive, encode_message(request))
         self._calls[stream_id] = call
+        if stream_id + 2 > _MAX_STREAM_ID:
+            # Stream ids are spent: let this connection drain; the driver dials a fresh one.
+            self.draining = True
         self._flush_outbound(stream_id, call)
         return stream_id
 
@@ -207,21 +244,20 @@ class GrpcConnection:
         """Feed bytes from the socket; returns the resulting events in order."""
         if self.broken is not None:
             return []
+        events: list[Event] = []
         try:
-            h2_events = self._h2.receive_data(data)
+            for event in self._h2.receive_data(data):
+                handler: _Handler | None = _DISPATCH.get(type(event))
+                if handler is not None:
+                    handler(self, event, events)
         except Exception as exc:
-            # h2, hpack and hyperframe raise assorted types on hostile input; all of them mean
-            # the peer broke HTTP/2 and the connection cannot be trusted any more.
+            # h2, hpack and hyperframe raise assorted types on hostile input (and h2 can refuse
+            # what a handler asks of it afterwards); all of them mean the peer broke HTTP/2 and
+            # the connection cannot be trusted any more. Calls already finished keep their result.
             reason = f"HTTP/2 protocol error from server: {type(exc).__name__}: {exc}"
             self.broken = reason
-            out: list[Event] = list(self._fail_all(StatusCode.UNAVAILABLE, reason, "protocol"))
-            out.append(ConnectionBroken(reason))
-            return out
-        events: list[Event] = []
-        for event in h2_events:
-            handler: _Handler | None = _DISPATCH.get(type(event))
-            if handler is not None:
-                handler(self, event, events)
+            events.extend(self._fail_all(StatusCode.UNAVAILABLE, reason, "protocol"))
+            events.append(ConnectionBroken(reason))
         return events
 
     # -- h2 event handlers ------------------------------------------------------------------
@@ -256,6 +292,12 @@ class GrpcConnection:
     def _on_stream_ended(self, event: h2.events.StreamEnded, out: list[Event]) -> None:
         call = self._calls.pop(event.stream_id, None)
         if call is not None:
+            if call.outbound:
+                # The server answered before taking the whole request (RFC 9113 §8.1). Stop
+                # sending and close our half too, or h2 keeps the stream open and counting
+                # against MAX_CONCURRENT_STREAMS, and the next start_call would be refused.
+                call.outbound = memoryview(b"")
+                self._reset(event.stream_id, ErrorCodes.NO_ERROR)
             out.append(self._finish(event.stream_id, call))
             out.append(StreamCapacityChanged())
 
@@ -282,9 +324,7 @@ class GrpcConnection:
     def _on_goaway(self, event: h2.events.ConnectionTerminated, out: list[Event]) -> None:
         last = event.last_stream_id if event.last_stream_id is not None else 0
         self.draining = True
-        # h2 closes its state machine on GOAWAY, but RFC 9113 §6.8 lets streams up to
-        # last_stream_id finish: reopen it so their responses are still processed.
-        self._h2.state_machine.state = h2.connection.ConnectionState.CLIENT_OPEN
+        # Streams up to last_stream_id may still finish (_H2Connection keeps h2 open for them).
         for stream_id in [s for s in self._calls if s > last]:
             del self._calls[stream_id]
             out.append(
@@ -302,6 +342,7 @@ class GrpcConnection:
         out.append(PingAcknowledged(bytes(event.ping_data or b"")))
 
     def _on_settings(self, event: h2.events.RemoteSettingsChanged, out: list[Event]) -> None:
+        self._settings_received = True
         changed = event.changed_settings.get(h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS)
         if changed is not None:
             self._remote_max_streams = changed.new_value
@@ -330,11 +371,15 @@ class GrpcConnection:
 
     @staticmethod
     def _finish(stream_id: int, call: _Call) -> CallFinished:
+        if call.http_status is None:
+            return CallFinished(
+                stream_id, StatusCode.INTERNAL, "response carried no :status", None, "malformed"
+            )
         if call.http_status != 200:
             http = call.http_status
             return CallFinished(
                 stream_id,
-                status_from_http(http or 0),
+                status_from_http(http),
                 f"server answered HTTP {http} instead of 200",
                 None,
                 "http",
@@ -347,7 +392,7 @@ class GrpcConnection:
         details = decode_grpc_message(call.grpc_message)
         if status is not StatusCode.OK:
             return CallFinished(stream_id, status, details)
-        if call.content_type is not None and not call.content_type.startswith(b"application/grpc"):
+        if call.content_type is not None and not _is_grpc_content_type(call.content_type):
             ctype = call.content_type.decode("latin-1")
             return CallFinished(
                 stream_id,
@@ -396,6 +441,11 @@ class GrpcConnection:
         finished = [CallFinished(sid, code, reason, None, kind) for sid in self._calls]
         self._calls.clear()
         return finished
+
+
+def _is_grpc_content_type(value: bytes) -> bool:
+    """`application/grpc`, optionally followed by `+subtype` or parameters."""
+    return value[:16].lower() == b"application/grpc" and value[16:17] in (b"", b"+", b";")
 
 
 _Handler = Callable[[GrpcConnection, Any, list[Event]], None]

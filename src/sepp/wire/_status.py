@@ -91,17 +91,22 @@ _TIMEOUT_UNITS = (
     ("H", 1 / 3600),
 )
 _MAX_TIMEOUT_DIGITS_VALUE = 99_999_999
+_MAX_TIMEOUT = b"%dH" % _MAX_TIMEOUT_DIGITS_VALUE
+_MAX_TIMEOUT_SECONDS = _MAX_TIMEOUT_DIGITS_VALUE * 3600.0
 
 
 def encode_grpc_timeout(seconds: float) -> bytes:
     """Encode a timeout as `grpc-timeout`: at most 8 digits, in the finest unit that fits.
 
-    The value is rounded up so the server never sees a zero timeout for a live call.
+    The value is rounded up so the server never sees a zero timeout for a live call. Timeouts
+    beyond what 8 digits of hours can say (including inf and NaN) are sent as that maximum.
     """
+    if not seconds < _MAX_TIMEOUT_SECONDS:
+        return _MAX_TIMEOUT  # also inf and NaN, which math.ceil below would raise on
     seconds = max(seconds, 0.0)
     # Prefer milliseconds for the common range: short strings, exact enough.
     for unit, per_second in _TIMEOUT_UNITS[2:]:
         value = math.ceil(seconds * per_second)
         if value <= _MAX_TIMEOUT_DIGITS_VALUE:
             return b"%d%s" % (max(value, 1), unit.encode())
-    return b"%dH" % _MAX_TIMEOUT_DIGITS_VALUE
+    return _MAX_TIMEOUT

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The README's test command (`make test`): set up everything on a fresh machine, then run
+# lint, strict typing, the generated-code check, the protobuf-floor check and every test.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV="${VENV:-.venv}"
+
+echo "==> virtualenv and dependencies ($VENV)"
+bash scripts/setup-venv.sh
+
+echo "==> sepp server binary"
+SEPP_BIN="$(bash scripts/ensure-sepp-server.sh | tail -n 1)"
+export SEPP_BIN
+"$SEPP_BIN" --version
+
+echo "==> sepp-py peer virtualenv (interop tests and benchmarks)"
+SEPPY_PYTHON="$(bash scripts/ensure-seppy-venv.sh | tail -n 1)"
+export SEPPY_PYTHON
+
+echo "==> generated code is up to date"
+bash scripts/check-gen.sh
+
+echo "==> generated code loads on the protobuf floor"
+bash scripts/check-protobuf-floor.sh
+
+echo "==> ruff"
+"$VENV/bin/ruff" check src tests examples benchmarks scripts
+"$VENV/bin/ruff" format --check src tests examples benchmarks scripts
+
+echo "==> mypy --strict"
+"$VENV/bin/mypy" src/sepp
+
+echo "==> pytest"
+"$VENV/bin/python" -m pytest -p no:cacheprovider "$@"

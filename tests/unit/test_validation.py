@@ -1,0 +1,210 @@
+"""Input refused before anything is sent: a ValidationError naming the field."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import sepp
+from sepp._address import parse_address
+from sepp._validate import custom_map, header_safe_api_key, seconds
+
+R = sepp.EnqueueRequest
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"queue": ""}, "queue"),
+        ({"job_type": ""}, "job_type"),
+        ({"queue": 3}, "queue"),
+        ({"priority": 10}, "priority"),
+        ({"priority": -1}, "priority"),
+        ({"priority": True}, "priority"),
+        ({"priority": 1.5}, "priority"),
+        ({"max_attempts": 0}, "max_attempts"),
+        ({"max_attempts": 2**32}, "max_attempts"),
+        ({"idempotency_key": ""}, "idempotency_key"),
+        ({"custom": {"": 1}}, "custom"),
+        ({"custom": {"k": None}}, "custom['k']"),
+        ({"custom": {"k": [1]}}, "custom['k']"),
+        ({"custom": {"k": 2**63}}, "custom['k']"),
+        ({"custom": {"k": -(2**63) - 1}}, "custom['k']"),
+        ({"scheduled_at": datetime(2030, 1, 1)}, "scheduled_at"),
+        ({"scheduled_at": "2030-01-01"}, "scheduled_at"),
+        ({"payload": b"raw"}, "payload"),
+        ({"queue": "\ud800"}, "queue"),
+    ],
+)
+def test_bad_enqueue_fields_raise_validation_error(kwargs: dict[str, object], field: str) -> None:
+    args: dict[str, object] = {"queue": "q", "job_type": "t", **kwargs}
+    with pytest.raises(sepp.ValidationError) as info:
+        R(**args)  # type: ignore[arg-type]
+    assert info.value.field == field
+    assert isinstance(info.value, ValueError) and isinstance(info.value, sepp.SeppError)
+
+
+def test_empty_payload_is_refused() -> None:
+    with pytest.raises(sepp.ValidationError, match="omit the payload"):
+        sepp.Payload(b"", "application/json")
+    with pytest.raises(sepp.ValidationError):
+        sepp.Payload.text("")
+    with pytest.raises(sepp.ValidationError):
+        sepp.Payload(b"x", "")
+
+
+def test_payload_helpers_build_and_read() -> None:
+    p = sepp.Payload.json({"a": [1, 2]})
+    assert p.encoding == "application/json" and p.json() == {"a": [1, 2]}
+    t = sepp.Payload.text("héllo")
+    assert t.data == "héllo".encode() and t.text() == "héllo"
+    b = sepp.Payload.bytes(bytearray(b"\x00\x01"), "application/x-bin")
+    assert b == sepp.Payload(b"\x00\x01", "application/x-bin")
+    with pytest.raises(sepp.ValidationError):
+        sepp.Payload.json(object())
+
+
+def test_naive_datetime_rejected_aware_normalised_to_utc() -> None:
+    plus2 = timezone(timedelta(hours=2))
+    req = R("q", "t", scheduled_at=datetime(2030, 1, 1, 12, tzinfo=plus2))
+    assert req.scheduled_at == datetime(2030, 1, 1, 10, tzinfo=timezone.utc)
+    assert req.scheduled_at is not None and req.scheduled_at.utcoffset() == timedelta(0)
+
+
+@given(
+    st.dictionaries(
+        st.text(min_size=1),
+        st.one_of(
+            st.booleans(),
+            st.integers(min_value=-(2**63), max_value=2**63 - 1),
+            st.floats(allow_nan=False),
+            st.text(),
+        ),
+    )
+)
+def test_custom_map_keeps_types_or_raises_validation(custom: dict[str, object]) -> None:
+    try:
+        out = custom_map("custom", custom)
+    except sepp.ValidationError:
+        return  # e.g. lone surrogates
+    assert out == custom
+    assert {k: type(v) for k, v in out.items()} == {k: type(v) for k, v in custom.items()}
+
+
+@given(
+    st.one_of(
+        st.none(), st.integers(), st.floats(), st.text(), st.binary(), st.lists(st.integers())
+    )
+)
+def test_custom_value_validation_never_raises_anything_else(value: object) -> None:
+    try:
+        custom_map("custom", {"k": value})
+    except sepp.ValidationError:
+        pass
+
+
+@given(st.text())
+def test_api_key_must_be_visible_ascii(key: str) -> None:
+    ok = bool(key) and all(0x21 <= ord(c) <= 0x7E for c in key)
+    if ok:
+        assert header_safe_api_key(key) == key
+    else:
+        with pytest.raises(sepp.ValidationError):
+            header_safe_api_key(key)
+
+
+@pytest.mark.parametrize("key", ["with space", "cr\r", "lf\n", "ünicode", ""])
+async def test_open_refuses_unsafe_api_keys_before_io(key: str) -> None:
+    with pytest.raises(sepp.ValidationError) as info:
+        async with sepp.open("127.0.0.1:1", api_key=key):
+            pass
+    assert info.value.field == "api_key"
+    assert key not in str(info.value) or not key
+
+
+def test_durations_accept_seconds_and_timedelta() -> None:
+    assert seconds("d", 1.5) == 1.5
+    assert seconds("d", timedelta(milliseconds=250)) == 0.25
+    for bad in (0, -1, float("nan"), float("inf"), "1", True):
+        with pytest.raises(sepp.ValidationError):
+            seconds("d", bad)
+
+
+@pytest.mark.parametrize(
+    ("text", "host", "port", "tls"),
+    [
+        ("127.0.0.1:50051", "127.0.0.1", 50051, None),
+        ("localhost", "localhost", 50051, None),
+        ("[::1]:7000", "::1", 7000, None),
+        ("http://h:1", "h", 1, False),
+        ("https://h.example:443/", "h.example", 443, True),
+        ("HTTPS://[::1]:9", "::1", 9, True),
+    ],
+)
+def test_address_forms(text: str, host: str, port: int, tls: bool | None) -> None:
+    parsed = parse_address(text)
+    assert (parsed.host, parsed.port, parsed.tls) == (host, port, tls)
+
+
+@pytest.mark.parametrize(
+    "text", ["", "ftp://h:1", "h:0", "h:99999", "h:x", "::1:80", "[::1", "h:1/path", ":80"]
+)
+def test_bad_addresses_raise_validation_error(text: str) -> None:
+    with pytest.raises(sepp.ValidationError):
+        parse_address(text)
+
+
+@given(st.text())
+def test_address_parser_is_total(text: str) -> None:
+    try:
+        parse_address(text)
+    except sepp.ValidationError:
+        pass
+
+
+async def test_https_address_never_falls_back_to_plaintext() -> None:
+    with pytest.raises(sepp.ValidationError):
+        async with sepp.open("https://127.0.0.1:1", tls=False):
+            pass
+    with pytest.raises(sepp.ValidationError):
+        async with sepp.open("http://127.0.0.1:1", tls=True):
+            pass
+
+
+async def test_client_calls_validate_before_io() -> None:
+    # A client whose channel would fail any call: validation must raise first.
+    from sepp._client import Client
+    from sepp._log import Log
+    from sepp._retry import NO_RETRY
+
+    class Exploding:
+        async def call(self, *args: object, **kwargs: object) -> bytes:
+            raise AssertionError("no I/O may happen for invalid input")
+
+    client = Client(Exploding(), address="x", rpc_timeout=1, retry_policy=NO_RETRY, log=Log(None))  # type: ignore[arg-type]
+    bad_calls = [
+        lambda: client.enqueue_batch([]),
+        lambda: client.enqueue_atomic([]),
+        lambda: client.enqueue_batch([R("q", "t"), "not a request"]),  # type: ignore[list-item]
+        lambda: client.enqueue("q"),
+        lambda: client.reserve([]),
+        lambda: client.reserve(["q", ""]),
+        lambda: client.reserve(["q"], lease_duration=0),
+        lambda: client.reserve(["q"], max_jobs=0),
+        lambda: client.reserve(["q"], worker_id=""),
+        lambda: client.reserve(["q"], wait_timeout=-1),
+        lambda: client.drain_dead_letters(max=-1),
+        lambda: client.ack("not a ctx"),  # type: ignore[arg-type]
+    ]
+    for make in bad_calls:
+        with pytest.raises(sepp.ValidationError):
+            await make()
+    with pytest.raises(sepp.ValidationError):
+        sepp.Retry.after(-1)
+    with pytest.raises(sepp.ValidationError):
+        sepp.RetryPolicy(max_attempts=0)
+    with pytest.raises(sepp.ValidationError):
+        sepp.RetryPolicy(multiplier=0.5)
