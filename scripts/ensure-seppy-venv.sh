@@ -17,8 +17,8 @@ repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${SEPPY_VENV:-$repo_root/.venv-seppy}"
 base_python="${SEPPY_PYTHON:-python3}"
 
-# Pinned peer + what the driver needs. opentelemetry-sdk enables sepp-py's
-# tracing (its `otel` extra is just opentelemetry-api) for the interop ops.
+# Pinned peer + what the driver needs: sepp-py's `otel` extra (api + sdk) for
+# the tracing interop ops (listed explicitly so the import check can rely on them).
 SEPPY_REQUIREMENTS=(
     "sepp-py==0.1.0"
     "opentelemetry-api>=1.20"
@@ -29,9 +29,6 @@ stamp_value="v1 ${SEPPY_REQUIREMENTS[*]}"
 
 log() { printf 'ensure-seppy-venv: %s\n' "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
-
-venv_python="$venv/bin/python"
-stamp="$venv/.seppy-stamp"
 
 # Serialise concurrent callers (e.g. parallel test processes). The lock lives
 # in $TMPDIR so nothing untracked appears in the work tree.
@@ -45,15 +42,21 @@ if command -v flock >/dev/null 2>&1; then
     flock 9
 fi
 
-check_venv() {
-    [[ -x "$venv_python" ]] || return 1
-    [[ -f "$stamp" && "$(cat "$stamp")" == "$stamp_value" ]] || return 1
-    "$venv_python" - <<'EOF' >/dev/null 2>&1 || return 1
+# -I (isolated mode) everywhere: a PYTHONPATH pointing at this repo's src/
+# must not shadow sepp-py's `sepp`.
+import_check() {
+    "$venv_python" -I - <<'EOF'
 import importlib.metadata as md
-assert md.version("sepp-py") == "0.1.0"
+assert md.version("sepp-py") == "0.1.0", md.version("sepp-py")
 import sepp, grpc, opentelemetry.sdk.trace  # noqa: F401
 from sepp import SeppClient, Worker  # noqa: F401
 EOF
+}
+
+check_venv() {
+    [[ -x "$venv_python" ]] || return 1
+    [[ -f "$stamp" && "$(cat "$stamp")" == "$stamp_value" ]] || return 1
+    import_check >/dev/null 2>&1
 }
 
 if check_venv; then
@@ -78,13 +81,10 @@ fi
 
 rm -f "$stamp"
 log "installing ${SEPPY_REQUIREMENTS[*]}"
-"$venv_python" -m pip install --disable-pip-version-check --no-input --quiet \
+"$venv_python" -I -m pip install --disable-pip-version-check --no-input --quiet \
     "${SEPPY_REQUIREMENTS[@]}" >&2 || die "pip install into $venv failed"
 
+import_check >&2 || die "venv $venv was installed but importing sepp-py 0.1.0 fails (see above)"
 printf '%s\n' "$stamp_value" >"$stamp"
-check_venv || {
-    rm -f "$stamp"
-    die "venv $venv was installed but 'import sepp' (sepp-py 0.1.0) still fails"
-}
 log "ready: $venv"
 printf '%s\n' "$venv_python"

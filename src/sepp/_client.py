@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import trio
 
 from . import _convert as cv
+from . import _otel
 from . import _validate as v
 from ._address import parse_address
 from ._errors import (
@@ -132,21 +133,25 @@ class Client:
     ) -> list[EnqueueAck]:
         """All or nothing: every job is enqueued, or BatchValidationError lists the culprits."""
         requests = _requests(jobs)
-        body = await self._call(
-            "EnqueueAtomic",
-            cv.enqueue_batch_to_pb(requests),
-            timeout=timeout,
-            retryable=_enqueue_retryable(requests),
-        )
-        msg = _parse(pb.EnqueueAtomicResponse, body, "EnqueueAtomic")
-        which = msg.WhichOneof("outcome")
-        if which == "rejection":
-            raise BatchValidationError(
-                [
-                    BatchRejection(e.index, cv.rejection_from_pb(e.rejection))
-                    for e in msg.rejection.errors
-                ]
+        with _otel.client_span("sepp.enqueue_atomic", _batch_attributes(requests)) as span:
+            body = await self._call(
+                "EnqueueAtomic",
+                cv.enqueue_batch_to_pb(requests, span.trace_context),
+                timeout=timeout,
+                retryable=_enqueue_retryable(requests),
             )
+            msg = _parse(pb.EnqueueAtomicResponse, body, "EnqueueAtomic")
+            which = msg.WhichOneof("outcome")
+            if which == "rejection":
+                span.set("sepp.outcome", "rejected")
+                span.set("sepp.rejected", len(msg.rejection.errors))
+                raise BatchValidationError(
+                    [
+                        BatchRejection(e.index, cv.rejection_from_pb(e.rejection))
+                        for e in msg.rejection.errors
+                    ]
+                )
+            span.set("sepp.outcome", "accepted")
         if which != "success":
             raise MalformedResponseError("EnqueueAtomic: response has no outcome")
         if len(msg.success.responses) != len(requests):
@@ -158,16 +163,23 @@ class Client:
     async def _enqueue_batch(
         self, requests: list[EnqueueRequest], timeout: float | timedelta | None
     ) -> list[EnqueueAck | JobRejection]:
-        body = await self._call(
-            "EnqueueBatch",
-            cv.enqueue_batch_to_pb(requests),
-            timeout=timeout,
-            retryable=_enqueue_retryable(requests),
-        )
-        try:
-            return cv.batch_results_from_pb(body, len(requests))
-        except Exception as exc:
-            raise MalformedResponseError(f"EnqueueBatch: {exc}") from exc
+        with _otel.client_span("sepp.enqueue", _batch_attributes(requests)) as span:
+            body = await self._call(
+                "EnqueueBatch",
+                cv.enqueue_batch_to_pb(requests, span.trace_context),
+                timeout=timeout,
+                retryable=_enqueue_retryable(requests),
+            )
+            try:
+                results = cv.batch_results_from_pb(body, len(requests))
+            except Exception as exc:
+                raise MalformedResponseError(f"EnqueueBatch: {exc}") from exc
+            rejected = sum(isinstance(r, JobRejection) for r in results)
+            span.set("sepp.accepted", len(results) - rejected)
+            span.set("sepp.rejected", rejected)
+            if len(results) == 1 and not rejected:
+                span.set("sepp.job_id", results[0].job_id)  # type: ignore[union-attr]
+            return results
 
     # -- consuming --------------------------------------------------------------------------
 
@@ -202,22 +214,25 @@ class Client:
             msg.worker_id = worker_id
         if max_jobs is not None:
             msg.max_jobs = max_jobs
-        body = await self._call(
-            "Reserve",
-            msg.SerializeToString(),
-            timeout=wait_s + RESERVE_DEADLINE_SLACK_S,
-            retryable=frozenset(),
-            kind="reserve",
-        )
-        response = _parse(pb.ReserveResponse, body, "Reserve")
-        if not response.jobs:
-            return None
-        jobs: list[Job] = []
-        for job_msg in response.jobs:
-            try:
-                jobs.append(cv.job_from_pb(job_msg, worker_id))
-            except Exception as exc:  # one bad job must not cost the others
-                self._log.warning("sepp: skipping a malformed job from Reserve: %s", exc)
+        attributes: dict[str, str | int | list[str]] = {"sepp.queues": names}
+        if worker_id is not None:
+            attributes["sepp.worker_id"] = worker_id
+        with _otel.client_span("sepp.reserve", attributes) as span:
+            body = await self._call(
+                "Reserve",
+                msg.SerializeToString(),
+                timeout=wait_s + RESERVE_DEADLINE_SLACK_S,
+                retryable=frozenset(),
+                kind="reserve",
+            )
+            response = _parse(pb.ReserveResponse, body, "Reserve")
+            jobs: list[Job] = []
+            for job_msg in response.jobs:
+                try:
+                    jobs.append(cv.job_from_pb(job_msg, worker_id))
+                except Exception as exc:  # one bad job must not cost the others
+                    self._log.warning("sepp: skipping a malformed job from Reserve: %s", exc)
+            span.set("sepp.jobs", len(jobs))
         return jobs or None
 
     async def ack(self, ctx: JobContext, *, timeout: float | timedelta | None = None) -> None:
@@ -225,8 +240,9 @@ class Client:
         msg = pb.AckRequest(job_id=_ctx(ctx).id, attempt=ctx.attempt)
         if ctx.worker_id is not None:
             msg.worker_id = ctx.worker_id
-        body = await self._call("Ack", msg.SerializeToString(), timeout=timeout, kind="lease")
-        _parse(pb.AckResponse, body, "Ack")
+        with _otel.client_span("sepp.ack", _lease_attributes(ctx)):
+            body = await self._call("Ack", msg.SerializeToString(), timeout=timeout, kind="lease")
+            _parse(pb.AckResponse, body, "Ack")
 
     async def nack(
         self,
@@ -252,8 +268,11 @@ class Client:
             msg.retry.default.SetInParent()
         if ctx.worker_id is not None:
             msg.worker_id = ctx.worker_id
-        body = await self._call("Nack", msg.SerializeToString(), timeout=timeout, kind="lease")
-        return _parse(pb.NackResponse, body, "Nack").dead_lettered
+        with _otel.client_span("sepp.nack", _lease_attributes(ctx, retry=retry.kind)) as span:
+            body = await self._call("Nack", msg.SerializeToString(), timeout=timeout, kind="lease")
+            dead = _parse(pb.NackResponse, body, "Nack").dead_lettered
+            span.set("sepp.dead_lettered", dead)
+            return dead
 
     async def extend(
         self,
@@ -269,7 +288,10 @@ class Client:
         cv.duration_to_pb(lease_s, msg.lease_duration)
         if ctx.worker_id is not None:
             msg.worker_id = ctx.worker_id
-        body = await self._call("Extend", msg.SerializeToString(), timeout=timeout, kind="lease")
+        with _otel.client_span("sepp.extend", _lease_attributes(ctx)):
+            body = await self._call(
+                "Extend", msg.SerializeToString(), timeout=timeout, kind="lease"
+            )
         response = _parse(pb.ExtendResponse, body, "Extend")
         if not response.HasField("lease_expires_at"):
             raise MalformedResponseError("Extend: response has no lease_expires_at")
@@ -294,19 +316,23 @@ class Client:
         msg = pb.DrainDeadLettersRequest(max=max)
         if queue is not None:
             msg.queue = v.utf8_text("queue", queue)
-        body = await self._call(
-            "DrainDeadLetters", msg.SerializeToString(), timeout=timeout, retryable=frozenset()
-        )
-        records: list[DeadLetterRecord] = []
-        for record in _parse(pb.DrainDeadLettersResponse, body, "DrainDeadLetters").records:
-            try:
-                records.append(cv.dead_letter_from_pb(record))
-            except Exception as exc:
-                self._log.warning("sepp: skipping a malformed dead-letter record: %s", exc)
+        attributes = {"sepp.queue": queue} if queue is not None else {}
+        with _otel.client_span("sepp.drain_dead_letters", attributes) as span:
+            body = await self._call(
+                "DrainDeadLetters", msg.SerializeToString(), timeout=timeout, retryable=frozenset()
+            )
+            records: list[DeadLetterRecord] = []
+            for record in _parse(pb.DrainDeadLettersResponse, body, "DrainDeadLetters").records:
+                try:
+                    records.append(cv.dead_letter_from_pb(record))
+                except Exception as exc:
+                    self._log.warning("sepp: skipping a malformed dead-letter record: %s", exc)
+            span.set("sepp.records", len(records))
         return records
 
     async def get_server_info(self, *, timeout: float | timedelta | None = None) -> ServerInfo:
-        body = await self._call("GetServerInfo", b"", timeout=timeout)
+        with _otel.client_span("sepp.get_server_info", {}):
+            body = await self._call("GetServerInfo", b"", timeout=timeout)
         msg = _parse(pb.GetServerInfoResponse, body, "GetServerInfo")
         return self._convert(cv.server_info_from_pb, msg, "GetServerInfo")
 
@@ -326,8 +352,10 @@ class Client:
         else:
             timeout_s = v.seconds("timeout", timeout)
 
+        metadata = _otel.outgoing_headers() if _otel.AVAILABLE else ()
+
         async def attempt() -> bytes:
-            return await self._channel.call(method, request, timeout=timeout_s)
+            return await self._channel.call(method, request, timeout=timeout_s, metadata=metadata)
 
         try:
             return await call_with_retry(
@@ -358,6 +386,31 @@ def _requests(jobs: Iterable[EnqueueRequest]) -> list[EnqueueRequest]:
         if not isinstance(job, EnqueueRequest):
             raise ValidationError(f"jobs[{index}]", "must be a sepp.EnqueueRequest")
     return requests
+
+
+def _batch_attributes(requests: Sequence[EnqueueRequest]) -> dict[str, int | list[str]]:
+    if not _otel.AVAILABLE:
+        return {}
+    return {
+        "sepp.batch_size": len(requests),
+        "sepp.queues": sorted({r.queue for r in requests}),
+        "sepp.job_types": sorted({r.job_type for r in requests}),
+    }
+
+
+def _lease_attributes(ctx: JobContext, **extra: str) -> dict[str, str | int]:
+    if not _otel.AVAILABLE:
+        return {}
+    out: dict[str, str | int] = {
+        "sepp.job_id": ctx.id,
+        "sepp.queue": ctx.queue,
+        "sepp.job_type": ctx.job_type,
+        "sepp.attempt": ctx.attempt,
+        **{f"sepp.{k}": v for k, v in extra.items()},
+    }
+    if ctx.worker_id is not None:
+        out["sepp.worker_id"] = ctx.worker_id
+    return out
 
 
 def _enqueue_retryable(requests: Sequence[EnqueueRequest]) -> frozenset[StatusCode]:

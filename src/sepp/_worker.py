@@ -412,7 +412,7 @@ class Worker:
     async def _reserve_loop(self, mark_started: Callable[[], None]) -> None:
         failures = 0
         early_empty_s = min(EARLY_EMPTY_THRESHOLD_S, self._wait_s / 2)
-        while True:
+        while not self._shutting_down:
             # An over-generous server can leave us holding more than max_in_flight.
             while len(self._held) >= self._max_in_flight:
                 await self._held_changed.wait()

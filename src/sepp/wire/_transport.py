@@ -71,6 +71,9 @@ class _Connection:
         self.slots = trio.lowlevel.ParkingLot()
         self.cancel_scope = trio.CancelScope()
         self.dead = False
+        self.reason = ""
+        # Set once the server's SETTINGS arrived (or the connection died before that).
+        self.ready = trio.Event()
         self._channel = channel
         self._wake = trio.Event()
         self._ping_acks: dict[bytes, trio.Event] = {}
@@ -114,6 +117,8 @@ class _Connection:
         if self.dead:
             return
         self.dead = True
+        self.reason = reason
+        self.ready.set()
         for finished in self.proto.connection_lost(reason):
             self._deliver(finished)
         for pending in self.waiters.values():  # defensive: nothing should be left
@@ -142,6 +147,8 @@ class _Connection:
                         self._deliver(event)
                     elif type(event) is StreamCapacityChanged:
                         self.slots.unpark_all()
+                        if self.proto.remote_settings_received:
+                            self.ready.set()
                     elif type(event) is PingAcknowledged:
                         ack = self._ping_acks.pop(event.opaque, None)
                         if ack is not None:
@@ -318,6 +325,7 @@ class Channel:
             raise RpcError(StatusCode.UNAVAILABLE, "the client is closed", "closed")
         ep = self.endpoint
         stream: trio.abc.Stream | None = None
+        conn: _Connection | None = None
         try:
             with trio.fail_after(self._connect_timeout):
                 stream = await trio.open_tcp_stream(ep.host, ep.port)
@@ -346,25 +354,37 @@ class Channel:
                 )
                 proto.initiate()
                 await stream.send_all(proto.data_to_send())
+                conn = _Connection(stream, proto, self)
+                try:
+                    await self._nursery.start(conn.run)
+                except RuntimeError as exc:  # the client's nursery is closing
+                    conn = None
+                    raise RpcError(
+                        StatusCode.UNAVAILABLE, "the client is closed", "closed"
+                    ) from exc
+                # The server's SETTINGS frame is its half of the connection preface: until it
+                # arrives its MAX_CONCURRENT_STREAMS is unknown, and a peer that never sends it is
+                # not an HTTP/2 server. (grpc-go also waits for it before using a connection.)
+                await conn.ready.wait()
+                if conn.dead:
+                    raise RpcError(StatusCode.UNAVAILABLE, conn.reason, "connect")
         except trio.TooSlowError:
-            await _close_quietly(stream)
-            raise RpcError(
-                StatusCode.UNAVAILABLE,
-                f"could not connect within {self._connect_timeout:g}s",
-                "connect",
-            ) from None
-        except RpcError:
-            await _close_quietly(stream)
+            if conn is None:
+                reason = f"could not connect within {self._connect_timeout:g}s"
+            else:
+                reason = f"the server sent no HTTP/2 SETTINGS within {self._connect_timeout:g}s"
+            await _abandon_connect(stream, conn, reason)
+            raise RpcError(StatusCode.UNAVAILABLE, reason, "connect") from None
+        except RpcError as exc:
+            await _abandon_connect(stream, conn, exc.details)
             raise
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError, ssl.SSLError) as exc:
-            await _close_quietly(stream)
+            await _abandon_connect(stream, conn, conn_reason(exc))
             raise RpcError(StatusCode.UNAVAILABLE, conn_reason(exc), "connect") from exc
-        conn = _Connection(stream, proto, self)
-        try:
-            await self._nursery.start(conn.run)
-        except RuntimeError as exc:  # the client's nursery is closing
-            await _close_quietly(stream)
-            raise RpcError(StatusCode.UNAVAILABLE, "the client is closed", "closed") from exc
+        except BaseException:
+            # Cancelled mid-connect (the caller's deadline or scope): do not leak the socket.
+            await _abandon_connect(stream, conn, "connect cancelled")
+            raise
         self.connections_opened += 1
         return conn
 
@@ -387,3 +407,12 @@ def conn_reason(exc: BaseException) -> str:
 async def _close_quietly(stream: trio.abc.Stream | None) -> None:
     if stream is not None:
         await trio.aclose_forcefully(stream)
+
+
+async def _abandon_connect(
+    stream: trio.abc.Stream | None, conn: _Connection | None, reason: str
+) -> None:
+    if conn is not None:
+        conn.die(reason)  # its run() closes the stream
+    else:
+        await _close_quietly(stream)

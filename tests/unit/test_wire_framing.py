@@ -1,0 +1,182 @@
+"""The gRPC length-prefixed message decoder: reassembly, limits and hostile input."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+from sepp.wire._framing import PREFIX_BYTES, FramingError, MessageDecoder, encode_message
+
+
+def prefix(length: int, flag: int = 0) -> bytes:
+    return struct.pack(">BI", flag, length)
+
+
+def decode_all(chunks: list[bytes], max_bytes: int | None = None) -> MessageDecoder:
+    decoder = MessageDecoder(max_bytes)
+    for chunk in chunks:
+        decoder.feed(chunk)
+    return decoder
+
+
+def test_encode_message_prefixes_flag_and_big_endian_length() -> None:
+    assert encode_message(b"") == b"\x00\x00\x00\x00\x00"
+    assert encode_message(b"abc") == b"\x00\x00\x00\x00\x03abc"
+    assert encode_message(b"x" * 0x01020304)[:PREFIX_BYTES] == b"\x00\x01\x02\x03\x04"
+
+
+def test_whole_message_in_one_chunk() -> None:
+    decoder = decode_all([encode_message(b"hello")])
+    assert decoder.message == b"hello"
+    assert not decoder.incomplete
+
+
+def test_empty_message() -> None:
+    decoder = decode_all([encode_message(b"")])
+    assert decoder.message == b""
+
+
+def test_nothing_fed_is_neither_complete_nor_incomplete() -> None:
+    decoder = MessageDecoder(None)
+    assert decoder.message is None
+    assert not decoder.incomplete
+    decoder.feed(b"")
+    assert decoder.message is None
+    assert not decoder.incomplete
+
+
+def test_message_one_byte_at_a_time() -> None:
+    framed = encode_message(b"split across many frames")
+    decoder = MessageDecoder(None)
+    for i in range(len(framed) - 1):
+        decoder.feed(framed[i : i + 1])
+        assert decoder.message is None
+        assert decoder.incomplete
+    decoder.feed(framed[-1:])
+    assert decoder.message == b"split across many frames"
+
+
+def test_partial_prefix_and_partial_body_are_incomplete() -> None:
+    assert decode_all([b"\x00\x00"]).incomplete
+    assert decode_all([prefix(10), b"abc"]).incomplete
+
+
+def test_a_second_message_is_malformed() -> None:
+    decoder = decode_all([encode_message(b"one")])
+    with pytest.raises(FramingError) as info:
+        decoder.feed(encode_message(b"two"))
+    assert info.value.kind == "malformed"
+
+
+def test_two_messages_in_one_chunk_are_malformed() -> None:
+    with pytest.raises(FramingError) as info:
+        decode_all([encode_message(b"one") + encode_message(b"two")])
+    assert info.value.kind == "malformed"
+
+
+def test_more_data_than_the_prefix_declared_is_malformed() -> None:
+    with pytest.raises(FramingError) as info:
+        decode_all([prefix(3) + b"abcd"])
+    assert info.value.kind == "malformed"
+    with pytest.raises(FramingError):
+        decode_all([prefix(3), b"ab", b"cd"])
+
+
+def test_empty_chunk_after_the_message_is_fine() -> None:
+    decoder = decode_all([encode_message(b"ok"), b""])
+    assert decoder.message == b"ok"
+
+
+def test_compressed_flag_is_a_typed_error() -> None:
+    with pytest.raises(FramingError) as info:
+        decode_all([prefix(3, flag=1) + b"abc"])
+    assert info.value.kind == "compressed"
+
+
+@pytest.mark.parametrize("flag", [2, 0x80, 0xFF])
+def test_unknown_flag_is_malformed(flag: int) -> None:
+    with pytest.raises(FramingError) as info:
+        decode_all([prefix(3, flag=flag) + b"abc"])
+    assert info.value.kind == "malformed"
+
+
+def test_huge_length_prefix_is_refused_before_the_body_arrives() -> None:
+    decoder = MessageDecoder(4 * 1024 * 1024)
+    with pytest.raises(FramingError) as info:
+        decoder.feed(prefix(0xFFFFFFFF))  # only the prefix: nothing of the body yet
+    assert info.value.kind == "too_large"
+    assert str(4 * 1024 * 1024) in str(info.value)
+
+
+def test_limit_is_inclusive() -> None:
+    assert decode_all([encode_message(b"x" * 8)], max_bytes=8).message == b"x" * 8
+    with pytest.raises(FramingError) as info:
+        decode_all([prefix(9)], max_bytes=8)
+    assert info.value.kind == "too_large"
+
+
+def test_no_limit_accepts_a_large_declared_length() -> None:
+    decoder = decode_all([prefix(0xFFFFFFFF)], max_bytes=None)
+    assert decoder.incomplete
+
+
+def test_prefix_split_across_chunks_is_checked_once_complete() -> None:
+    decoder = MessageDecoder(100)
+    raw = prefix(1000)
+    for i in range(PREFIX_BYTES - 1):
+        decoder.feed(raw[i : i + 1])
+    with pytest.raises(FramingError):
+        decoder.feed(raw[-1:])
+
+
+# -- properties --------------------------------------------------------------------------------
+
+
+@st.composite
+def chunked(draw: st.DrawFn, data: bytes) -> list[bytes]:
+    """`data` cut at arbitrary points (empty chunks included)."""
+    cuts = sorted(draw(st.lists(st.integers(0, len(data)), max_size=20)))
+    bounds = [0, *cuts, len(data)]
+    return [data[a:b] for a, b in zip(bounds, bounds[1:])]
+
+
+@given(st.data(), st.binary(max_size=300))
+def test_reassembly_under_any_chunking(data: st.DataObject, body: bytes) -> None:
+    chunks = data.draw(chunked(encode_message(body)))
+    decoder = decode_all(chunks, max_bytes=len(body))
+    assert decoder.message == body
+    assert not decoder.incomplete
+
+
+@given(st.data(), st.binary(max_size=100), st.binary(min_size=1, max_size=20))
+def test_trailing_garbage_under_any_chunking_is_malformed(
+    data: st.DataObject, body: bytes, extra: bytes
+) -> None:
+    chunks = data.draw(chunked(encode_message(body) + extra))
+    with pytest.raises(FramingError) as info:
+        decode_all(chunks)
+    assert info.value.kind == "malformed"
+
+
+@given(
+    st.lists(st.binary(max_size=40), max_size=10),
+    st.one_of(st.none(), st.integers(0, 64)),
+)
+@example([b"\x00\x00\x00\x00\x00", b"\x00"], None)
+@example([b"\x01\xff\xff\xff\xff"], 10)
+def test_arbitrary_bytes_only_raise_framing_error(
+    chunks: list[bytes], max_bytes: int | None
+) -> None:
+    decoder = MessageDecoder(max_bytes)
+    try:
+        for chunk in chunks:
+            decoder.feed(chunk)
+    except FramingError as exc:
+        assert exc.kind in {"malformed", "compressed", "too_large"}
+        return
+    if decoder.message is not None:
+        assert max_bytes is None or len(decoder.message) <= max_bytes
+        assert not decoder.incomplete
