@@ -1,0 +1,877 @@
+"""Worker behaviour against the scripted FakeClient, on trio's MockClock (autojump), so every
+time below is exact virtual seconds and nothing waits for real."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import socket
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+import sepp
+from sepp import HandlerError, Retry, StatusCode
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from fixtures.fake_client import FakeClient, RecordingLogger  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("autojump_clock")
+
+
+def make_worker(fake: FakeClient, **options: Any) -> sepp.Worker:
+    options.setdefault("queues", ["q"])
+    options.setdefault("logger", RecordingLogger())
+    return sepp.Worker(fake, _wall_clock=fake.now, **options)  # type: ignore[arg-type]
+
+
+def log_of(worker: sepp.Worker) -> RecordingLogger:
+    target = worker._log._target
+    assert isinstance(target, RecordingLogger)
+    return target
+
+
+@asynccontextmanager
+async def running(worker: sepp.Worker) -> AsyncIterator[trio.Nursery]:
+    """Run the worker for the block; shut it down gracefully at the end."""
+    async with trio.open_nursery() as nursery:
+        await nursery.start(worker.run)
+        yield nursery
+        worker.shutdown()
+
+
+def transport_error() -> sepp.TransportError:
+    return sepp.TransportError("UNAVAILABLE: connection refused", code=StatusCode.UNAVAILABLE)
+
+
+# -- construction and registration -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("options", "field"),
+    [
+        ({"queues": []}, "queues"),
+        ({"queues": ""}, "queues[0]"),
+        ({"queues": ["ok", ""]}, "queues[1]"),
+        ({"lease_duration": 0}, "lease_duration"),
+        ({"lease_duration": -1.5}, "lease_duration"),
+        ({"lease_duration": timedelta(0)}, "lease_duration"),
+        ({"lease_duration": "30"}, "lease_duration"),
+        ({"wait_timeout": 0}, "wait_timeout"),
+        ({"wait_timeout": -1}, "wait_timeout"),
+        ({"max_in_flight": 0}, "max_in_flight"),
+        ({"max_in_flight": 2.0}, "max_in_flight"),
+        ({"max_jobs": 0}, "max_jobs"),
+        ({"shutdown_timeout": -0.1}, "shutdown_timeout"),
+        ({"reserve_error_backoff": 0}, "reserve_error_backoff"),
+        ({"worker_id": ""}, "worker_id"),
+        ({"auto_extend": 1}, "auto_extend"),
+    ],
+)
+def test_constructor_rejects_bad_settings(options: dict[str, Any], field: str) -> None:
+    options.setdefault("queues", ["q"])
+    with pytest.raises(sepp.ValidationError) as info:
+        sepp.Worker(FakeClient(), **options)  # type: ignore[arg-type]
+    assert info.value.field == field
+
+
+def test_constructor_accepts_timedeltas_zero_grace_and_a_single_queue_name() -> None:
+    worker = sepp.Worker(
+        FakeClient(),  # type: ignore[arg-type]
+        queues="emails",
+        lease_duration=timedelta(seconds=45),
+        wait_timeout=timedelta(milliseconds=500),
+        shutdown_timeout=0,
+        max_jobs=1,
+    )
+    assert (worker._queues, worker._lease_s, worker._wait_s, worker._shutdown_timeout_s) == (
+        ["emails"],
+        45.0,
+        0.5,
+        0.0,
+    )
+
+
+def test_default_worker_id_is_host_pid_random() -> None:
+    first = sepp.Worker(FakeClient(), queues=["q"])  # type: ignore[arg-type]
+    second = sepp.Worker(FakeClient(), queues=["q"])  # type: ignore[arg-type]
+    pattern = rf"{re.escape(socket.gethostname())}-{os.getpid()}-[0-9a-f]{{8}}"
+    assert re.fullmatch(pattern, first.worker_id)
+    assert first.worker_id != second.worker_id
+    assert sepp.Worker(FakeClient(), queues=["q"], worker_id="w-1").worker_id == "w-1"  # type: ignore[arg-type]
+
+
+def test_registration_forms_and_duplicates() -> None:
+    worker = make_worker(FakeClient())
+
+    async def a(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None: ...
+    async def b(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None: ...
+
+    assert worker.handle("a", a).handle("b", b) is worker
+
+    @worker.handler("c")
+    async def c(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None: ...
+
+    assert c.__name__ == "c"  # the decorator hands the function back
+    assert worker.catch_all(a) is a
+    assert set(worker._handlers) == {"a", "b", "c"}
+
+    with pytest.raises(sepp.DuplicateHandlerError) as info:
+        worker.handle("a", b)
+    assert info.value.job_type == "a"
+    assert worker._handlers["a"] is a  # the first registration stands
+    with pytest.raises(sepp.DuplicateHandlerError):
+        worker.handler("c")(b)
+    with pytest.raises(sepp.DuplicateHandlerError) as info:
+        worker.catch_all(b)
+    assert info.value.job_type is None
+
+
+def test_registration_refuses_sync_functions_and_non_callables() -> None:
+    worker = make_worker(FakeClient())
+
+    def not_async(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None: ...
+
+    with pytest.raises(sepp.ValidationError, match="async def"):
+        worker.handle("x", not_async)  # type: ignore[arg-type]
+    with pytest.raises(sepp.ValidationError):
+        worker.handle("x", 42)  # type: ignore[arg-type]
+    with pytest.raises(sepp.ValidationError):
+        worker.handle("", worker.run)  # type: ignore[arg-type]
+    assert worker._handlers == {}
+
+
+def test_handler_error_constructors() -> None:
+    assert HandlerError.retry("r").directive == Retry.DEFAULT
+    assert HandlerError.retry_after("r", 2.5).directive == Retry.after(2.5)
+    assert HandlerError.retry_after("r", timedelta(minutes=1)).directive == Retry.after(60)
+    assert HandlerError.permanent("no").directive == Retry.DEAD_LETTER
+    assert HandlerError.permanent("no").reason == "no"
+    assert not isinstance(HandlerError.retry("r"), sepp.SeppError)
+    with pytest.raises(sepp.ValidationError):
+        HandlerError.retry_after("r", -1)
+
+
+# -- the reserve loop ------------------------------------------------------------------------
+
+
+async def test_nursery_start_returns_once_the_first_reserve_is_pending() -> None:
+    fake = FakeClient()
+    worker = make_worker(fake, max_in_flight=7, lease_duration=12, wait_timeout=9)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(worker.run)
+        assert len(fake.reserve_calls) == 1
+        call = fake.reserve_calls[0]
+        assert call.ended_at is None  # still long-polling
+        assert (call.queues, call.max_jobs, call.lease_duration, call.wait_timeout) == (
+            ["q"],
+            7,
+            12.0,
+            9.0,
+        )
+        assert call.worker_id == worker.worker_id
+        worker.shutdown()
+    assert call.cancelled
+
+
+async def test_reserve_asks_for_exactly_the_free_slots() -> None:
+    fake = FakeClient()
+    worker = make_worker(fake, max_in_flight=5, wait_timeout=30)
+    release = trio.Event()
+
+    @worker.handler("work")
+    async def work(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
+        await release.wait()
+
+    for _ in range(3):
+        fake.add()
+    async with running(worker):
+        await trio.sleep(1)
+        assert worker.in_flight == 3
+        assert [c.max_jobs for c in fake.reserve_calls] == [5, 2]
+        release.set()
+        await trio.sleep(30)  # the pending poll (asking for 2) ends empty at t=30
+        assert [c.max_jobs for c in fake.reserve_calls] == [5, 2, 5]
+    assert len(fake.acks) == 3
+
+
+async def test_max_jobs_caps_each_reserve() -> None:
+    fake = FakeClient()
+    worker = make_worker(fake, max_in_flight=5, max_jobs=3)
+
+    @worker.handler("work")
+    async def work(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
+        await trio.sleep_forever()
+
+    for _ in range(4):
+        fake.add()
+    async with running(worker):
+        await trio.sleep(1)
+        # capped at 3, then 2 free (1 was there), then 1 free
+        assert [(c.max_jobs, c.returned) for c in fake.reserve_calls] == [(3, 3), (2, 1), (1, None)]
+        assert worker.in_flight == 4
+        worker.shutdown()
+
+
+async def test_concurrency_cap_holds_when_the_server_over_delivers() -> None:
+    fake = FakeClient()
+    fake.over_deliver = 5
+    worker = make_worker(fake, max_in_flight=3)
+    running_now = 0
+    most = 0
+    acks_at_reserve: list[int] = []
+
+    async def note_reserve(call: object) -> None:
+        acks_at_reserve.append(len(fake.acks))
+
+    fake.on_reserve = note_reserve
+
+    @worker.handler("work")
+    async def work(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
+        nonlocal running_now, most
+        running_now += 1
+        most = max(most, running_now)
+        await trio.sleep(1)
+        running_now -= 1
+
+    ids = [fake.add() for _ in range(10)]
+    async with running(worker):
+        await trio.sleep(10)
+    assert fake.reserve_calls[0].returned == 8  # asked for 3, got 3 + 5
+    assert most == 3
+    assert sorted(c.job_id for c in fake.acks) == sorted(ids)  # none dropped, each once
+    assert fake.nacks == []
+    # No reserve while holding max_in_flight or more: the second came after 6 of 8 settled.
+    assert acks_at_reserve[1] >= 6
+
+
+async def test_reserve_errors_back_off_exponentially_with_jitter_then_recover() -> None:
+    fake = FakeClient()
+    fake.reserve_errors = [transport_error() for _ in range(7)]
+    worker = make_worker(fake, reserve_error_backoff=1.0)
+    handled = trio.Event()
+
+    @worker.handler("work")
+    async def work(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
+        handled.set()
+
+    fake.add()
+    async with running(worker):
+        with trio.fail_after(200):
+            await handled.wait()
+    starts = [c.at for c in fake.reserve_calls]
+    gaps = [b - a for a, b in zip(starts, starts[1:8])]
+    steps = [1, 2, 4, 8, 16, 30, 30]  # doubling, capped at 30 s
+    for gap, step in zip(gaps, steps, strict=True):
+        assert 0.5 * step <= gap <= step, (gaps, steps)
+    assert fake.reserve_calls[7].returned == 1  # the 8th reserve worked
+    assert len(fake.acks) == 1
+    logs = log_of(worker)
+    assert len(logs.matching("reserve failed: TransportError")) == 7
+    assert logs.matching("reserve works again after 7 failure(s)")
+
+
+async def test_shutdown_during_reserve_backoff_ends_run_promptly() -> None:
+    fake = FakeClient()
+    fake.reserve_errors = [transport_error() for _ in range(100)]
+    worker = make_worker(fake, reserve_error_backoff=20)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(worker.run)
+        await trio.sleep(5)  # inside the first 10-20 s backoff
+        worker.shutdown()
+        began = trio.current_time()
+    assert trio.current_time() == began
+    assert len(fake.reserve_calls) == 1
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        sepp.UnauthenticatedError("UNAUTHENTICATED: bad key", code=StatusCode.UNAUTHENTICATED),
+        sepp.UnknownQueuesError("FAILED_PRECONDITION: unknown queue q"),
+    ],
+)
+async def test_permanent_reserve_errors_are_logged_as_errors_every_time(error: Exception) -> None:
+    fake = FakeClient()
+    fake.reserve_errors = [error, error, error]
+    worker = make_worker(fake, reserve_error_backoff=1)
+    async with running(worker):
+        await trio.sleep(20)
+        assert fake.reserve_calls[3].ended_at is None  # the loop survived and polls again
+    errors = log_of(worker).at("error")
+    assert len(errors) == 3
+    assert all("cannot reserve from ['q']" in m and type(error).__name__ in m for m in errors)
+
+
+async def test_an_unexpected_reserve_exception_is_logged_and_the_loop_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    fake = FakeClient()
+    fake.reserve_errors = [RuntimeError("bug in a proxy")]
+    worker = make_worker(fake, logger=logging.getLogger("test.worker"))
+    with caplog.at_level(logging.ERROR, logger="test.worker"):
+        async with running(worker):
+            await trio.sleep(3)
+            assert len(fake.reserve_calls) == 2
+    (record,) = caplog.records
+    assert "RuntimeError: bug in a proxy" in record.getMessage()
+    assert record.exc_info is not None and record.exc_info[0] is RuntimeError
+
+
+async def test_early_empty_polls_pause_and_full_length_ones_do_not() -> None:
+    fake = FakeClient()
+    fake.early_empty = True  # a draining server answers at once
+    worker = make_worker(fake, wait_timeout=5)
+    async with running(worker):
+        await trio.sleep(1)
+    early = [c.at for c in fake.reserve_calls]
+    assert [b - a for a, b in zip(early, early[1:])] == [0.25, 0.25, 0.25, 0.25]
+
+    fake = FakeClient()
+    worker = make_worker(fake, wait_timeout=5)
+    async with running(worker):
+        await trio.sleep(11)
+    assert [c.at for c in fake.reserve_calls] == [0, 5, 10]
+
+
+# -- outcomes --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("raised", "retry", "reason"),
+    [
+        (HandlerError.retry("flaky upstream"), Retry.DEFAULT, "flaky upstream"),
+        (HandlerError.retry_after("rate limited", 5), Retry.after(5), "rate limited"),
+        (
+            HandlerError.retry_after("later", timedelta(minutes=2)),
+            Retry.after(120),
+            "later",
+        ),
+        (HandlerError.permanent("bad input"), Retry.DEAD_LETTER, "bad input"),
+    ],
+)
+async def test_handler_errors_map_to_their_nack(
+    raised: HandlerError, retry: Retry, reason: str
+) -> None:
+    fake = FakeClient()
+    worker = make_worker(fake)
+    seen: list[tuple[sepp.Payload | None, int]] = []
+
+    @worker.handler("work")
+    async def work(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
+        seen.append((payload, ctx.attempt))
+        raise raised
+
+    job_id = fake.add(payload=sepp.Payload.text("hi"))
+    async with running(worker):
+        await trio.sleep(1)
+    assert seen == [(sepp.Payload.text("hi"), 1)]
+    assert fake.acks == []
+    ((call),) = [c for c in fake.nacks if c.job_id == job_id]
+    assert (call.retry, call.reason, call.attempt, call.error) == (retry, reason, 1, None)
+
+
+async def test_return_acks_once() -> None:
+    fake = FakeClient()
+    worker = make_worker(fake)
+
+    @worker.handler("work")
+    async def work(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
+        assert ctx.job_type == "work"
+
+    job_id = fake.add()
+    async with running(worker):
+        await trio.sleep(1)
+    assert [(c.job_id, c.attempt, c.error) for c in fake.acks] == [(job_id, 1, None)]
+    assert fake.nacks == []
+
+
+async def test_other_exceptions_nack_with_the_default_policy_and_log_a_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    fake = FakeClient()
+    worker = make_worker(fake, logger=logging.getLogger("test.worker"))
+
+    @worker.handler("work")
+    async def work(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
+        raise ValueError("boom")
+
+    fake.add()
+    with caplog.at_level(logging.ERROR, logger="test.worker"):
+        async with running(worker):
+            await trio.sleep(1)
+    ((call),) = fake.nacks
+    assert (call.retry, call.reason) == (Retry.DEFAULT, "handler raised ValueError: boom")
+    (record,) = caplog.records
+    assert record.exc_info is not None and record.exc_info[0] is ValueError
+    assert "ValueError: boom" in record.getMessage()
+
+
+async def test_long_exception_messages_are_clipped_in_the_reason() -> None:
+    fake = FakeClient()
+    worker = make_worker(fake)
+
+    @worker.handler("work")
+    async def work(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
+        raise HandlerError.retry("x" * 5000 + "\udc80")
+
+    fake.add()
+    async with running(worker):
+        await trio.sleep(1)
+    ((call),) = fake.nacks
+    assert call.reason is not None and len(call.reason) == 1000
+    assert call.reason.endswith("…")
+
+
+@pytest.mark.parametrize(("previous_attempts", "delay"), [(0, 2), (2, 8), (5, 60), (9, 60)])
+async def test_unknown_job_type_is_nacked_with_a_growing_delay(
+    previous_attempts: int, delay: float
+) -> None:
+    fake = FakeClient()
+    worker = make_worker(fake)
+    called = False
+
+    @worker.handler("work")
+    async def work(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
+        nonlocal called
+        called = True
+
+    fake.add("mystery", attempt=previous_attempts, max_attempts=20)
+    async with running(worker):
+        await trio.sleep(1)
+    ((call),) = fake.nacks
+    assert call.retry == Retry.after(delay)
+    assert call.reason == "no handler registered for job type 'mystery' on this worker"
+    assert not called and fake.acks == []
+    (warning,) = log_of(worker).at("warning")
+    assert "'mystery'" in warning and "registered: work" in warning
+
+
+async def test_catch_all_takes_unregistered_types_only() -> None:
+    fake = FakeClient()
+    worker = make_worker(fake)
+    calls: list[tuple[str, str]] = []
+
+    @worker.handler("work")
+    async def work(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
+        calls.append(("work", ctx.job_type))
+
+    @worker.catch_all
+    async def fallback(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
+        calls.append(("catch_all", ctx.job_type))
+
+    fake.add("work")
+    fake.add("other")
+    async with running(worker):
+        await trio.sleep(1)
+    assert sorted(calls) == [("catch_all", "other"), ("work", "work")]
+    assert len(fake.acks) == 2 and fake.nacks == []
+
+
+async def test_failed_ack_is_logged_with_its_meaning_and_the_worker_goes_on() -> None:
+    fake = FakeClient()
+    worker = make_worker(fake)
+
+    async def refuse_first(ctx: sepp.JobContext) -> None:
+        if len(fake.acks) == 1:
+            raise sepp.AttemptMismatchError("FAILED_PRECONDITION: stale attempt")
+
+    fake.on_ack = refuse_first
+
+    @worker.handler("work")
+    async def work(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
+        await trio.sleep(1)
+
+    fake.add()
+    async with running(worker):
+        await trio.sleep(2)
+        fake.add()
+        await trio.sleep(2)
+    assert [type(c.error) for c in fake.acks] == [sepp.AttemptMismatchError, type(None)]
+    (warning,) = log_of(worker).at("warning")
+    assert "refused" in warning and "redelivered as a newer attempt" in warning
+
+
+async def test_failed_nack_is_logged_and_the_worker_goes_on() -> None:
+    fake = FakeClient()
+    worker = make_worker(fake)
+
+    async def unavailable(ctx: sepp.JobContext) -> None:
+        raise transport_error()
+
+    fake.on_nack = unavailable
+
+    @worker.handler("work")
+    async def work(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
+        raise HandlerError.retry("again")
+
+    fake.add()
+    fake.add()
+    async with running(worker):
+        await trio.sleep(1)
+    assert [type(c.error) for c in fake.nacks] == [sepp.TransportError] * 2
+    warnings = log_of(worker).at("warning")
+    assert len(warnings) == 2
+    assert all("nack of work[" in w and "redelivered when its lease expires" in w for w in warnings)
+
+
+# -- lease keeping ---------------------------------------------------------------------------
+
+
+async def test_extends_follow_the_granted_lease_when_the_server_clamps_it() -> None:
+    fake = FakeClient(max_lease_s=6)  # we ask for 30, the queue grants 6
+    worker = make_worker(fake, lease_duration=30)
+
+    @worker.handler("work")
+    async def work(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
+        await trio.sleep(7)
+
+    fake.add()
+    async with running(worker):
+        await trio.sleep(8)
+    # Each extend comes when a third of the granted 6 s has passed, and asks for 30 again.
+    assert [(c.at, c.lease_duration, c.error) for c in fake.extends] == [
+        (2, 30, None),
+        (4, 30, None),
+        (6, 30, None),
+    ]
+    assert [(c.at, c.error) for c in fake.acks] == [(7, None)]
+
+
+async def test_jobs_waiting_for_a_slot_keep_their_leases() -> None:
+    fake = FakeClient()
+    fake.over_deliver = 1
+    worker = make_worker(fake, max_in_flight=1, lease_duration=3)
+    started: dict[str, float] = {}
+
+    @worker.handler("work")
+    async def work(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
+        started[ctx.id] = trio.current_time()
+        await trio.sleep(5)
+
+    first, second = fake.add(), fake.add()
+    async with running(worker):
+        await trio.sleep(11)
+    assert started == {first: 0, second: 5}
+    assert [c.job_id for c in fake.acks if c.error is None] == [first, second]
+    assert any(c.job_id == second and c.at < 5 for c in fake.extends)
+
+
+@pytest.mark.parametrize("error_type", [sepp.JobNotFoundError, sepp.AttemptMismatchError])
+@pytest.mark.parametrize("swallow", [False, True])
+async def test_lease_loss_cancels_the_handler_and_suppresses_ack_and_nack(
+    error_type: type[sepp.LeaseError], swallow: bool
+) -> None:
+    fake = FakeClient()
+    worker = make_worker(fake, lease_duration=3)
+    cancelled_at: list[float] = []
+
+    async def lose(ctx: sepp.JobContext) -> None:
+        raise error_type("lease gone")
+
+    fake.on_extend = lose
+
+    @worker.handler("work")
+    async def work(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
+        try:
+            await trio.sleep(100)
+        except trio.Cancelled:
+            cancelled_at.append(trio.current_time())
+            if not swallow:
+                raise
+        # A handler that swallows the cancellation and returns must still not be acked.
+
+    fake.add()
+    async with running(worker):
+        await trio.sleep(5)
+    assert cancelled_at == [1]  # the first extend, a third into the 3 s lease
+    assert fake.acks == [] and fake.nacks == []
+    (error,) = log_of(worker).at("error")
+    assert "lost the lease" in error and error_type.__name__ in error
+
+
+async def test_transient_extend_failures_are_retried_while_the_lease_lasts() -> None:
+    fake = FakeClient()
+    worker = make_worker(fake, lease_duration=3)
+
+    async def fail_first(ctx: sepp.JobContext) -> None:
+        if len(fake.extends) == 1:
+            raise transport_error()
+
+    fake.on_extend = fail_first
+
+    @worker.handler("work")
+    async def work(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
+        await trio.sleep(5)
+
+    fake.add()
+    async with running(worker):
+        await trio.sleep(6)
+    outcomes = [(round(c.at, 3), c.error is None) for c in fake.extends]
+    # fails at 1 (2 s left), retried a third of that later, then back to the normal rhythm
+    assert outcomes == [(1, False), (1.667, True), (2.667, True), (3.667, True), (4.667, True)]
+    assert [c.error for c in fake.acks] == [None]
+    assert log_of(worker).at("error") == []
+
+
+async def test_lease_expiry_with_only_failed_extends_cancels_the_handler() -> None:
+    fake = FakeClient()
+    worker = make_worker(fake, lease_duration=3)
+    cancelled_at: list[float] = []
+
+    async def down(ctx: sepp.JobContext) -> None:
+        raise transport_error()
+
+    fake.on_extend = down
+
+    @worker.handler("work")
+    async def work(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
+        try:
+            await trio.sleep(100)
+        except trio.Cancelled:
+            cancelled_at.append(trio.current_time())
+            raise
+
+    fake.add()
+    async with running(worker):
+        await trio.sleep(5)
+    assert cancelled_at == [pytest.approx(3)]
+    tries = [c.at for c in fake.extends]
+    assert 4 <= len(tries) <= 8 and all(t < 3 for t in tries)
+    assert all(b - a >= 0.09 for a, b in zip(tries, tries[1:]))  # retries are not a spin
+    assert fake.acks == [] and fake.nacks == []
+    (error,) = log_of(worker).at("error")
+    assert "the lease expired (last extend failed: TransportError" in error
+
+
+async def test_an_extend_still_pending_at_expiry_loses_the_lease() -> None:
+    fake = FakeClient()
+    worker = make_worker(fake, lease_duration=3)
+    cancelled_at: list[float] = []
+
+    async def hang(ctx: sepp.JobContext) -> None:
+        await trio.sleep_forever()
+
+    fake.on_extend = hang
+
+    @worker.handler("work")
+    async def work(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
+        try:
+            await trio.sleep(100)
+        except trio.Cancelled:
+            cancelled_at.append(trio.current_time())
+            raise
+
+    fake.add()
+    async with running(worker):
+        await trio.sleep(5)
+    assert cancelled_at == [3]
+    assert [(c.at, c.ended_at) for c in fake.extends] == [(1, 3)]
+    assert fake.acks == [] and fake.nacks == []
+    assert "while an extend was pending" in log_of(worker).at("error")[0]
+
+
+async def test_without_auto_extend_a_late_ack_fails_and_is_logged() -> None:
+    fake = FakeClient()
+    worker = make_worker(fake, lease_duration=3, auto_extend=False)
+
+    @worker.handler("work")
+    async def work(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
+        await trio.sleep(5)  # not cancelled at expiry: nothing watches the lease
+
+    fake.add()
+    async with running(worker):
+        await trio.sleep(6)
+    assert fake.extends == []
+    assert [(c.at, type(c.error)) for c in fake.acks] == [(5, sepp.JobNotFoundError)]
+    (warning,) = log_of(worker).at("warning")
+    assert "found no lease" in warning
+
+
+# -- shutdown --------------------------------------------------------------------------------
+
+
+async def test_shutdown_while_a_reserve_is_pending_returns_at_once() -> None:
+    fake = FakeClient()
+    worker = make_worker(fake, wait_timeout=30)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(worker.run)
+        await trio.sleep(3)
+        worker.shutdown()
+        worker.shutdown()  # idempotent
+    assert trio.current_time() == 3
+    ((call),) = fake.reserve_calls
+    assert call.cancelled and call.ended_at == 3
+    assert worker.is_shutdown
+
+
+async def test_shutdown_grace_then_cancel_and_nack_for_immediate_retry() -> None:
+    fake = FakeClient()
+    worker = make_worker(fake, shutdown_timeout=5)
+    quick, slow = fake.add("quick"), fake.add("slow")
+    cancelled: list[float] = []
+
+    @worker.handler("quick")
+    async def handle_quick(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
+        await trio.sleep(3)
+
+    @worker.handler("slow")
+    async def handle_slow(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
+        try:
+            await trio.sleep(100)
+        except trio.Cancelled:
+            cancelled.append(trio.current_time())
+            raise
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(worker.run)
+        await trio.sleep(1)
+        worker.shutdown()
+    assert trio.current_time() == 6  # run() returned at the end of the 5 s grace
+    assert [(c.job_id, c.at) for c in fake.acks] == [(quick, 3)]  # finished within the grace
+    assert cancelled == [6]
+    assert [(c.job_id, c.at, c.retry, c.reason) for c in fake.nacks] == [
+        (slow, 6, Retry.after(0), "worker shutdown")
+    ]
+    assert len(fake.reserve_calls) == 2 and fake.reserve_calls[1].cancelled
+    assert fake.leased == []  # nothing left in flight
+    assert worker.in_flight == 0
+
+
+async def test_zero_shutdown_timeout_cancels_at_once() -> None:
+    fake = FakeClient()
+    worker = make_worker(fake, shutdown_timeout=0)
+
+    @worker.handler("work")
+    async def work(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
+        await trio.sleep(100)
+
+    fake.add()
+    async with running(worker):
+        await trio.sleep(1)
+    assert trio.current_time() == 1
+    assert [(c.at, c.reason) for c in fake.nacks] == [(1, "worker shutdown")]
+
+
+async def test_jobs_from_a_reserve_completing_as_shutdown_begins_are_returned() -> None:
+    fake = FakeClient()
+    worker = make_worker(fake)
+    ran = False
+
+    @worker.handler("work")
+    async def work(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
+        nonlocal ran
+        ran = True
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(worker.run)
+        await trio.sleep(1)
+        # No checkpoint between these: the pending reserve is woken with two jobs and the
+        # shutdown lands before it runs again.
+        ids = [fake.add(), fake.add()]
+        worker.shutdown()
+    assert fake.reserve_calls[0].returned == 2
+    assert not ran
+    assert sorted((c.job_id, c.retry, c.reason) for c in fake.nacks) == sorted(
+        (i, Retry.after(0), "worker shutdown") for i in ids
+    )
+    assert len(fake.reserve_calls) == 1  # nothing reserved after shutdown
+    assert fake.leased == []
+
+
+async def test_jobs_waiting_for_a_slot_are_returned_at_shutdown_while_running_ones_finish() -> None:
+    fake = FakeClient()
+    fake.over_deliver = 2
+    worker = make_worker(fake, max_in_flight=1, shutdown_timeout=30)
+
+    @worker.handler("work")
+    async def work(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
+        await trio.sleep(10)
+
+    first, *waiting = (fake.add(), fake.add(), fake.add())
+    async with trio.open_nursery() as nursery:
+        await nursery.start(worker.run)
+        await trio.sleep(1)
+        worker.shutdown()
+    assert sorted((c.job_id, c.at, c.reason) for c in fake.nacks) == sorted(
+        (i, 1, "worker shutdown") for i in waiting
+    )
+    assert [(c.job_id, c.at) for c in fake.acks] == [(first, 10)]
+    assert trio.current_time() == 10
+
+
+async def test_shutdown_from_a_handler() -> None:
+    fake = FakeClient()
+    worker = make_worker(fake)
+
+    @worker.handler("work")
+    async def work(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
+        worker.shutdown()
+        await trio.sleep(2)
+
+    fake.add()
+    with trio.fail_after(10):
+        await worker.run()
+    assert [(c.at, c.error) for c in fake.acks] == [(2, None)]
+
+
+async def test_shutdown_requested_before_run_makes_run_return_at_once() -> None:
+    fake = FakeClient()
+    worker = make_worker(fake)
+    handle = worker.shutdown_handle()
+    handle.shutdown()
+    assert handle.is_shutdown
+    async with trio.open_nursery() as nursery:
+        await nursery.start(worker.run)  # started() is still called
+    assert fake.reserve_calls == []
+    with pytest.raises(RuntimeError, match="once"):
+        await worker.run()
+
+
+async def test_hard_cancel_of_run_settles_nothing() -> None:
+    fake = FakeClient()
+    worker = make_worker(fake)
+    cancelled = False
+
+    @worker.handler("work")
+    async def work(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
+        nonlocal cancelled
+        try:
+            await trio.sleep(100)
+        except trio.Cancelled:
+            cancelled = True
+            raise
+
+    job_id = fake.add()
+    with trio.move_on_after(2):
+        await worker.run()
+    assert cancelled
+    assert fake.acks == [] and fake.nacks == []
+    assert fake.leased == [job_id]  # left to its lease
+    assert worker.in_flight == 0
+
+
+def test_shutdown_handle_works_from_another_thread() -> None:
+    # Real clock here: the thread hop must not let an autojump clock race ahead.
+    fake = FakeClient()
+    worker = make_worker(fake, wait_timeout=30)
+    handle = worker.shutdown_handle()
+
+    async def main() -> float:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(worker.run)
+            began = trio.current_time()
+            await trio.to_thread.run_sync(handle.shutdown)
+        return trio.current_time() - began
+
+    elapsed = trio.run(main)
+    assert elapsed < 5
+    assert fake.reserve_calls[0].cancelled
+    assert handle.is_shutdown
