@@ -12,12 +12,10 @@ import trio
 from opentelemetry import trace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
+from otel_support import install
 
 import sepp
 from sepp.testing import SeppServer
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from otel_support import install  # noqa: E402
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from otel_support import install
 
 import sepp
 from sepp._client import Client
@@ -16,9 +15,6 @@ from sepp._log import Log
 from sepp._pb import queue_pb2 as pb
 from sepp.wire._status import StatusCode
 from sepp.wire._transport import RpcError
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from otel_support import install  # noqa: E402
 
 
 @pytest.fixture

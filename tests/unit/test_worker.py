@@ -21,7 +21,7 @@ import sepp
 from sepp import HandlerError, Retry, StatusCode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from fixtures.fake_client import FakeClient, RecordingLogger  # noqa: E402
+from fixtures.fake_client import FakeClient, RecordingLogger
 
 pytestmark = pytest.mark.usefixtures("autojump_clock")
 
