@@ -1,5 +1,6 @@
 """sepp-trio: a pure-Python, trio-native client for the sepp durable job queue."""
 
+from ._batching import Batching as Batching
 from ._client import DEFAULT_MAX_RECEIVE_MESSAGE_BYTES as DEFAULT_MAX_RECEIVE_MESSAGE_BYTES
 from ._client import Client as Client
 from ._client import open as open
@@ -63,6 +64,7 @@ __all__ = [
     "DEFAULT_MAX_RECEIVE_MESSAGE_BYTES",
     "AttemptMismatchError",
     "BatchRejection",
+    "Batching",
     "BatchValidationError",
     "Client",
     "ClientError",

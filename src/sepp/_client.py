@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import os
 import ssl
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
@@ -15,11 +17,13 @@ from . import _convert as cv
 from . import _otel
 from . import _validate as v
 from ._address import parse_address
+from ._batching import Batching, EnqueueBatcher
 from ._errors import (
     BatchValidationError,
     JobRejectedError,
     MalformedResponseError,
     SeppError,
+    TransportError,
     ValidationError,
     error_from_status,
 )
@@ -74,6 +78,16 @@ class Client:
         self._rpc_timeout = rpc_timeout
         self._retry_policy = retry_policy
         self._log = log
+        self._batcher: EnqueueBatcher | None = None
+        self._server_info: ServerInfo | None = None
+
+    def _enable_batching(self, config: Batching, nursery: trio.Nursery) -> None:
+        self._batcher = EnqueueBatcher(
+            config,
+            nursery,
+            self._send_enqueue_batch,
+            lambda: self._server_info.max_enqueue_batch if self._server_info else None,
+        )
 
     def __repr__(self) -> str:
         return f"<sepp.Client {self._address}>"
@@ -117,10 +131,48 @@ class Client:
                 scheduled_at=scheduled_at,
                 trace_context=trace_context,
             )
-        (result,) = await self._enqueue_batch([request], timeout)
+        if self._batcher is not None:
+            result = await self._enqueue_batched(request, timeout)
+        else:
+            (result,) = await self._enqueue_batch([request], timeout)
         if isinstance(result, JobRejection):
             raise JobRejectedError(result)
         return result
+
+    async def _enqueue_batched(
+        self, request: EnqueueRequest, timeout: float | timedelta | None
+    ) -> EnqueueAck | JobRejection:
+        assert self._batcher is not None
+        timeout_s = self._rpc_timeout if timeout is None else v.seconds("timeout", timeout)
+        with _otel.client_span("sepp.enqueue", _batch_attributes([request])) as span:
+            trace_context = span.trace_context
+            if trace_context is not None and request.trace_context is None:
+                request = dataclasses.replace(request, trace_context=trace_context)
+            with trio.move_on_after(timeout_s if timeout_s is not None else math.inf) as scope:
+                result = await self._batcher.submit(request)
+            if scope.cancelled_caught:
+                raise TransportError(
+                    f"EnqueueBatch: DEADLINE_EXCEEDED: no result within {timeout_s:g}s "
+                    "(the job may still be enqueued)",
+                    code=StatusCode.DEADLINE_EXCEEDED,
+                )
+            if isinstance(result, EnqueueAck):
+                span.set("sepp.job_id", result.job_id)
+            return result
+
+    async def _send_enqueue_batch(
+        self, requests: list[EnqueueRequest]
+    ) -> list[EnqueueAck | JobRejection]:
+        body = await self._call(
+            "EnqueueBatch",
+            cv.enqueue_batch_to_pb(requests),
+            timeout=None,
+            retryable=_enqueue_retryable(requests),
+        )
+        try:
+            return cv.batch_results_from_pb(body, len(requests))
+        except Exception as exc:
+            raise MalformedResponseError(f"EnqueueBatch: {exc}") from exc
 
     async def enqueue_batch(
         self, jobs: Iterable[EnqueueRequest], *, timeout: float | timedelta | None = None
@@ -334,7 +386,9 @@ class Client:
         with _otel.client_span("sepp.get_server_info", {}):
             body = await self._call("GetServerInfo", b"", timeout=timeout)
         msg = _parse(pb.GetServerInfoResponse, body, "GetServerInfo")
-        return self._convert(cv.server_info_from_pb, msg, "GetServerInfo")
+        info = self._convert(cv.server_info_from_pb, msg, "GetServerInfo")
+        self._server_info = info
+        return info
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -472,6 +526,7 @@ async def open(
     logger: LoggerLike | None = None,
     keepalive_interval: float | timedelta | None = 30.0,
     keepalive_timeout: float | timedelta = 10.0,
+    enqueue_batching: Batching | None = None,
 ) -> AsyncIterator[Client]:
     """Connect to a sepp server; the client's connection tasks live until the block exits.
 
@@ -499,6 +554,8 @@ async def open(
         max_receive = v.whole_number(
             "max_receive_message_bytes", max_receive_message_bytes, low=1, high=2**32
         )
+    if enqueue_batching is not None and not isinstance(enqueue_batching, Batching):
+        raise ValidationError("enqueue_batching", "must be a sepp.Batching")
     if retry_policy is not None and not isinstance(retry_policy, RetryPolicy):
         raise ValidationError("retry_policy", "must be a sepp.RetryPolicy")
     log = Log(logger)
@@ -531,6 +588,8 @@ async def open(
             retry_policy=retry_policy or NO_RETRY,
             log=log,
         )
+        if enqueue_batching is not None:
+            client._enable_batching(enqueue_batching, nursery)
         try:
             try:
                 await channel._ready_connection()
@@ -543,6 +602,8 @@ async def open(
             # Re-raised below, outside the nursery, so it is not wrapped in an ExceptionGroup.
             user_exc = exc
         finally:
+            if client._batcher is not None:
+                client._batcher.close()
             await channel.aclose()
             nursery.cancel_scope.cancel()
     if user_exc is not None:

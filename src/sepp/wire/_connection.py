@@ -73,6 +73,7 @@ class _Call:
     __slots__ = (
         "content_type",
         "decoder",
+        "grpc_body",
         "grpc_message",
         "grpc_status",
         "http_status",
@@ -85,6 +86,7 @@ class _Call:
         self.content_type: bytes | None = None
         self.grpc_status: bytes | None = None
         self.grpc_message: bytes | None = None
+        self.grpc_body = False  # whether the response headers announced gRPC messages
         self.outbound = memoryview(body)
 
 
@@ -266,6 +268,10 @@ class GrpcConnection:
         call = self._calls.get(event.stream_id)
         if call is not None:
             self._read_headers(call, event.headers)
+            ctype = call.content_type
+            call.grpc_body = call.http_status == 200 and (
+                ctype is None or _is_grpc_content_type(ctype)
+            )
 
     def _on_trailers(self, event: h2.events.TrailersReceived, out: list[Event]) -> None:
         call = self._calls.get(event.stream_id)
@@ -278,7 +284,9 @@ class GrpcConnection:
         if event.flow_controlled_length:
             self._h2.acknowledge_received_data(event.flow_controlled_length, stream_id)
         call = self._calls.get(stream_id)
-        if call is None:
+        if call is None or not call.grpc_body:
+            # Not a gRPC body (say a proxy's HTML error page): drop it unread; _finish maps
+            # the response by its :status or content-type, not by a framing error.
             return
         try:
             call.decoder.feed(event.data)

@@ -1,0 +1,99 @@
+"""Opt-in auto-batching of single enqueues, against the real server."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+import sepp
+from sepp.testing import SeppServer
+
+
+def count_calls(client: sepp.Client) -> list[str]:
+    calls: list[str] = []
+    original = client._channel.call
+
+    async def counting(method: str, request: bytes, **kw: object) -> bytes:
+        calls.append(method)
+        return await original(method, request, **kw)  # type: ignore[arg-type]
+
+    client._channel.call = counting  # type: ignore[method-assign]
+    return calls
+
+
+async def test_concurrent_enqueues_share_batches_and_keep_own_results(
+    sepp_server: SeppServer,
+) -> None:
+    batching = sepp.Batching(max_batch=64, max_delay=0.05)
+    async with sepp.open(sepp_server.address, enqueue_batching=batching) as client:
+        calls = count_calls(client)
+        acks: dict[int, sepp.EnqueueAck] = {}
+        rejected: dict[int, sepp.JobRejection] = {}
+
+        async def one(i: int) -> None:
+            big = sepp.Payload.bytes(b"x" * 1_100_000) if i % 50 == 7 else None
+            try:
+                acks[i] = await client.enqueue("auto", "t", payload=big, custom={"i": i})
+            except sepp.JobRejectedError as exc:
+                rejected[i] = exc.rejection
+
+        async with trio.open_nursery() as nursery:
+            for i in range(200):
+                nursery.start_soon(one, i)
+        assert sorted(rejected) == [7, 57, 107, 157]
+        assert all(isinstance(r, sepp.PayloadTooLarge) for r in rejected.values())
+        assert len({a.job_id for a in acks.values()}) == 196
+        assert 4 <= len(calls) <= 20, calls  # 200 jobs, 64 per batch; bytes split the big ones
+        jobs = await client.reserve("auto", max_jobs=256, wait_timeout=1)
+        assert jobs is not None
+        assert {j.id: j.ctx.custom["i"] for j in jobs} == {a.job_id: i for i, a in acks.items()}
+
+
+async def test_cancelled_caller_job_is_withdrawn_before_sending(sepp_server: SeppServer) -> None:
+    batching = sepp.Batching(max_batch=100, max_delay=0.3)
+    async with sepp.open(sepp_server.address, enqueue_batching=batching) as client:
+        kept: list[sepp.EnqueueAck] = []
+
+        async def keep() -> None:
+            kept.append(await client.enqueue("withdraw", "keep"))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(keep)
+            with trio.move_on_after(0.05):
+                await client.enqueue("withdraw", "cancelled")
+        assert len(kept) == 1
+        jobs = await client.reserve("withdraw", max_jobs=10, wait_timeout=0.5)
+        assert jobs is not None and [j.ctx.job_type for j in jobs] == ["keep"]
+
+
+async def test_whole_batch_failure_raises_typed_error_in_each_caller(
+    sepp_server: SeppServer,
+) -> None:
+    batching = sepp.Batching(max_batch=10, max_delay=0.2)
+    async with sepp.open(sepp_server.address, enqueue_batching=batching) as client:
+        await client.get_server_info()
+        await sepp_server.stop()
+        errors: list[BaseException] = []
+
+        async def one() -> None:
+            try:
+                await client.enqueue("down", "t")
+            except sepp.ClientError as exc:
+                errors.append(exc)
+
+        with trio.fail_after(20):
+            async with trio.open_nursery() as nursery:
+                for _ in range(5):
+                    nursery.start_soon(one)
+        assert len(errors) == 5
+        assert all(isinstance(e, (sepp.ConnectError, sepp.TransportError)) for e in errors)
+        assert len({id(e) for e in errors}) == 5  # each caller gets its own exception object
+        await sepp_server.start()
+        assert (await client.enqueue("down", "t")).job_id
+
+
+async def test_batching_options_are_validated() -> None:
+    with pytest.raises(sepp.ValidationError):
+        sepp.Batching(max_batch=0)
+    with pytest.raises(sepp.ValidationError):
+        sepp.Batching(max_delay=-1)
