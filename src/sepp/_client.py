@@ -8,7 +8,7 @@ import os
 import ssl
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import trio
@@ -27,6 +27,7 @@ from ._errors import (
     ValidationError,
     error_from_status,
 )
+from ._limits import ServerLimits
 from ._log import Log, LoggerLike
 from ._pb import queue_pb2 as pb
 from ._rejections import JobRejection
@@ -59,6 +60,7 @@ DEFAULT_MAX_RECEIVE_MESSAGE_BYTES = 272 * 1024 * 1024
 # A Reserve's deadline is its long-poll wait plus this much slack.
 RESERVE_DEADLINE_SLACK_S = 10.0
 USER_AGENT = f"sepp-trio/{__version__}"
+_LIMITS_REFRESH_S = 30.0
 
 
 class Client:
@@ -79,14 +81,18 @@ class Client:
         self._retry_policy = retry_policy
         self._log = log
         self._batcher: EnqueueBatcher | None = None
-        self._server_info: ServerInfo | None = None
+        self._validate_locally = True
+        self._limits: ServerLimits | None = None
+        self._limits_lock = trio.Lock()
+        self._limits_refresh_at = -math.inf
+        self._limits_fetched_at = -math.inf
 
     def _enable_batching(self, config: Batching, nursery: trio.Nursery) -> None:
         self._batcher = EnqueueBatcher(
             config,
             nursery,
             self._send_enqueue_batch,
-            lambda: self._server_info.max_enqueue_batch if self._server_info else None,
+            lambda: self._limits.info.max_enqueue_batch if self._limits else None,
         )
 
     def __repr__(self) -> str:
@@ -132,7 +138,13 @@ class Client:
                 trace_context=trace_context,
             )
         if self._batcher is not None:
+            limits = await self._current_limits()
+            local = limits.check(request) if limits is not None else None
+            if local is not None:
+                raise JobRejectedError(local)
             result = await self._enqueue_batched(request, timeout)
+            if isinstance(result, JobRejection):
+                self._note_rejections([result])
         else:
             (result,) = await self._enqueue_batch([request], timeout)
         if isinstance(result, JobRejection):
@@ -185,6 +197,12 @@ class Client:
     ) -> list[EnqueueAck]:
         """All or nothing: every job is enqueued, or BatchValidationError lists the culprits."""
         requests = _requests(jobs)
+        limits = await self._current_limits()
+        if limits is not None:
+            local = [(i, limits.check(r)) for i, r in enumerate(requests)]
+            refused = [BatchRejection(i, r) for i, r in local if r is not None]
+            if refused:
+                raise BatchValidationError(refused)
         with _otel.client_span("sepp.enqueue_atomic", _batch_attributes(requests)) as span:
             body = await self._call(
                 "EnqueueAtomic",
@@ -197,12 +215,12 @@ class Client:
             if which == "rejection":
                 span.set("sepp.outcome", "rejected")
                 span.set("sepp.rejected", len(msg.rejection.errors))
-                raise BatchValidationError(
-                    [
-                        BatchRejection(e.index, cv.rejection_from_pb(e.rejection))
-                        for e in msg.rejection.errors
-                    ]
-                )
+                errors = [
+                    BatchRejection(e.index, cv.rejection_from_pb(e.rejection))
+                    for e in msg.rejection.errors
+                ]
+                self._note_rejections([e.rejection for e in errors])
+                raise BatchValidationError(errors)
             span.set("sepp.outcome", "accepted")
         if which != "success":
             raise MalformedResponseError("EnqueueAtomic: response has no outcome")
@@ -213,6 +231,21 @@ class Client:
         return [self._convert(cv.ack_from_pb, r, "EnqueueAtomic") for r in msg.success.responses]
 
     async def _enqueue_batch(
+        self, requests: list[EnqueueRequest], timeout: float | timedelta | None
+    ) -> list[EnqueueAck | JobRejection]:
+        limits = await self._current_limits()
+        local = [limits.check(r) for r in requests] if limits is not None else []
+        if not any(local):
+            results = await self._enqueue_batch_remote(requests, timeout)
+        else:
+            # Send only what the server could accept; keep every result in input order.
+            to_send = [r for r, rejection in zip(requests, local, strict=True) if rejection is None]
+            remote = iter(await self._enqueue_batch_remote(to_send, timeout) if to_send else [])
+            results = [rejection or next(remote) for rejection in local]
+        self._note_rejections([r for r in results if isinstance(r, JobRejection)])
+        return results
+
+    async def _enqueue_batch_remote(
         self, requests: list[EnqueueRequest], timeout: float | timedelta | None
     ) -> list[EnqueueAck | JobRejection]:
         with _otel.client_span("sepp.enqueue", _batch_attributes(requests)) as span:
@@ -232,6 +265,33 @@ class Client:
             if len(results) == 1 and not rejected:
                 span.set("sepp.job_id", results[0].job_id)  # type: ignore[union-attr]
             return results
+
+    async def _current_limits(self) -> ServerLimits | None:
+        """The server's advertised limits, fetched lazily and refreshed at most every 30 s
+        after a rejection suggested a config change; None when local checks are off or the
+        server could not tell us (the server then checks alone)."""
+        if not self._validate_locally:
+            return None
+        if self._limits is not None and trio.current_time() < self._limits_refresh_at:
+            return self._limits
+        async with self._limits_lock:
+            if self._limits is not None and trio.current_time() < self._limits_refresh_at:
+                return self._limits
+            self._limits_refresh_at = trio.current_time() + _LIMITS_REFRESH_S
+            try:
+                await self.get_server_info()  # refreshes self._limits
+            except SeppError as exc:
+                self._log.debug("sepp: cannot fetch server limits for local checks: %s", exc)
+                return self._limits
+            return self._limits
+
+    def _note_rejections(self, rejections: list[JobRejection]) -> None:
+        limits = self._limits
+        if limits is not None and any(limits.contradicted_by(r) for r in rejections):
+            # Refetch on the next enqueue, but never more than once per refresh interval.
+            self._limits_refresh_at = min(
+                self._limits_refresh_at, self._limits_fetched_at + _LIMITS_REFRESH_S
+            )
 
     # -- consuming --------------------------------------------------------------------------
 
@@ -387,7 +447,9 @@ class Client:
             body = await self._call("GetServerInfo", b"", timeout=timeout)
         msg = _parse(pb.GetServerInfoResponse, body, "GetServerInfo")
         info = self._convert(cv.server_info_from_pb, msg, "GetServerInfo")
-        self._server_info = info
+        self._limits = ServerLimits(info, datetime.now(timezone.utc))
+        self._limits_fetched_at = trio.current_time()
+        self._limits_refresh_at = math.inf
         return info
 
     # -- plumbing ---------------------------------------------------------------------------
@@ -527,6 +589,7 @@ async def open(
     keepalive_interval: float | timedelta | None = 30.0,
     keepalive_timeout: float | timedelta = 10.0,
     enqueue_batching: Batching | None = None,
+    validate_locally: bool = True,
 ) -> AsyncIterator[Client]:
     """Connect to a sepp server; the client's connection tasks live until the block exits.
 
@@ -588,6 +651,7 @@ async def open(
             retry_policy=retry_policy or NO_RETRY,
             log=log,
         )
+        client._validate_locally = bool(validate_locally)
         if enqueue_batching is not None:
             client._enable_batching(enqueue_batching, nursery)
         try:

@@ -3,6 +3,7 @@ bounded graceful shutdown. Built only on the Client's public methods."""
 
 from __future__ import annotations
 
+import collections
 import enum
 import inspect
 import logging
@@ -117,7 +118,7 @@ class ShutdownHandle:
 
 class _Phase(enum.Enum):
     WAITING = "waiting for a slot"
-    RUNNING = "running"
+    RUNNING = "running"  # holds a slot
     SETTLING = "settling"
 
 
@@ -135,11 +136,21 @@ _ACK = _Outcome()
 class _HeldJob:
     """A job the worker holds a lease on, from the reserve that returned it until it settles."""
 
-    __slots__ = ("_deadline", "_seen_expiry", "forced", "job", "lease_lost", "phase", "scope")
+    __slots__ = (
+        "_deadline",
+        "_seen_expiry",
+        "forced",
+        "job",
+        "lease_lost",
+        "phase",
+        "scope",
+        "slot_granted",
+    )
 
     def __init__(self, job: Job) -> None:
         self.job = job
         self.phase = _Phase.WAITING
+        self.slot_granted = trio.Event()
         # Covers the wait for a slot and the handler; lease loss and shutdown cancel it.
         self.scope = trio.CancelScope()
         self.lease_lost: str | None = None
@@ -159,7 +170,8 @@ class _HeldJob:
         return self._deadline
 
     def stop(self) -> None:
-        """Shutdown: cancel the handler (or the wait for a slot); the job is nacked."""
+        """Shutdown: cancel the handler (or the wait for a slot); the job is nacked unless the
+        handler still returns."""
         if self.phase is not _Phase.SETTLING:
             self.forced = True
             self.scope.cancel()
@@ -261,7 +273,9 @@ class Worker:
         self._reserve_scope = trio.CancelScope()
         self._held: dict[int, _HeldJob] = {}
         self._held_changed = trio.Event()
-        self._slots = trio.Semaphore(self._max_in_flight)
+        # Slots go to waiting jobs in the order the server returned them (its priority order).
+        self._waiting: collections.deque[_HeldJob] = collections.deque()
+        self._running = 0
         self._jobs_nursery: trio.Nursery | None = None
 
     def __repr__(self) -> str:
@@ -487,9 +501,32 @@ class Worker:
         assert self._jobs_nursery is not None
         held = _HeldJob(job)
         self._held[id(held)] = held
-        if self._shutting_down:
-            held.stop()
-        self._jobs_nursery.start_soon(self._process, held, name=f"sepp job {job.ctx}")
+        fn = self._handlers.get(job.ctx.job_type, self._catch_all)
+        if fn is not None:
+            self._waiting.append(held)
+            self._grant_slots()
+            if self._shutting_down and held.phase is _Phase.WAITING:
+                held.stop()
+        self._jobs_nursery.start_soon(self._process, held, fn, name=f"sepp job {job.ctx}")
+
+    def _grant_slots(self) -> None:
+        while self._running < self._max_in_flight and self._waiting:
+            held = self._waiting.popleft()
+            if held.scope.cancel_called:
+                continue  # returned at shutdown or lease lost while it waited
+            self._running += 1
+            held.phase = _Phase.RUNNING
+            held.slot_granted.set()
+
+    def _release_slot(self, held: _HeldJob) -> None:
+        if held.phase is _Phase.RUNNING:
+            self._running -= 1
+            self._grant_slots()
+        elif held.phase is _Phase.WAITING:
+            try:
+                self._waiting.remove(held)
+            except ValueError:
+                pass
 
     def _signal_held_changed(self) -> None:
         changed, self._held_changed = self._held_changed, trio.Event()
@@ -497,11 +534,11 @@ class Worker:
 
     # -- one job ------------------------------------------------------------------------------
 
-    async def _process(self, held: _HeldJob) -> None:
+    async def _process(self, held: _HeldJob, fn: Handler | None) -> None:
         try:
             ctx = held.job.ctx
-            fn = self._handlers.get(ctx.job_type, self._catch_all)
             if fn is None:
+                held.phase = _Phase.SETTLING
                 outcome: _Outcome | None = self._unknown_type(ctx)
             else:
                 async with trio.open_nursery() as lease_keeping:
@@ -509,7 +546,6 @@ class Worker:
                         lease_keeping.start_soon(self._keep_lease, held)
                     outcome = await self._run_handler(held, fn)
                     lease_keeping.cancel_scope.cancel()
-            held.phase = _Phase.SETTLING
             if outcome is not None:
                 await self._settle(ctx, outcome)
         finally:
@@ -539,12 +575,14 @@ class Worker:
         error: Exception | None = None
         try:
             with held.scope:
-                async with self._slots:
-                    held.phase = _Phase.RUNNING
-                    await fn(held.job.payload, ctx)
-                    returned = True
+                await held.slot_granted.wait()
+                await fn(held.job.payload, ctx)
+                returned = True
         except Exception as exc:  # the handler's failure is the job's outcome, not ours
             error = exc
+        finally:
+            self._release_slot(held)
+            held.phase = _Phase.SETTLING
         if held.lease_lost is not None:
             return None  # someone else may own the job now; logged by _lose_lease
         if returned:

@@ -3,6 +3,7 @@ time below is exact virtual seconds and nothing waits for real."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import re
@@ -16,14 +17,13 @@ from typing import Any
 
 import pytest
 import trio
+from trio.testing import MockClock
 
 import sepp
 from sepp import HandlerError, Retry, StatusCode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fixtures.fake_client import FakeClient, RecordingLogger
-
-pytestmark = pytest.mark.usefixtures("autojump_clock")
 
 
 def make_worker(fake: FakeClient, **options: Any) -> sepp.Worker:
@@ -162,7 +162,9 @@ def test_handler_error_constructors() -> None:
 # -- the reserve loop ------------------------------------------------------------------------
 
 
-async def test_nursery_start_returns_once_the_first_reserve_is_pending() -> None:
+async def test_nursery_start_returns_once_the_first_reserve_is_pending(
+    autojump_clock: MockClock,
+) -> None:
     fake = FakeClient()
     worker = make_worker(fake, max_in_flight=7, lease_duration=12, wait_timeout=9)
     async with trio.open_nursery() as nursery:
@@ -181,7 +183,7 @@ async def test_nursery_start_returns_once_the_first_reserve_is_pending() -> None
     assert call.cancelled
 
 
-async def test_reserve_asks_for_exactly_the_free_slots() -> None:
+async def test_reserve_asks_for_exactly_the_free_slots(autojump_clock: MockClock) -> None:
     fake = FakeClient()
     worker = make_worker(fake, max_in_flight=5, wait_timeout=30)
     release = trio.Event()
@@ -202,7 +204,7 @@ async def test_reserve_asks_for_exactly_the_free_slots() -> None:
     assert len(fake.acks) == 3
 
 
-async def test_max_jobs_caps_each_reserve() -> None:
+async def test_max_jobs_caps_each_reserve(autojump_clock: MockClock) -> None:
     fake = FakeClient()
     worker = make_worker(fake, max_in_flight=5, max_jobs=3)
 
@@ -220,7 +222,9 @@ async def test_max_jobs_caps_each_reserve() -> None:
         worker.shutdown()
 
 
-async def test_concurrency_cap_holds_when_the_server_over_delivers() -> None:
+async def test_concurrency_cap_holds_when_the_server_over_delivers(
+    autojump_clock: MockClock,
+) -> None:
     fake = FakeClient()
     fake.over_deliver = 5
     worker = make_worker(fake, max_in_flight=3)
@@ -252,7 +256,9 @@ async def test_concurrency_cap_holds_when_the_server_over_delivers() -> None:
     assert acks_at_reserve[1] >= 6
 
 
-async def test_reserve_errors_back_off_exponentially_with_jitter_then_recover() -> None:
+async def test_reserve_errors_back_off_exponentially_with_jitter_then_recover(
+    autojump_clock: MockClock,
+) -> None:
     fake = FakeClient()
     fake.reserve_errors = [transport_error() for _ in range(7)]
     worker = make_worker(fake, reserve_error_backoff=1.0)
@@ -267,7 +273,7 @@ async def test_reserve_errors_back_off_exponentially_with_jitter_then_recover() 
         with trio.fail_after(200):
             await handled.wait()
     starts = [c.at for c in fake.reserve_calls]
-    gaps = [b - a for a, b in zip(starts, starts[1:8])]
+    gaps = [b - a for a, b in itertools.pairwise(starts[:8])]
     steps = [1, 2, 4, 8, 16, 30, 30]  # doubling, capped at 30 s
     for gap, step in zip(gaps, steps, strict=True):
         assert 0.5 * step <= gap <= step, (gaps, steps)
@@ -278,7 +284,7 @@ async def test_reserve_errors_back_off_exponentially_with_jitter_then_recover() 
     assert logs.matching("reserve works again after 7 failure(s)")
 
 
-async def test_shutdown_during_reserve_backoff_ends_run_promptly() -> None:
+async def test_shutdown_during_reserve_backoff_ends_run_promptly(autojump_clock: MockClock) -> None:
     fake = FakeClient()
     fake.reserve_errors = [transport_error() for _ in range(100)]
     worker = make_worker(fake, reserve_error_backoff=20)
@@ -298,7 +304,9 @@ async def test_shutdown_during_reserve_backoff_ends_run_promptly() -> None:
         sepp.UnknownQueuesError("FAILED_PRECONDITION: unknown queue q"),
     ],
 )
-async def test_permanent_reserve_errors_are_logged_as_errors_every_time(error: Exception) -> None:
+async def test_permanent_reserve_errors_are_logged_as_errors_every_time(
+    error: Exception, autojump_clock: MockClock
+) -> None:
     fake = FakeClient()
     fake.reserve_errors = [error, error, error]
     worker = make_worker(fake, reserve_error_backoff=1)
@@ -311,7 +319,7 @@ async def test_permanent_reserve_errors_are_logged_as_errors_every_time(error: E
 
 
 async def test_an_unexpected_reserve_exception_is_logged_and_the_loop_goes_on(
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, autojump_clock: MockClock
 ) -> None:
     fake = FakeClient()
     fake.reserve_errors = [RuntimeError("bug in a proxy")]
@@ -325,20 +333,23 @@ async def test_an_unexpected_reserve_exception_is_logged_and_the_loop_goes_on(
     assert record.exc_info is not None and record.exc_info[0] is RuntimeError
 
 
-async def test_early_empty_polls_pause_and_full_length_ones_do_not() -> None:
+async def test_early_empty_polls_pause_and_full_length_ones_do_not(
+    autojump_clock: MockClock,
+) -> None:
     fake = FakeClient()
     fake.early_empty = True  # a draining server answers at once
     worker = make_worker(fake, wait_timeout=5)
     async with running(worker):
-        await trio.sleep(1)
+        await trio.sleep(1.1)
     early = [c.at for c in fake.reserve_calls]
-    assert [b - a for a, b in zip(early, early[1:])] == [0.25, 0.25, 0.25, 0.25]
+    assert [b - a for a, b in itertools.pairwise(early)] == [0.25, 0.25, 0.25, 0.25]
 
     fake = FakeClient()
     worker = make_worker(fake, wait_timeout=5)
     async with running(worker):
         await trio.sleep(11)
-    assert [c.at for c in fake.reserve_calls] == [0, 5, 10]
+    full = [c.at for c in fake.reserve_calls]
+    assert [round(t - full[0], 9) for t in full] == [0, 5, 10]
 
 
 # -- outcomes --------------------------------------------------------------------------------
@@ -358,7 +369,7 @@ async def test_early_empty_polls_pause_and_full_length_ones_do_not() -> None:
     ],
 )
 async def test_handler_errors_map_to_their_nack(
-    raised: HandlerError, retry: Retry, reason: str
+    raised: HandlerError, retry: Retry, reason: str, autojump_clock: MockClock
 ) -> None:
     fake = FakeClient()
     worker = make_worker(fake)
@@ -378,7 +389,7 @@ async def test_handler_errors_map_to_their_nack(
     assert (call.retry, call.reason, call.attempt, call.error) == (retry, reason, 1, None)
 
 
-async def test_return_acks_once() -> None:
+async def test_return_acks_once(autojump_clock: MockClock) -> None:
     fake = FakeClient()
     worker = make_worker(fake)
 
@@ -394,7 +405,7 @@ async def test_return_acks_once() -> None:
 
 
 async def test_other_exceptions_nack_with_the_default_policy_and_log_a_traceback(
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, autojump_clock: MockClock
 ) -> None:
     fake = FakeClient()
     worker = make_worker(fake, logger=logging.getLogger("test.worker"))
@@ -414,7 +425,7 @@ async def test_other_exceptions_nack_with_the_default_policy_and_log_a_traceback
     assert "ValueError: boom" in record.getMessage()
 
 
-async def test_long_exception_messages_are_clipped_in_the_reason() -> None:
+async def test_long_exception_messages_are_clipped_in_the_reason(autojump_clock: MockClock) -> None:
     fake = FakeClient()
     worker = make_worker(fake)
 
@@ -432,7 +443,7 @@ async def test_long_exception_messages_are_clipped_in_the_reason() -> None:
 
 @pytest.mark.parametrize(("previous_attempts", "delay"), [(0, 2), (2, 8), (5, 60), (9, 60)])
 async def test_unknown_job_type_is_nacked_with_a_growing_delay(
-    previous_attempts: int, delay: float
+    previous_attempts: int, delay: float, autojump_clock: MockClock
 ) -> None:
     fake = FakeClient()
     worker = make_worker(fake)
@@ -454,7 +465,7 @@ async def test_unknown_job_type_is_nacked_with_a_growing_delay(
     assert "'mystery'" in warning and "registered: work" in warning
 
 
-async def test_catch_all_takes_unregistered_types_only() -> None:
+async def test_catch_all_takes_unregistered_types_only(autojump_clock: MockClock) -> None:
     fake = FakeClient()
     worker = make_worker(fake)
     calls: list[tuple[str, str]] = []
@@ -475,7 +486,9 @@ async def test_catch_all_takes_unregistered_types_only() -> None:
     assert len(fake.acks) == 2 and fake.nacks == []
 
 
-async def test_failed_ack_is_logged_with_its_meaning_and_the_worker_goes_on() -> None:
+async def test_failed_ack_is_logged_with_its_meaning_and_the_worker_goes_on(
+    autojump_clock: MockClock,
+) -> None:
     fake = FakeClient()
     worker = make_worker(fake)
 
@@ -499,7 +512,7 @@ async def test_failed_ack_is_logged_with_its_meaning_and_the_worker_goes_on() ->
     assert "refused" in warning and "redelivered as a newer attempt" in warning
 
 
-async def test_failed_nack_is_logged_and_the_worker_goes_on() -> None:
+async def test_failed_nack_is_logged_and_the_worker_goes_on(autojump_clock: MockClock) -> None:
     fake = FakeClient()
     worker = make_worker(fake)
 
@@ -525,7 +538,9 @@ async def test_failed_nack_is_logged_and_the_worker_goes_on() -> None:
 # -- lease keeping ---------------------------------------------------------------------------
 
 
-async def test_extends_follow_the_granted_lease_when_the_server_clamps_it() -> None:
+async def test_extends_follow_the_granted_lease_when_the_server_clamps_it(
+    autojump_clock: MockClock,
+) -> None:
     fake = FakeClient(max_lease_s=6)  # we ask for 30, the queue grants 6
     worker = make_worker(fake, lease_duration=30)
 
@@ -545,7 +560,7 @@ async def test_extends_follow_the_granted_lease_when_the_server_clamps_it() -> N
     assert [(c.at, c.error) for c in fake.acks] == [(7, None)]
 
 
-async def test_jobs_waiting_for_a_slot_keep_their_leases() -> None:
+async def test_jobs_waiting_for_a_slot_keep_their_leases(autojump_clock: MockClock) -> None:
     fake = FakeClient()
     fake.over_deliver = 1
     worker = make_worker(fake, max_in_flight=1, lease_duration=3)
@@ -567,7 +582,7 @@ async def test_jobs_waiting_for_a_slot_keep_their_leases() -> None:
 @pytest.mark.parametrize("error_type", [sepp.JobNotFoundError, sepp.AttemptMismatchError])
 @pytest.mark.parametrize("swallow", [False, True])
 async def test_lease_loss_cancels_the_handler_and_suppresses_ack_and_nack(
-    error_type: type[sepp.LeaseError], swallow: bool
+    error_type: type[sepp.LeaseError], swallow: bool, autojump_clock: MockClock
 ) -> None:
     fake = FakeClient()
     worker = make_worker(fake, lease_duration=3)
@@ -597,7 +612,9 @@ async def test_lease_loss_cancels_the_handler_and_suppresses_ack_and_nack(
     assert "lost the lease" in error and error_type.__name__ in error
 
 
-async def test_transient_extend_failures_are_retried_while_the_lease_lasts() -> None:
+async def test_transient_extend_failures_are_retried_while_the_lease_lasts(
+    autojump_clock: MockClock,
+) -> None:
     fake = FakeClient()
     worker = make_worker(fake, lease_duration=3)
 
@@ -621,7 +638,9 @@ async def test_transient_extend_failures_are_retried_while_the_lease_lasts() -> 
     assert log_of(worker).at("error") == []
 
 
-async def test_lease_expiry_with_only_failed_extends_cancels_the_handler() -> None:
+async def test_lease_expiry_with_only_failed_extends_cancels_the_handler(
+    autojump_clock: MockClock,
+) -> None:
     fake = FakeClient()
     worker = make_worker(fake, lease_duration=3)
     cancelled_at: list[float] = []
@@ -645,13 +664,13 @@ async def test_lease_expiry_with_only_failed_extends_cancels_the_handler() -> No
     assert cancelled_at == [pytest.approx(3)]
     tries = [c.at for c in fake.extends]
     assert 4 <= len(tries) <= 8 and all(t < 3 for t in tries)
-    assert all(b - a >= 0.09 for a, b in zip(tries, tries[1:]))  # retries are not a spin
+    assert all(b - a >= 0.09 for a, b in itertools.pairwise(tries))  # retries are not a spin
     assert fake.acks == [] and fake.nacks == []
     (error,) = log_of(worker).at("error")
     assert "the lease expired (last extend failed: TransportError" in error
 
 
-async def test_an_extend_still_pending_at_expiry_loses_the_lease() -> None:
+async def test_an_extend_still_pending_at_expiry_loses_the_lease(autojump_clock: MockClock) -> None:
     fake = FakeClient()
     worker = make_worker(fake, lease_duration=3)
     cancelled_at: list[float] = []
@@ -678,7 +697,9 @@ async def test_an_extend_still_pending_at_expiry_loses_the_lease() -> None:
     assert "while an extend was pending" in log_of(worker).at("error")[0]
 
 
-async def test_without_auto_extend_a_late_ack_fails_and_is_logged() -> None:
+async def test_without_auto_extend_a_late_ack_fails_and_is_logged(
+    autojump_clock: MockClock,
+) -> None:
     fake = FakeClient()
     worker = make_worker(fake, lease_duration=3, auto_extend=False)
 
@@ -698,7 +719,9 @@ async def test_without_auto_extend_a_late_ack_fails_and_is_logged() -> None:
 # -- shutdown --------------------------------------------------------------------------------
 
 
-async def test_shutdown_while_a_reserve_is_pending_returns_at_once() -> None:
+async def test_shutdown_while_a_reserve_is_pending_returns_at_once(
+    autojump_clock: MockClock,
+) -> None:
     fake = FakeClient()
     worker = make_worker(fake, wait_timeout=30)
     async with trio.open_nursery() as nursery:
@@ -712,7 +735,9 @@ async def test_shutdown_while_a_reserve_is_pending_returns_at_once() -> None:
     assert worker.is_shutdown
 
 
-async def test_shutdown_grace_then_cancel_and_nack_for_immediate_retry() -> None:
+async def test_shutdown_grace_then_cancel_and_nack_for_immediate_retry(
+    autojump_clock: MockClock,
+) -> None:
     fake = FakeClient()
     worker = make_worker(fake, shutdown_timeout=5)
     quick, slow = fake.add("quick"), fake.add("slow")
@@ -745,7 +770,7 @@ async def test_shutdown_grace_then_cancel_and_nack_for_immediate_retry() -> None
     assert worker.in_flight == 0
 
 
-async def test_zero_shutdown_timeout_cancels_at_once() -> None:
+async def test_zero_shutdown_timeout_cancels_at_once(autojump_clock: MockClock) -> None:
     fake = FakeClient()
     worker = make_worker(fake, shutdown_timeout=0)
 
@@ -760,33 +785,41 @@ async def test_zero_shutdown_timeout_cancels_at_once() -> None:
     assert [(c.at, c.reason) for c in fake.nacks] == [(1, "worker shutdown")]
 
 
-async def test_jobs_from_a_reserve_completing_as_shutdown_begins_are_returned() -> None:
+async def test_jobs_from_a_reserve_completing_as_shutdown_begins_are_still_processed(
+    autojump_clock: MockClock,
+) -> None:
     fake = FakeClient()
-    worker = make_worker(fake)
-    ran = False
+    worker = make_worker(fake, max_in_flight=2)
+    ran: list[str] = []
 
     @worker.handler("work")
     async def work(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
-        nonlocal ran
-        ran = True
+        await trio.sleep(1)
+        ran.append(ctx.id)
 
     async with trio.open_nursery() as nursery:
         await nursery.start(worker.run)
         await trio.sleep(1)
-        # No checkpoint between these: the pending reserve is woken with two jobs and the
-        # shutdown lands before it runs again.
-        ids = [fake.add(), fake.add()]
+        # No checkpoint between these: the pending reserve is woken with three jobs (one more
+        # than asked) and the shutdown lands before it runs again.
+        fake.over_deliver = 1
+        ids = [fake.add(), fake.add(), fake.add()]
         worker.shutdown()
-    assert fake.reserve_calls[0].returned == 2
-    assert not ran
-    assert sorted((c.job_id, c.retry, c.reason) for c in fake.nacks) == sorted(
-        (i, Retry.after(0), "worker shutdown") for i in ids
-    )
+    assert fake.reserve_calls[0].returned == 3
     assert len(fake.reserve_calls) == 1  # nothing reserved after shutdown
+    # The two that got a slot (the first two, in the server's order) ran in the grace; the one
+    # left waiting for a slot went straight back. None was dropped.
+    assert sorted(ran) == ids[:2]
+    assert sorted((c.job_id, c.at) for c in fake.acks) == [(ids[0], 2), (ids[1], 2)]
+    assert [(c.job_id, c.at, c.retry, c.reason) for c in fake.nacks] == [
+        (ids[2], 1, Retry.after(0), "worker shutdown")
+    ]
     assert fake.leased == []
 
 
-async def test_jobs_waiting_for_a_slot_are_returned_at_shutdown_while_running_ones_finish() -> None:
+async def test_jobs_waiting_for_a_slot_are_returned_at_shutdown_while_running_ones_finish(
+    autojump_clock: MockClock,
+) -> None:
     fake = FakeClient()
     fake.over_deliver = 2
     worker = make_worker(fake, max_in_flight=1, shutdown_timeout=30)
@@ -800,14 +833,14 @@ async def test_jobs_waiting_for_a_slot_are_returned_at_shutdown_while_running_on
         await nursery.start(worker.run)
         await trio.sleep(1)
         worker.shutdown()
-    assert sorted((c.job_id, c.at, c.reason) for c in fake.nacks) == sorted(
+    assert sorted((c.job_id, c.at, c.reason) for c in fake.nacks) == [
         (i, 1, "worker shutdown") for i in waiting
-    )
+    ]
     assert [(c.job_id, c.at) for c in fake.acks] == [(first, 10)]
     assert trio.current_time() == 10
 
 
-async def test_shutdown_from_a_handler() -> None:
+async def test_shutdown_from_a_handler(autojump_clock: MockClock) -> None:
     fake = FakeClient()
     worker = make_worker(fake)
 
@@ -822,7 +855,9 @@ async def test_shutdown_from_a_handler() -> None:
     assert [(c.at, c.error) for c in fake.acks] == [(2, None)]
 
 
-async def test_shutdown_requested_before_run_makes_run_return_at_once() -> None:
+async def test_shutdown_requested_before_run_makes_run_return_at_once(
+    autojump_clock: MockClock,
+) -> None:
     fake = FakeClient()
     worker = make_worker(fake)
     handle = worker.shutdown_handle()
@@ -835,7 +870,7 @@ async def test_shutdown_requested_before_run_makes_run_return_at_once() -> None:
         await worker.run()
 
 
-async def test_hard_cancel_of_run_settles_nothing() -> None:
+async def test_hard_cancel_of_run_settles_nothing(autojump_clock: MockClock) -> None:
     fake = FakeClient()
     worker = make_worker(fake)
     cancelled = False

@@ -1,0 +1,762 @@
+"""The side-by-side benchmark: sepp-trio against sepp-py (and optionally sepp-rs).
+
+One real sepp server per persist mode (started here through ``sepp.testing``, same config for
+every client), one driver process per client, and for every round and scenario the clients run
+one after the other, in an order that flips every round, each on a fresh queue. Per scenario we
+report the median over rounds of each client's throughput and client CPU per 1,000 operations
+(from the client process's own ``time.process_time()``), and the median of the per-round ratios.
+See benchmarks/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import math
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from ._drivers import (
+    BENCH_DIR,
+    REPO,
+    RS_CRATE,
+    SEPP_PY,
+    SEPP_RS,
+    SEPP_TRIO,
+    SRC,
+    ClientSpec,
+    DriverFailed,
+    DriverProcess,
+    probe_args,
+    rs_spec,
+    run_json,
+    seppy_spec,
+    trio_spec,
+)
+
+# The checkout is what we measure: its src/ wins over any installed sepp-trio.
+if str(SRC) not in sys.path:
+    sys.path.insert(0, str(SRC))
+
+import sepp  # noqa: E402
+import sepp.testing  # noqa: E402
+
+RESULTS_DIR = BENCH_DIR / "results"
+README = BENCH_DIR / "README.md"
+README_START = "<!-- bench-results:start -->"
+README_END = "<!-- bench-results:end -->"
+PERSIST_MODES = ("buffer", "sync_data")
+PAYLOAD_SIZE = 256
+LEASE_S = 60.0
+
+
+# -- scenarios -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    title: str
+    op: str
+    kind: str  # "throughput" or "latency"
+    # Given a size factor, the op's arguments (minus the queue) and how many jobs to preload.
+    build: Callable[[float], tuple[dict[str, Any], int]]
+
+
+def _n(base: int, factor: float, floor: int = 50) -> int:
+    return max(floor, int(base * factor))
+
+
+def _enqueue(concurrency: int, base: int) -> Callable[[float], tuple[dict[str, Any], int]]:
+    def build(f: float) -> tuple[dict[str, Any], int]:
+        return {
+            "n": _n(base, f),
+            "concurrency": concurrency,
+            "payload_size": PAYLOAD_SIZE,
+        }, 0
+
+    return build
+
+
+def _batch(f: float) -> tuple[dict[str, Any], int]:
+    return {
+        "n_batches": _n(120, f, 10),
+        "batch_size": 100,
+        "concurrency": 1,
+        "payload_size": PAYLOAD_SIZE,
+    }, 0
+
+
+def _drain_raw(f: float) -> tuple[dict[str, Any], int]:
+    n = _n(6000, f)
+    return {"n": n, "in_flight": 64, "lease_s": LEASE_S, "wait_s": 1}, n
+
+
+def _drain_worker(auto_extend: bool | None) -> Callable[[float], tuple[dict[str, Any], int]]:
+    def build(f: float) -> tuple[dict[str, Any], int]:
+        n = _n(6000, f)
+        args: dict[str, Any] = {"n": n, "max_in_flight": 64, "lease_s": LEASE_S, "wait_s": 5}
+        if auto_extend is not None:
+            args["auto_extend"] = auto_extend
+        return args, n
+
+    return build
+
+
+def _latency(f: float) -> tuple[dict[str, Any], int]:
+    return {"n": _n(300, f), "warmup": 20, "payload_size": 16, "max_in_flight": 16}, 0
+
+
+SCENARIOS: dict[str, Scenario] = {
+    s.name: s
+    for s in (
+        Scenario(
+            "enqueue_1", "enqueue, 1 task", "bench_enqueue", "throughput", _enqueue(1, 2000)
+        ),
+        Scenario(
+            "enqueue_64", "enqueue, 64 tasks", "bench_enqueue", "throughput", _enqueue(64, 6000)
+        ),
+        Scenario(
+            "enqueue_batch",
+            "enqueue_batch of 100 (jobs/s)",
+            "bench_enqueue_batch",
+            "throughput",
+            _batch,
+        ),
+        Scenario(
+            "drain_raw",
+            "drain: reserve + ack, 64 in flight",
+            "bench_drain_raw",
+            "throughput",
+            _drain_raw,
+        ),
+        Scenario(
+            "drain_worker",
+            "drain: Worker, max_in_flight 64 (defaults)",
+            "bench_drain_worker",
+            "throughput",
+            _drain_worker(None),
+        ),
+        Scenario(
+            "drain_worker_noext",
+            "drain: Worker, 64, auto_extend off (both)",
+            "bench_drain_worker",
+            "throughput",
+            _drain_worker(False),
+        ),
+        Scenario(
+            "latency",
+            "latency enqueue -> handler start",
+            "bench_latency",
+            "latency",
+            _latency,
+        ),
+    )
+}
+STATIC_SCENARIOS = ("import", "rss")
+ALL_SCENARIOS = (*SCENARIOS, *STATIC_SCENARIOS)
+# Ops sepp-rs's driver does not implement (it has no knob for them).
+RS_UNSUPPORTED: frozenset[str] = frozenset()
+
+
+# -- options ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Options:
+    rounds: int
+    modes: list[str]
+    quick: bool
+    scenarios: list[str]
+    clients: list[str]
+    otel: bool
+    out: Path
+    update_readme: bool
+    import_runs: int
+    seppy_python: str | None
+    size_factor: float
+    command: str
+
+
+def parse_args(argv: Sequence[str]) -> Options:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks",
+        description="Side-by-side benchmark of sepp-trio and sepp-py against a real sepp server.",
+    )
+    p.add_argument("--rounds", type=int, default=None, help="rounds per scenario (5; quick: 3)")
+    p.add_argument(
+        "--persist-mode",
+        choices=["buffer", "sync_data", "both"],
+        default="both",
+        help="server storage.persist_mode (default: both, buffer first)",
+    )
+    p.add_argument("--quick", action="store_true", help="smaller runs (about 3 minutes)")
+    p.add_argument(
+        "--scenarios",
+        nargs="+",
+        default=None,
+        metavar="NAME",
+        help=f"subset to run (comma or space separated): {', '.join(ALL_SCENARIOS)}",
+    )
+    p.add_argument(
+        "--rs",
+        action="store_true",
+        help="also run sepp-rs (builds benchmarks/sepp-rs-bench with cargo on first use)",
+    )
+    p.add_argument(
+        "--otel",
+        action="store_true",
+        help="let both clients import opentelemetry (API + SDK installed, no provider set); "
+        "default: blocked in both, the no-extra install",
+    )
+    p.add_argument(
+        "--size", type=float, default=None, help="scale every scenario's size (1.0; quick: 0.35)"
+    )
+    p.add_argument("--import-runs", type=int, default=None, help="fresh interpreters per client")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=RESULTS_DIR / "latest.json",
+        help="machine-readable results (default: benchmarks/results/latest.json)",
+    )
+    p.add_argument(
+        "--update-readme",
+        action="store_true",
+        help="replace the results table in benchmarks/README.md with this run's",
+    )
+    p.add_argument("--seppy-python", default=None, help="sepp-py venv python (default: ensured)")
+    a = p.parse_args(argv)
+    names: list[str] = []
+    for item in a.scenarios or list(ALL_SCENARIOS):
+        names += [x for x in item.split(",") if x]
+    unknown = [x for x in names if x not in ALL_SCENARIOS]
+    if unknown:
+        p.error(f"unknown scenario(s) {unknown}; choose from {', '.join(ALL_SCENARIOS)}")
+    rounds = a.rounds if a.rounds is not None else (3 if a.quick else 5)
+    if rounds < 1:
+        p.error("--rounds must be at least 1")
+    clients = [SEPP_TRIO, SEPP_PY] + ([SEPP_RS] if a.rs else [])
+    return Options(
+        rounds=rounds,
+        modes=list(PERSIST_MODES) if a.persist_mode == "both" else [a.persist_mode],
+        quick=a.quick,
+        scenarios=names,
+        clients=clients,
+        otel=a.otel,
+        out=a.out,
+        update_readme=a.update_readme,
+        import_runs=a.import_runs or (5 if a.quick else 9),
+        seppy_python=a.seppy_python,
+        size_factor=a.size if a.size is not None else (0.35 if a.quick else 1.0),
+        command=" ".join(["python -m benchmarks", *map(shlex.quote, argv)]),
+    )
+
+
+# -- environment -----------------------------------------------------------------------------
+
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def ensure_seppy_python(opts: Options) -> str:
+    if opts.seppy_python:
+        return opts.seppy_python
+    log("ensuring the sepp-py virtualenv (scripts/ensure-seppy-venv.sh)")
+    out = subprocess.run(
+        ["bash", str(REPO / "scripts" / "ensure-seppy-venv.sh")],
+        check=True,
+        stdout=subprocess.PIPE,
+        text=True,
+    ).stdout
+    return out.strip().splitlines()[-1]
+
+
+def ensure_rs_binary() -> str:
+    target = Path(
+        os.environ.get(
+            "SEPP_RS_BENCH_TARGET",
+            Path(os.environ.get("SEPP_TRIO_CACHE", Path.home() / ".cache" / "sepp-trio"))
+            / "sepp-rs-bench-target",
+        )
+    )
+    binary = target / "release" / "sepp-rs-bench"
+    log("building benchmarks/sepp-rs-bench (cargo build --release; slow the first time)")
+    subprocess.run(
+        ["cargo", "build", "--release", "--quiet", "--manifest-path", str(RS_CRATE / "Cargo.toml")],
+        check=True,
+        env={**os.environ, "CARGO_TARGET_DIR": str(target)},
+    )
+    return str(binary)
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _cmd_output(argv: list[str]) -> str:
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, check=False).stdout.strip()
+    except OSError as exc:
+        return f"unavailable ({exc})"
+
+
+def machine_info() -> dict[str, Any]:
+    return {
+        "nproc": os.cpu_count(),
+        "cpu_model": _cpu_model(),
+        "kernel": platform.release(),
+        "platform": platform.platform(),
+        "loadavg_start": list(os.getloadavg()),
+    }
+
+
+# -- statistics ------------------------------------------------------------------------------
+
+
+def _median(values: Sequence[float]) -> float | None:
+    clean = [v for v in values if v is not None and math.isfinite(v)]
+    return statistics.median(clean) if clean else None
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or b == 0:
+        return None
+    return a / b
+
+
+def summarise_throughput(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    per_client: dict[str, Any] = {}
+    for client, rs in runs.items():
+        ok = [r for r in rs if "error" not in r]
+        thr = [r["n"] / r["elapsed_s"] for r in ok if r["elapsed_s"] > 0]
+        cpu = [r["cpu_s"] / r["n"] * 1000.0 for r in ok if r["n"]]
+        per_client[client] = {
+            "ops_per_s": _median(thr),
+            "cpu_s_per_1k": _median(cpu),
+            "ops_per_s_all": thr,
+            "cpu_s_per_1k_all": cpu,
+            "errors": len(rs) - len(ok),
+        }
+    summary: dict[str, Any] = {"clients": per_client, "ratios": {}}
+    clients = list(runs)
+    for other in (c for c in clients if c != SEPP_TRIO):
+        if SEPP_TRIO not in runs:
+            break
+        paired_thr, paired_cpu = [], []
+        for a, b in zip(runs[SEPP_TRIO], runs[other], strict=False):
+            if "error" in a or "error" in b:
+                continue
+            paired_thr.append((a["n"] / a["elapsed_s"]) / (b["n"] / b["elapsed_s"]))
+            paired_cpu.append((a["cpu_s"] / a["n"]) / (b["cpu_s"] / b["n"]))
+        summary["ratios"][other] = {
+            "throughput": _median(paired_thr),
+            "cpu_per_op": _median(paired_cpu),
+            "throughput_per_round": paired_thr,
+            "cpu_per_op_per_round": paired_cpu,
+        }
+    return summary
+
+
+def summarise_latency(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    per_client: dict[str, Any] = {}
+    for client, rs in runs.items():
+        ok = [r for r in rs if "error" not in r]
+        per_client[client] = {
+            "p50_ms": _median([r["p50_ms"] for r in ok]),
+            "p99_ms": _median([r["p99_ms"] for r in ok]),
+            "p50_ms_all": [r["p50_ms"] for r in ok],
+            "p99_ms_all": [r["p99_ms"] for r in ok],
+            "errors": len(rs) - len(ok),
+        }
+    summary: dict[str, Any] = {"clients": per_client, "ratios": {}}
+    if SEPP_TRIO in runs:
+        for other in (c for c in runs if c != SEPP_TRIO):
+            summary["ratios"][other] = {
+                "p50": _ratio(per_client[SEPP_TRIO]["p50_ms"], per_client[other]["p50_ms"]),
+                "p99": _ratio(per_client[SEPP_TRIO]["p99_ms"], per_client[other]["p99_ms"]),
+            }
+    return summary
+
+
+# -- running ---------------------------------------------------------------------------------
+
+
+async def preload(client: sepp.Client, queue: str, n: int, batch: int) -> None:
+    payload = sepp.Payload(b"x" * PAYLOAD_SIZE, "application/octet-stream")
+    left = n
+    while left > 0:
+        k = min(batch, left)
+        results = await client.enqueue_batch(
+            [sepp.EnqueueRequest(queue, "bench", payload=payload) for _ in range(k)]
+        )
+        if any(sepp.is_job_rejection(r) for r in results):
+            raise RuntimeError(f"preloading {queue} was rejected: {results[0]}")
+        left -= k
+
+
+async def run_one(
+    driver: DriverProcess,
+    scenario: Scenario,
+    queue: str,
+    factor: float,
+    loader: sepp.Client,
+    enqueue_batch_max: int,
+) -> dict[str, Any]:
+    args, preload_n = scenario.build(factor)
+    if preload_n:
+        await preload(loader, queue, preload_n, enqueue_batch_max)
+    try:
+        result: dict[str, Any] = await driver.request(scenario.op, queue=queue, **args)
+    except DriverFailed as exc:
+        log(f"  {driver.name} {scenario.name}: FAILED: {exc}")
+        return {"error": str(exc)}
+    if scenario.kind == "throughput":
+        expected = args.get("n", args.get("n_batches", 0) * args.get("batch_size", 0))
+        if result.get("n") != expected:
+            log(f"  {driver.name} {scenario.name}: processed {result.get('n')} of {expected}")
+    return result
+
+
+def _fmt_result(scenario: Scenario, r: dict[str, Any]) -> str:
+    if "error" in r:
+        return "error"
+    if scenario.kind == "latency":
+        return f"p50 {r['p50_ms']:.2f} ms p99 {r['p99_ms']:.2f} ms"
+    return f"{r['n'] / r['elapsed_s']:,.0f}/s cpu {r['cpu_s'] / r['n'] * 1000:.3f} s/1k"
+
+
+async def run_mode(
+    mode: str,
+    opts: Options,
+    specs: list[ClientSpec],
+    log_dir: Path,
+    meta: dict[str, Any],
+    static: dict[str, Any],
+) -> dict[str, Any]:
+    config = {"admin": {"enabled": False}, "storage": {"persist_mode": mode}}
+    scenarios = [SCENARIOS[s] for s in opts.scenarios if s in SCENARIOS]
+    out: dict[str, Any] = {"server_config": config, "scenarios": {}}
+    async with sepp.testing.sepp_server(config) as server:
+        addr = server.address
+        log(f"[{mode}] sepp server at {addr} (pid {server.pid})")
+        if "server" not in meta:
+            meta["server"] = {
+                "binary": server.binary,
+                "version": _cmd_output([server.binary, "--version"]),
+            }
+        if "import" in opts.scenarios and "import" not in static:
+            static["import"] = await measure_import(specs, opts)
+        if "rss" in opts.scenarios and "rss" not in static:
+            static["rss"] = await measure_rss(specs, opts, addr)
+        if not scenarios:
+            return out
+        drivers = [DriverProcess(s, log_dir / f"{mode}-{s.name}.log") for s in specs]
+        try:
+            for d in drivers:
+                await d.start()
+                info = await d.request("ping", timeout=60)
+                meta["clients"].setdefault(d.name, {}).update(info or {})
+                await d.request("connect", addr=addr, timeout=60)
+            async with sepp.open(addr) as loader:
+                server_info = await loader.get_server_info()
+                batch_max = server_info.max_enqueue_batch
+                log(f"[{mode}] warm-up")
+                for scenario in scenarios:
+                    for d in drivers:
+                        q = f"warm.{mode}.{scenario.name}.{d.name}"
+                        await run_one(d, scenario, q, 0.05, loader, batch_max)
+                runs: dict[str, dict[str, list[dict[str, Any]]]] = {
+                    s.name: {d.name: [] for d in drivers} for s in scenarios
+                }
+                for rnd in range(opts.rounds):
+                    # Flip the order every round so neither client always goes first.
+                    shift = rnd % len(drivers)
+                    order = drivers[shift:] + drivers[:shift]
+                    if rnd % 2 == 1 and len(drivers) == 2:
+                        order = drivers[::-1]
+                    for scenario in scenarios:
+                        parts = []
+                        for d in order:
+                            q = f"b.{mode}.{scenario.name}.r{rnd}.{d.name}"
+                            r = await run_one(d, scenario, q, opts.size_factor, loader, batch_max)
+                            r["round"], r["position"] = rnd, order.index(d)
+                            runs[scenario.name][d.name].append(r)
+                            parts.append(f"{d.name} {_fmt_result(scenario, r)}")
+                        log(f"[{mode}] round {rnd + 1}/{opts.rounds} {scenario.name}: "
+                            + " | ".join(parts))
+            for scenario in scenarios:
+                srun = runs[scenario.name]
+                summary = (
+                    summarise_latency(srun)
+                    if scenario.kind == "latency"
+                    else summarise_throughput(srun)
+                )
+                args, preload_n = scenario.build(opts.size_factor)
+                out["scenarios"][scenario.name] = {
+                    "title": scenario.title,
+                    "kind": scenario.kind,
+                    "op": scenario.op,
+                    "args": args,
+                    "preload": preload_n,
+                    "summary": summary,
+                    "runs": srun,
+                }
+        finally:
+            for d in drivers:
+                await d.aclose()
+    return out
+
+
+async def measure_import(specs: list[ClientSpec], opts: Options) -> dict[str, Any]:
+    log(f"import time: {opts.import_runs} fresh interpreters per client, alternating")
+    probes = [s for s in specs if s.probe_argv is not None]
+    samples: dict[str, list[float]] = {s.name: [] for s in probes}
+    for s in probes:  # discarded: compiles bytecode, warms the page cache
+        await run_json(probe_args(s, "import", otel=opts.otel), s.env)
+    for i in range(opts.import_runs):
+        for s in probes if i % 2 == 0 else probes[::-1]:
+            res = await run_json(probe_args(s, "import", otel=opts.otel), s.env)
+            samples[s.name].append(res["import_s"] * 1000.0)
+    return _static_summary(samples, "ms")
+
+
+async def measure_rss(specs: list[ClientSpec], opts: Options, addr: str) -> dict[str, Any]:
+    runs = 3
+    log(f"idle RSS after connecting: {runs} fresh processes per client")
+    probes = [s for s in specs if s.probe_argv is not None]
+    samples: dict[str, list[float]] = {s.name: [] for s in probes}
+    base: dict[str, list[float]] = {s.name: [] for s in probes}
+    for i in range(runs):
+        for s in probes if i % 2 == 0 else probes[::-1]:
+            res = await run_json(probe_args(s, "idle", addr, otel=opts.otel), s.env)
+            samples[s.name].append(res["rss_bytes"] / 2**20)
+            base[s.name].append(res["base_rss_bytes"] / 2**20)
+    out = _static_summary(samples, "MiB")
+    for name, values in base.items():
+        out["clients"][name]["interpreter_base_mib"] = _median(values)
+    return out
+
+
+def _static_summary(samples: dict[str, list[float]], unit: str) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "unit": unit,
+        "clients": {name: {"median": _median(v), "all": v} for name, v in samples.items()},
+        "ratios": {},
+    }
+    if SEPP_TRIO in samples:
+        mine = out["clients"][SEPP_TRIO]["median"]
+        for other in (n for n in samples if n != SEPP_TRIO):
+            out["ratios"][other] = _ratio(mine, out["clients"][other]["median"])
+    return out
+
+
+# -- reporting -------------------------------------------------------------------------------
+
+
+def _f(value: float | None, spec: str) -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+def render_markdown(results: dict[str, Any]) -> str:
+    meta = results["meta"]
+    clients: list[str] = meta["client_names"]
+    others = [c for c in clients if c != SEPP_TRIO]
+    lines: list[str] = []
+    m = meta["machine"]
+    lines.append(
+        f"Run {meta['date']} on {m['nproc']} CPUs ({m['cpu_model']}, Linux {m['kernel']}), "
+        f"load average {m['loadavg_start'][0]:.2f} at start, "
+        f"{meta['rounds']} rounds, size factor {meta['size_factor']}, "
+        f"OpenTelemetry {'importable' if meta['otel'] else 'blocked'} in both clients, "
+        f"took {meta['duration_s'] / 60:.1f} min."
+    )
+    lines.append("")
+    lines.append(f"Command: `{meta['command']}`")
+    lines.append("")
+    lines.append("Versions: " + versions_line(meta) + ".")
+    lines.append("")
+    for mode, mres in results["modes"].items():
+        scen = mres["scenarios"]
+        thr = [(k, v) for k, v in scen.items() if v["kind"] == "throughput"]
+        if thr:
+            head = ["scenario (`persist_mode=" + mode + "`)"]
+            for c in clients:
+                head.append(f"{c} ops/s")
+            for o in others:
+                head.append(f"trio/{o.split('-')[-1]}")
+            for c in clients:
+                head.append(f"{c} CPU s/1k")
+            for o in others:
+                head.append(f"CPU trio/{o.split('-')[-1]}")
+            lines.append("| " + " | ".join(head) + " |")
+            lines.append("|" + "---|" * len(head))
+            for _, v in thr:
+                s = v["summary"]
+                row = [v["title"]]
+                for c in clients:
+                    row.append(_f(s["clients"].get(c, {}).get("ops_per_s"), ",.0f"))
+                for o in others:
+                    row.append(_f(s["ratios"].get(o, {}).get("throughput"), ".2f"))
+                for c in clients:
+                    row.append(_f(s["clients"].get(c, {}).get("cpu_s_per_1k"), ".3f"))
+                for o in others:
+                    row.append(_f(s["ratios"].get(o, {}).get("cpu_per_op"), ".2f"))
+                lines.append("| " + " | ".join(row) + " |")
+            lines.append("")
+        lat = [(k, v) for k, v in scen.items() if v["kind"] == "latency"]
+        for _, v in lat:
+            s = v["summary"]
+            head = [f"latency (`{mode}`), ms"]
+            for c in clients:
+                head += [f"{c} p50", f"{c} p99"]
+            for o in others:
+                head += [f"p50 trio/{o.split('-')[-1]}", f"p99 trio/{o.split('-')[-1]}"]
+            lines.append("| " + " | ".join(head) + " |")
+            lines.append("|" + "---|" * len(head))
+            row = [v["title"]]
+            for c in clients:
+                cs = s["clients"].get(c, {})
+                row += [_f(cs.get("p50_ms"), ".2f"), _f(cs.get("p99_ms"), ".2f")]
+            for o in others:
+                rs = s["ratios"].get(o, {})
+                row += [_f(rs.get("p50"), ".2f"), _f(rs.get("p99"), ".2f")]
+            lines.append("| " + " | ".join(row) + " |")
+            lines.append("")
+    static = results.get("static", {})
+    if static:
+        names = [c for c in clients if c != SEPP_RS]
+        head = ["fresh process", *names, "trio/py"]
+        lines.append("| " + " | ".join(head) + " |")
+        lines.append("|" + "---|" * len(head))
+        if "import" in static:
+            st = static["import"]
+            row = ["`import sepp`, ms (median)"]
+            row += [_f(st["clients"].get(c, {}).get("median"), ".1f") for c in names]
+            row.append(_f(st["ratios"].get(SEPP_PY), ".2f"))
+            lines.append("| " + " | ".join(row) + " |")
+        if "rss" in static:
+            st = static["rss"]
+            row = ["idle RSS after connecting, MiB"]
+            row += [_f(st["clients"].get(c, {}).get("median"), ".1f") for c in names]
+            row.append(_f(st["ratios"].get(SEPP_PY), ".2f"))
+            lines.append("| " + " | ".join(row) + " |")
+            row = ["(interpreter before `import sepp`, MiB)"]
+            row += [
+                _f(st["clients"].get(c, {}).get("interpreter_base_mib"), ".1f") for c in names
+            ]
+            row.append("")
+            lines.append("| " + " | ".join(row) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def versions_line(meta: dict[str, Any]) -> str:
+    t = meta["clients"].get(SEPP_TRIO, {})
+    p = meta["clients"].get(SEPP_PY, {})
+    r = meta["clients"].get(SEPP_RS, {})
+    parts = [
+        f"Python {t.get('python', p.get('python', '?'))}",
+        f"sepp-trio {t.get('sepp_trio_version', '?')}",
+        f"h2 {t.get('h2', '?')}",
+        f"hpack {t.get('hpack', '?')}",
+        f"trio {t.get('trio', '?')}",
+        f"protobuf {t.get('protobuf', '?')} ({t.get('protobuf_impl', '?')})",
+        f"sepp-py {p.get('sepp_py_version', '?')}",
+        f"grpcio {p.get('grpcio', '?')}",
+        f"sepp-py's protobuf {p.get('protobuf', '?')} ({p.get('protobuf_impl', '?')})",
+        f"server {meta.get('server', {}).get('version', '?')}",
+    ]
+    if r:
+        parts.append(f"sepp-rs {r.get('sepp_rs_version', '?')} (tokio current-thread)")
+    return ", ".join(parts)
+
+
+def update_readme(markdown: str) -> None:
+    text = README.read_text(encoding="utf-8")
+    if README_START not in text or README_END not in text:
+        raise SystemExit(f"{README} lacks the {README_START} / {README_END} markers")
+    head, rest = text.split(README_START, 1)
+    _, tail = rest.split(README_END, 1)
+    README.write_text(f"{head}{README_START}\n{markdown}\n{README_END}{tail}", encoding="utf-8")
+
+
+# -- main ------------------------------------------------------------------------------------
+
+
+async def amain(opts: Options) -> dict[str, Any]:
+    started = time.monotonic()
+    seppy_python = ensure_seppy_python(opts)
+    specs = [trio_spec(sys.executable, otel=opts.otel), seppy_spec(seppy_python, otel=opts.otel)]
+    if SEPP_RS in opts.clients:
+        specs.append(rs_spec(ensure_rs_binary()))
+    seppy_impl = await run_json(
+        [
+            seppy_python,
+            "-I",
+            "-c",
+            "import json; from google.protobuf.internal import api_implementation as a; "
+            "print(json.dumps(a.Type()))",
+        ],
+        specs[1].env,
+    )
+    meta: dict[str, Any] = {
+        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "command": opts.command,
+        "rounds": opts.rounds,
+        "quick": opts.quick,
+        "size_factor": opts.size_factor,
+        "otel": opts.otel,
+        "payload_size": PAYLOAD_SIZE,
+        "machine": machine_info(),
+        "client_names": [s.name for s in specs],
+        "clients": {SEPP_PY: {"protobuf_impl": seppy_impl}},
+    }
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    log_dir = RESULTS_DIR / "logs" / stamp
+    results: dict[str, Any] = {"meta": meta, "modes": {}, "static": {}}
+    for mode in opts.modes:
+        results["modes"][mode] = await run_mode(
+            mode, opts, specs, log_dir, meta, results["static"]
+        )
+    meta["machine"]["loadavg_end"] = list(os.getloadavg())
+    meta["duration_s"] = time.monotonic() - started
+    meta["driver_logs"] = str(log_dir.relative_to(REPO))
+    return results
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    opts = parse_args(sys.argv[1:] if argv is None else argv)
+    results = trio.run(amain, opts)
+    opts.out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = opts.out.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(results, indent=1, sort_keys=False) + "\n", encoding="utf-8")
+    tmp.replace(opts.out)
+    markdown = render_markdown(results)
+    md_path = opts.out.with_suffix(".md")
+    md_path.write_text(markdown + "\n", encoding="utf-8")
+    print(markdown)
+    log(f"wrote {opts.out} and {md_path}")
+    if opts.update_readme:
+        update_readme(markdown)
+        log(f"updated {README}")
+    return 0
