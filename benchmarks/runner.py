@@ -492,8 +492,6 @@ async def run_mode(
                     # Flip the order every round so neither client always goes first.
                     shift = rnd % len(drivers)
                     order = drivers[shift:] + drivers[:shift]
-                    if rnd % 2 == 1 and len(drivers) == 2:
-                        order = drivers[::-1]
                     for scenario in scenarios:
                         parts = []
                         for d in order:

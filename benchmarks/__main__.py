@@ -1,0 +1,5 @@
+"""``python -m benchmarks``: see benchmarks/README.md and ``--help``."""
+
+from .runner import main
+
+raise SystemExit(main())
