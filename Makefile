@@ -27,5 +27,5 @@ lint: venv
 typecheck: venv
 	$(VENV)/bin/mypy src/sepp
 
-bench: venv      ## side-by-side benchmark against sepp-py
-	$(PY) -m benchmarks
+bench: venv      ## side-by-side benchmark against sepp-py (BENCH_ARGS="--quick", "--rs", ...)
+	SEPP_BIN="$$(bash scripts/ensure-sepp-server.sh | tail -n 1)" $(PY) -m benchmarks $(BENCH_ARGS)

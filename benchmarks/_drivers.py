@@ -46,12 +46,16 @@ def _clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def trio_spec(python: str, *, otel: bool) -> ClientSpec:
+def trio_spec(python: str, *, otel: bool, experiment: str | None = None) -> ClientSpec:
+    """sepp-trio's driver; with `experiment`, a variant running benchmarks/experiments.py
+    patches (named ``sepp-trio+<experiment>``, and without probes)."""
     flags = [] if otel else ["--no-otel"]
+    if experiment:
+        flags += ["--experiment", experiment]
     return ClientSpec(
-        SEPP_TRIO,
+        f"{SEPP_TRIO}+{experiment}" if experiment else SEPP_TRIO,
         [python, str(TRIO_DRIVER), *flags, "--src", str(SRC)],
-        [python, str(PROBE)],
+        None if experiment else [python, str(PROBE)],
         _clean_env(),
     )
 
@@ -87,9 +91,8 @@ async def run_json(argv: Sequence[str], env: Mapping[str, str], timeout: float =
             list(argv), capture_stdout=True, capture_stderr=True, env=dict(env), check=False
         )
     if proc.returncode != 0:
-        raise DriverFailed(
-            f"{argv!r} exited with {proc.returncode}: {proc.stderr.decode(errors='replace')[-2000:]}"
-        )
+        stderr = proc.stderr.decode(errors="replace")[-2000:]
+        raise DriverFailed(f"{argv!r} exited with {proc.returncode}: {stderr}")
     lines = [ln for ln in proc.stdout.decode().splitlines() if ln.strip()]
     return json.loads(lines[-1])
 
@@ -108,7 +111,8 @@ class DriverProcess:
 
     async def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in aclose()
+        # A local log file, opened once per driver; closed in aclose().
+        self._log = open(self.log_path, "ab")  # noqa: ASYNC230
         self._proc = await trio.lowlevel.open_process(
             self.spec.driver_argv,
             stdin=subprocess.PIPE,

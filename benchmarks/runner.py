@@ -50,8 +50,8 @@ from ._drivers import (
 if str(SRC) not in sys.path:
     sys.path.insert(0, str(SRC))
 
-import sepp  # noqa: E402
-import sepp.testing  # noqa: E402
+import sepp
+import sepp.testing
 
 RESULTS_DIR = BENCH_DIR / "results"
 README = BENCH_DIR / "README.md"
@@ -122,9 +122,7 @@ def _latency(f: float) -> tuple[dict[str, Any], int]:
 SCENARIOS: dict[str, Scenario] = {
     s.name: s
     for s in (
-        Scenario(
-            "enqueue_1", "enqueue, 1 task", "bench_enqueue", "throughput", _enqueue(1, 2000)
-        ),
+        Scenario("enqueue_1", "enqueue, 1 task", "bench_enqueue", "throughput", _enqueue(1, 2000)),
         Scenario(
             "enqueue_64", "enqueue, 64 tasks", "bench_enqueue", "throughput", _enqueue(64, 6000)
         ),
@@ -216,6 +214,19 @@ def parse_args(argv: Sequence[str]) -> Options:
         help="also run sepp-rs (builds benchmarks/sepp-rs-bench with cargo on first use)",
     )
     p.add_argument(
+        "--no-seppy",
+        action="store_true",
+        help="leave sepp-py out (with --variant: A/B runs of sepp-trio patches)",
+    )
+    p.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="PATCHES",
+        help="also run sepp-trio with benchmarks/experiments.py patches (comma-separated), "
+        "reported as client sepp-trio+PATCHES; repeatable",
+    )
+    p.add_argument(
         "--otel",
         action="store_true",
         help="let both clients import opentelemetry (API + SDK installed, no provider set); "
@@ -247,7 +258,8 @@ def parse_args(argv: Sequence[str]) -> Options:
     rounds = a.rounds if a.rounds is not None else (3 if a.quick else 5)
     if rounds < 1:
         p.error("--rounds must be at least 1")
-    clients = [SEPP_TRIO, SEPP_PY] + ([SEPP_RS] if a.rs else [])
+    clients = [SEPP_TRIO] + ([] if a.no_seppy else [SEPP_PY]) + ([SEPP_RS] if a.rs else [])
+    clients += [f"{SEPP_TRIO}+{v}" for v in a.variant]
     return Options(
         rounds=rounds,
         modes=list(PERSIST_MODES) if a.persist_mode == "both" else [a.persist_mode],
@@ -320,6 +332,23 @@ def _cmd_output(argv: list[str]) -> str:
         return f"unavailable ({exc})"
 
 
+def cpu_pressure() -> float | None:
+    """Share of the last 10 s in which some runnable task waited for a CPU (Linux PSI)."""
+    try:
+        with open("/proc/pressure/cpu", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("some"):
+                    return float(line.split()[1].split("=")[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def contention_sample() -> dict[str, float | None]:
+    """How busy the (shared) machine is right now: load average and CPU pressure."""
+    return {"loadavg_1m": os.getloadavg()[0], "cpu_pressure_some_avg10": cpu_pressure()}
+
+
 def machine_info() -> dict[str, Any]:
     return {
         "nproc": os.cpu_count(),
@@ -327,6 +356,7 @@ def machine_info() -> dict[str, Any]:
         "kernel": platform.release(),
         "platform": platform.platform(),
         "loadavg_start": list(os.getloadavg()),
+        "cpu_pressure_start": cpu_pressure(),
     }
 
 
@@ -488,7 +518,10 @@ async def run_mode(
                 runs: dict[str, dict[str, list[dict[str, Any]]]] = {
                     s.name: {d.name: [] for d in drivers} for s in scenarios
                 }
+                contention: list[dict[str, float | None]] = []
+                out["contention_per_round"] = contention
                 for rnd in range(opts.rounds):
+                    contention.append(contention_sample())
                     # Flip the order every round so neither client always goes first.
                     shift = rnd % len(drivers)
                     order = drivers[shift:] + drivers[:shift]
@@ -500,8 +533,10 @@ async def run_mode(
                             r["round"], r["position"] = rnd, order.index(d)
                             runs[scenario.name][d.name].append(r)
                             parts.append(f"{d.name} {_fmt_result(scenario, r)}")
-                        log(f"[{mode}] round {rnd + 1}/{opts.rounds} {scenario.name}: "
-                            + " | ".join(parts))
+                        log(
+                            f"[{mode}] round {rnd + 1}/{opts.rounds} {scenario.name}: "
+                            + " | ".join(parts)
+                        )
             for scenario in scenarios:
                 srun = runs[scenario.name]
                 summary = (
@@ -601,11 +636,11 @@ def render_markdown(results: dict[str, Any]) -> str:
             for c in clients:
                 head.append(f"{c} ops/s")
             for o in others:
-                head.append(f"trio/{o.split('-')[-1]}")
+                head.append(f"trio/{_label(o)}")
             for c in clients:
                 head.append(f"{c} CPU s/1k")
             for o in others:
-                head.append(f"CPU trio/{o.split('-')[-1]}")
+                head.append(f"CPU trio/{_label(o)}")
             lines.append("| " + " | ".join(head) + " |")
             lines.append("|" + "---|" * len(head))
             for _, v in thr:
@@ -628,7 +663,7 @@ def render_markdown(results: dict[str, Any]) -> str:
             for c in clients:
                 head += [f"{c} p50", f"{c} p99"]
             for o in others:
-                head += [f"p50 trio/{o.split('-')[-1]}", f"p99 trio/{o.split('-')[-1]}"]
+                head += [f"p50 trio/{_label(o)}", f"p99 trio/{_label(o)}"]
             lines.append("| " + " | ".join(head) + " |")
             lines.append("|" + "---|" * len(head))
             row = [v["title"]]
@@ -642,7 +677,7 @@ def render_markdown(results: dict[str, Any]) -> str:
             lines.append("")
     static = results.get("static", {})
     if static:
-        names = [c for c in clients if c != SEPP_RS]
+        names = [c for c in clients if c in (SEPP_TRIO, SEPP_PY)]
         head = ["fresh process", *names, "trio/py"]
         lines.append("| " + " | ".join(head) + " |")
         lines.append("|" + "---|" * len(head))
@@ -659,13 +694,18 @@ def render_markdown(results: dict[str, Any]) -> str:
             row.append(_f(st["ratios"].get(SEPP_PY), ".2f"))
             lines.append("| " + " | ".join(row) + " |")
             row = ["(interpreter before `import sepp`, MiB)"]
-            row += [
-                _f(st["clients"].get(c, {}).get("interpreter_base_mib"), ".1f") for c in names
-            ]
+            row += [_f(st["clients"].get(c, {}).get("interpreter_base_mib"), ".1f") for c in names]
             row.append("")
             lines.append("| " + " | ".join(row) + " |")
         lines.append("")
     return "\n".join(lines)
+
+
+def _label(client: str) -> str:
+    """Short column label: sepp-py -> py, sepp-rs -> rs, sepp-trio+x -> +x."""
+    if client.startswith(f"{SEPP_TRIO}+"):
+        return client[len(SEPP_TRIO) :]
+    return client.split("-")[-1]
 
 
 def versions_line(meta: dict[str, Any]) -> str:
@@ -704,9 +744,15 @@ def update_readme(markdown: str) -> None:
 async def amain(opts: Options) -> dict[str, Any]:
     started = time.monotonic()
     seppy_python = ensure_seppy_python(opts)
-    specs = [trio_spec(sys.executable, otel=opts.otel), seppy_spec(seppy_python, otel=opts.otel)]
+    specs = [trio_spec(sys.executable, otel=opts.otel)]
+    if SEPP_PY in opts.clients:
+        specs.append(seppy_spec(seppy_python, otel=opts.otel))
     if SEPP_RS in opts.clients:
         specs.append(rs_spec(ensure_rs_binary()))
+    for name in opts.clients:
+        if name.startswith(f"{SEPP_TRIO}+"):
+            experiment = name.split("+", 1)[1]
+            specs.append(trio_spec(sys.executable, otel=opts.otel, experiment=experiment))
     seppy_impl = await run_json(
         [
             seppy_python,
@@ -715,7 +761,7 @@ async def amain(opts: Options) -> dict[str, Any]:
             "import json; from google.protobuf.internal import api_implementation as a; "
             "print(json.dumps(a.Type()))",
         ],
-        specs[1].env,
+        specs[0].env,
     )
     meta: dict[str, Any] = {
         "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
@@ -726,6 +772,12 @@ async def amain(opts: Options) -> dict[str, Any]:
         "otel": opts.otel,
         "payload_size": PAYLOAD_SIZE,
         "machine": machine_info(),
+        "git": {
+            "commit": _cmd_output(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"]),
+            "dirty_paths": len(
+                _cmd_output(["git", "-C", str(REPO), "status", "--porcelain", "src"]).splitlines()
+            ),
+        },
         "client_names": [s.name for s in specs],
         "clients": {SEPP_PY: {"protobuf_impl": seppy_impl}},
     }
@@ -733,9 +785,7 @@ async def amain(opts: Options) -> dict[str, Any]:
     log_dir = RESULTS_DIR / "logs" / stamp
     results: dict[str, Any] = {"meta": meta, "modes": {}, "static": {}}
     for mode in opts.modes:
-        results["modes"][mode] = await run_mode(
-            mode, opts, specs, log_dir, meta, results["static"]
-        )
+        results["modes"][mode] = await run_mode(mode, opts, specs, log_dir, meta, results["static"])
     meta["machine"]["loadavg_end"] = list(os.getloadavg())
     meta["duration_s"] = time.monotonic() - started
     meta["driver_logs"] = str(log_dir.relative_to(REPO))

@@ -12,12 +12,13 @@ its no-OTel paths, like sepp-py's driver with the same flag). ``--src DIR`` puts
 ``sys.path`` so the checkout's ``src/sepp`` is measured, not an installed copy.
 
 Every ``bench_*`` op also takes ``profile_out``: the path to write cProfile stats of the measured
-region to (``python -m benchmarks.profile`` uses it).
+region to (``python -m benchmarks.profiling`` uses it).
 """
 
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 _ARGS = sys.argv[1:]
 
@@ -31,10 +32,22 @@ class _BlockOtel:
         return None
 
 
+# This script's own directory (benchmarks/) must not shadow anything (e.g. stdlib modules).
+if sys.path and sys.path[0].rstrip("/").endswith("benchmarks"):
+    del sys.path[0]
 if "--no-otel" in _ARGS:
-    sys.meta_path.insert(0, _BlockOtel())  # type: ignore[arg-type]
+    sys.meta_path.insert(0, _BlockOtel())
 if "--src" in _ARGS:
     sys.path.insert(0, _ARGS[_ARGS.index("--src") + 1])
+_OPEN_OPTIONS: dict[str, Any] = {}
+if "--experiment" in _ARGS:  # what-if patches (benchmarks/experiments.py), before import sepp
+    import os.path
+
+    sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from benchmarks import experiments
+
+    experiments.apply(_ARGS[_ARGS.index("--experiment") + 1])
+    _OPEN_OPTIONS.update(experiments.OPEN_OPTIONS)
 
 import contextlib  # noqa: E402
 import cProfile  # noqa: E402
@@ -45,7 +58,6 @@ import resource  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
 from collections.abc import AsyncIterator, Awaitable, Callable  # noqa: E402
-from typing import Any  # noqa: E402
 
 import trio  # noqa: E402
 
@@ -102,7 +114,7 @@ def _measure(req: Request, out: Result) -> Any:
         out["elapsed_s"] = t1 - t0
         out["cpu_s"] = c1 - c0
         if prof is not None:
-            prof.dump_stats(profile_out)
+            prof.dump_stats(str(profile_out))
 
 
 class Driver:
@@ -136,6 +148,9 @@ class Driver:
             "protobuf": google.protobuf.__version__,
             "protobuf_impl": api_implementation.Type(),
             "otel_api": "opentelemetry" in sys.modules,
+            "experiments": _ARGS[_ARGS.index("--experiment") + 1]
+            if "--experiment" in _ARGS
+            else "",
             "pid": os.getpid(),
             "connected": self.client is not None,
         }
@@ -143,7 +158,7 @@ class Driver:
     async def op_connect(self, req: Request) -> Result:
         await self.op_close(req)
         stack = contextlib.AsyncExitStack()
-        self.client = await stack.enter_async_context(sepp.open(req["addr"]))
+        self.client = await stack.enter_async_context(sepp.open(req["addr"], **_OPEN_OPTIONS))
         self._stack = stack
         return {"connected": True}
 
@@ -208,8 +223,7 @@ class Driver:
             while remaining > 0:
                 remaining -= 1
                 batch = [
-                    sepp.EnqueueRequest(queue, job_type, payload=payload)
-                    for _ in range(batch_size)
+                    sepp.EnqueueRequest(queue, job_type, payload=payload) for _ in range(batch_size)
                 ]
                 results = await client.enqueue_batch(batch)
                 rejected += sum(sepp.is_job_rejection(r) for r in results)

@@ -45,6 +45,10 @@ RESERVE_BACKOFF_CAP_S = 30.0
 # (draining, or shutting down); pause before the next poll instead of spinning.
 EARLY_EMPTY_THRESHOLD_S = 0.1
 EARLY_EMPTY_PAUSE_S = 0.25
+# A reserve sent less than this long before shutdown is let finish rather than cancelled: on a
+# non-empty queue the server has most likely leased jobs for it already, and cancelling would
+# strand them until their leases expire. Older ones are long-polling an empty queue.
+RESERVE_SETTLE_S = 0.5
 # Unknown job types are nacked with min(2**attempt, this) seconds of delay.
 UNKNOWN_TYPE_MAX_DELAY_S = 60.0
 # Lease keeping: extend once a third of what is left of the granted lease has passed (two
@@ -209,10 +213,14 @@ class Worker:
     A handler that returns acks its job; one that raises `HandlerError` nacks it as the error
     says; any other exception nacks it with the queue's retry policy. With `auto_extend` the
     worker extends each lease before it runs out and, if the lease is lost anyway, cancels the
-    handler and neither acks nor nacks. `shutdown()` stops reserving at once, gives running
-    handlers `shutdown_timeout` seconds, then cancels them and nacks their jobs for immediate
-    retry; `run()` returns when every job it held is settled. Cancelling `run()` itself is the
-    hard stop: nothing is acked or nacked and held jobs return when their leases expire.
+    handler and neither acks nor nacks.
+
+    `shutdown()` stops reserving at once (a long-poll is cancelled; a reserve sent under half a
+    second earlier may finish, since the server has most likely leased its jobs already), and
+    returns jobs still waiting for a slot. Running handlers get `shutdown_timeout` seconds; then
+    they are cancelled and their jobs nacked for immediate retry. `run()` returns when every
+    job it held is settled. Cancelling `run()` itself is the hard stop: nothing is acked or
+    nacked and held jobs return when their leases expire.
 
     Durations are seconds (float) or `timedelta`. The worker needs only the client's public
     `reserve`, `ack`, `nack` and `extend`.
@@ -269,8 +277,10 @@ class Worker:
         # Set from any thread or signal handler; read by run() when it starts.
         self._shutdown_requested = False
         self._shutting_down = False
+        self._shutdown_began_at = 0.0
         self._token: trio.lowlevel.TrioToken | None = None
         self._reserve_scope = trio.CancelScope()
+        self._reserve_sent_at: float | None = None
         self._held: dict[int, _HeldJob] = {}
         self._held_changed = trio.Event()
         # Slots go to waiting jobs in the order the server returned them (its priority order).
@@ -361,7 +371,12 @@ class Worker:
         if self._shutting_down or self._state is not _RunState.RUNNING:
             return
         self._shutting_down = True
-        self._reserve_scope.cancel()
+        self._shutdown_began_at = trio.current_time()
+        sent_at = self._reserve_sent_at
+        if sent_at is not None and trio.current_time() - sent_at < RESERVE_SETTLE_S:
+            self._reserve_scope.deadline = sent_at + RESERVE_SETTLE_S
+        else:
+            self._reserve_scope.cancel()
         for held in list(self._held.values()):
             if held.phase is _Phase.WAITING:
                 held.stop()
@@ -409,7 +424,8 @@ class Worker:
                 self._shutdown_timeout_s,
                 len(self._held),
             )
-        with trio.move_on_after(self._shutdown_timeout_s):
+        # The grace runs from the shutdown request, not from when reserving stopped.
+        with trio.move_on_at(self._shutdown_began_at + self._shutdown_timeout_s):
             while self._held:
                 await self._held_changed.wait()
         if self._held:
@@ -426,7 +442,7 @@ class Worker:
     async def _reserve_loop(self, mark_started: Callable[[], None]) -> None:
         failures = 0
         early_empty_s = min(EARLY_EMPTY_THRESHOLD_S, self._wait_s / 2)
-        while not self._shutting_down:
+        while self._reserving():
             # An over-generous server can leave us holding more than max_in_flight.
             while len(self._held) >= self._max_in_flight:
                 await self._held_changed.wait()
@@ -434,7 +450,7 @@ class Worker:
             if self._max_jobs is not None:
                 want = min(want, self._max_jobs)
             mark_started()
-            began = trio.current_time()
+            began = self._reserve_sent_at = trio.current_time()
             try:
                 jobs = await self._client.reserve(
                     self._queues,
@@ -444,11 +460,13 @@ class Worker:
                     worker_id=self._worker_id,
                 )
             except Exception as exc:  # the loop must outlive every reserve failure
+                self._reserve_sent_at = None
                 failures += 1
                 delay = self._reserve_backoff(failures)
                 self._log_reserve_failure(exc, failures, delay)
                 await trio.sleep(delay)
                 continue
+            self._reserve_sent_at = None
             if failures:
                 self._log.info(
                     "sepp: worker %s: reserve works again after %d failure(s)",
@@ -460,8 +478,14 @@ class Worker:
             # in and drop leased jobs.
             for job in jobs or ():
                 self._dispatch(job)
+            if not self._reserving():
+                return
             if not jobs and trio.current_time() - began < early_empty_s:
-                await trio.sleep(EARLY_EMPTY_PAUSE_S)
+                pass
+
+    def _reserving(self) -> bool:
+        # A method, not the attribute, so type checkers see that awaits can change it.
+        return not self._shutting_down
 
     def _reserve_backoff(self, failures: int) -> float:
         cap = max(RESERVE_BACKOFF_CAP_S, self._reserve_backoff_s)

@@ -18,8 +18,6 @@ import h2.settings
 import pytest
 from h2.errors import ErrorCodes
 from hpack import NeverIndexedHeaderTuple
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 from hyperframe.frame import (
     ContinuationFrame,
     DataFrame,
@@ -32,6 +30,8 @@ from hyperframe.frame import (
     SettingsFrame,
     WindowUpdateFrame,
 )
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from sepp.wire import (
     CallFinished,
@@ -153,7 +153,9 @@ class Pair:
     ) -> list[Event]:
         trailers: list[tuple[bytes, bytes]] = []
         if status is not None:
-            trailers.append((b"grpc-status", status if isinstance(status, bytes) else b"%d" % status))
+            trailers.append(
+                (b"grpc-status", status if isinstance(status, bytes) else b"%d" % status)
+            )
         if message is not None:
             trailers.append((b"grpc-message", message))
         self.server.send_headers(stream_id, trailers, end_stream=True)
@@ -312,7 +314,11 @@ def test_trailers_only_error_response() -> None:
     sid = pair.call()
     pair.trailers_only(sid, 5, b"job%20not%20found")
     result = pair.finished(sid)
-    assert (result.code, result.details, result.body) == (StatusCode.NOT_FOUND, "job not found", None)
+    assert (result.code, result.details, result.body) == (
+        StatusCode.NOT_FOUND,
+        "job not found",
+        None,
+    )
 
 
 def test_trailers_only_ok_without_a_message_is_malformed() -> None:
@@ -610,22 +616,20 @@ def test_goaway_fails_calls_above_last_stream_id_and_lets_the_rest_finish() -> N
 
 
 def test_goaway_and_the_surviving_responses_in_one_read() -> None:
+    # h2 alone closes its state machine on GOAWAY, so frames after it in the same read used
+    # to be a protocol error that failed every call on the connection.
     pair = Pair()
     a, b, c = three_calls(pair)
     pair.respond(a, b"first", send=False)
     pair.respond(b, b"second", send=False)
-    events = pair.to_client(extra=b"")  # responses only, GOAWAY goes first below
-    assert events  # delivered
-    pair2 = Pair()
-    a, b, c = three_calls(pair2)
-    pair2.respond(a, b"first", send=False)
-    pair2.respond(b, b"second", send=False)
-    data = goaway(b) + pair2.server.data_to_send()
-    pair2.events.extend(pair2.client.receive_data(data))
-    assert not any(isinstance(e, ConnectionBroken) for e in pair2.events)
-    assert pair2.finished(a).body == b"first"
-    assert pair2.finished(b).body == b"second"
-    assert pair2.finished(c).error_kind == "goaway"
+    events = pair.client.receive_data(goaway(b) + pair.server.data_to_send())
+    pair.events.extend(events)
+    assert not any(isinstance(e, ConnectionBroken) for e in events)
+    assert pair.client.broken is None
+    assert pair.finished(a).body == b"first"
+    assert pair.finished(b).body == b"second"
+    assert pair.finished(c).error_kind == "goaway"
+    assert pair.client.active_calls == 0
 
 
 def test_graceful_double_goaway() -> None:
@@ -727,7 +731,7 @@ def test_cancel_unknown_or_finished_call_is_a_no_op() -> None:
     assert pair.client.data_to_send() == b""
 
 
-# -- MAX_CONCURRENT_STREAMS -------------------------------------------------------------------------
+# -- MAX_CONCURRENT_STREAMS ----------------------------------------------------------------------
 
 
 def test_max_concurrent_streams_is_tracked() -> None:
@@ -913,7 +917,11 @@ def _check_events(pair: Pair, events: list[Event], open_ids: set[int]) -> None:
     for event in events:
         assert isinstance(
             event,
-            CallFinished | GoAwayReceived | PingAcknowledged | ConnectionBroken | StreamCapacityChanged,
+            CallFinished
+            | GoAwayReceived
+            | PingAcknowledged
+            | ConnectionBroken
+            | StreamCapacityChanged,
         )
         if isinstance(event, CallFinished):
             assert event.stream_id in open_ids, "a call finished twice or was never started"
@@ -986,8 +994,8 @@ def frames(draw: st.DrawFn, pair: Pair) -> bytes:
     names = {f.name for f in frame.defined_flags}
     for flag in flags & names:
         frame.flags.add(flag)
-    if "PADDED" in frame.flags:
-        frame.pad_length = draw(st.integers(0, 5))  # type: ignore[attr-defined]
+    if isinstance(frame, DataFrame | HeadersFrame) and "PADDED" in frame.flags:
+        frame.pad_length = draw(st.integers(0, 5))
     return bytes(frame.serialize())
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import struct
 
 import pytest
@@ -140,7 +141,7 @@ def chunked(draw: st.DrawFn, data: bytes) -> list[bytes]:
     """`data` cut at arbitrary points (empty chunks included)."""
     cuts = sorted(draw(st.lists(st.integers(0, len(data)), max_size=20)))
     bounds = [0, *cuts, len(data)]
-    return [data[a:b] for a, b in zip(bounds, bounds[1:])]
+    return [data[a:b] for a, b in itertools.pairwise(bounds)]
 
 
 @given(st.data(), st.binary(max_size=300))

@@ -735,6 +735,44 @@ async def test_shutdown_while_a_reserve_is_pending_returns_at_once(
     assert worker.is_shutdown
 
 
+async def test_a_reserve_sent_just_before_shutdown_may_finish_and_its_jobs_are_run(
+    autojump_clock: MockClock,
+) -> None:
+    fake = FakeClient()
+    worker = make_worker(fake)
+
+    async def network_delay(call: object) -> None:
+        await trio.sleep(0.1)  # the server has leased the jobs; the answer is on its way
+
+    fake.on_reserve = network_delay
+    ids = [fake.add(), fake.add()]
+
+    @worker.handler("work")
+    async def work(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None: ...
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(worker.run)
+        await trio.sleep(0.05)
+        worker.shutdown()
+    call = fake.reserve_calls[0]
+    assert (call.cancelled, call.returned, call.ended_at) == (False, 2, 0.1)
+    assert sorted(c.job_id for c in fake.acks) == ids  # not stranded in a lease
+    assert len(fake.reserve_calls) == 1
+
+
+async def test_a_fresh_long_poll_is_cancelled_when_the_settle_window_ends(
+    autojump_clock: MockClock,
+) -> None:
+    fake = FakeClient()
+    worker = make_worker(fake, wait_timeout=30)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(worker.run)
+        await trio.sleep(0.1)
+        worker.shutdown()
+    ((call),) = fake.reserve_calls
+    assert call.cancelled and call.ended_at == pytest.approx(0.5)
+
+
 async def test_shutdown_grace_then_cancel_and_nack_for_immediate_retry(
     autojump_clock: MockClock,
 ) -> None:

@@ -234,6 +234,9 @@ class Channel:
         self._current: _Connection | None = None
         self._all: set[_Connection] = set()
         self._connect_lock = trio.Lock()
+        self._connect_attempts = 0
+        # (code, details, kind) of the latest connect attempt, if it failed
+        self._connect_failure: tuple[StatusCode, str, str | None] | None = None
         self._closed = False
         self.connections_opened = 0
 
@@ -311,11 +314,26 @@ class Channel:
         conn = self._current
         if conn is not None and conn.usable:
             return conn
+        attempt = self._connect_attempts
         async with self._connect_lock:
             conn = self._current
             if conn is not None and conn.usable:
                 return conn
-            conn = await self._connect()
+            failure = self._connect_failure
+            if failure is not None and self._connect_attempts != attempt:
+                # An attempt made while we queued for the lock just failed: share its verdict
+                # instead of queueing up one more full connect timeout per waiting call.
+                raise RpcError(*failure)
+            self._connect_attempts += 1
+            self._connect_failure = None
+            try:
+                conn = await self._connect()
+            except RpcError as exc:
+                self._connect_failure = (exc.code, exc.details, exc.kind)
+                raise
+            if self._closed:  # aclose() ran while we were connecting
+                conn.die("the client is closed")
+                raise RpcError(StatusCode.UNAVAILABLE, "the client is closed", "closed")
             self._current = conn
             self._all.add(conn)
             return conn

@@ -1,0 +1,406 @@
+"""The Worker against the real sepp server (launched per test by sepp.testing).
+
+Each test prints a one-line figure summary (jobs, seconds, redeliveries); run with `-s` to
+see them. A missing server binary makes these FAIL, never skip.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import trio
+
+import sepp
+from sepp import HandlerError
+from sepp.testing import SeppServer, sepp_server
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from fixtures.fake_client import RecordingLogger
+
+QUEUE = "work"
+
+
+def config(**limits: int) -> dict[str, object]:
+    return {
+        "admin": {"enabled": False},
+        "storage": {"persist_mode": "buffer", "dead_letter_retention_ms": 600_000},
+        "limits": dict(limits),
+    }
+
+
+@asynccontextmanager
+async def server_and_client(cfg: Mapping[str, object]) -> AsyncIterator[tuple[SeppServer, Any]]:
+    async with sepp_server(cfg) as server, sepp.open(server.address) as client:
+        yield server, client
+
+
+class Spy:
+    """Wraps a real client and records what the worker did with it (duck-typed Client)."""
+
+    def __init__(self, client: sepp.Client) -> None:
+        self.client = client
+        self.delivered: list[tuple[str, int]] = []  # (job id, attempt) per reserved job
+        self.acked: list[str] = []
+        self.ack_errors: list[tuple[str, int, BaseException]] = []
+        self.nacks: list[tuple[str, str | None, sepp.Retry]] = []
+        self.extends = 0
+        self.reserve_errors: list[BaseException] = []
+        self.ack_failed = trio.Event()
+
+    async def reserve(self, *args: Any, **kwargs: Any) -> list[sepp.Job] | None:
+        try:
+            jobs = await self.client.reserve(*args, **kwargs)
+        except Exception as exc:
+            self.reserve_errors.append(exc)
+            raise
+        self.delivered += [(j.id, j.ctx.attempt) for j in jobs or ()]
+        return jobs
+
+    async def ack(self, ctx: sepp.JobContext, **kwargs: Any) -> None:
+        try:
+            await self.client.ack(ctx, **kwargs)
+        except Exception as exc:
+            self.ack_errors.append((ctx.id, ctx.attempt, exc))
+            self.ack_failed.set()
+            raise
+        self.acked.append(ctx.id)
+
+    async def nack(self, ctx: sepp.JobContext, **kwargs: Any) -> bool:
+        dead = await self.client.nack(ctx, **kwargs)
+        self.nacks.append((ctx.id, kwargs.get("reason"), kwargs.get("retry", sepp.Retry.DEFAULT)))
+        return dead
+
+    async def extend(self, ctx: sepp.JobContext, lease_duration: Any, **kwargs: Any) -> datetime:
+        expiry = await self.client.extend(ctx, lease_duration, **kwargs)
+        self.extends += 1
+        return expiry
+
+
+def worker_for(spy: Spy, **options: Any) -> sepp.Worker:
+    options.setdefault("queues", [QUEUE])
+    options.setdefault("logger", RecordingLogger())
+    return sepp.Worker(spy, **options)  # type: ignore[arg-type]
+
+
+async def enqueue(client: sepp.Client, count: int, job_type: str = "task") -> list[str]:
+    ids: list[str] = []
+    for start in range(0, count, 250):
+        batch = [
+            sepp.EnqueueRequest(QUEUE, job_type, payload=sepp.Payload.json({"n": n}))
+            for n in range(start, min(start + 250, count))
+        ]
+        for result in await client.enqueue_batch(batch):
+            assert isinstance(result, sepp.EnqueueAck), result
+            ids.append(result.job_id)
+    return ids
+
+
+async def queue_is_empty(client: sepp.Client) -> bool:
+    return await client.reserve(QUEUE, lease_duration=1, wait_timeout=0, max_jobs=10) is None
+
+
+async def wait_until(predicate: Any, timeout: float, poll: float = 0.01) -> None:
+    # Polling keeps the handlers and the spy free of test plumbing.
+    with trio.fail_after(timeout):
+        while not predicate():  # noqa: ASYNC110
+            await trio.sleep(poll)
+
+
+def figures(name: str, **values: object) -> None:
+    print(f"\n[worker figures] {name}: " + ", ".join(f"{k}={v}" for k, v in values.items()))
+
+
+# -- tests -----------------------------------------------------------------------------------
+
+
+async def test_thousand_jobs_through_32_slots_are_each_acked_exactly_once() -> None:
+    async with server_and_client(config()) as (_, client):
+        ids = await enqueue(client, 1000)
+        spy = Spy(client)
+        worker = worker_for(spy, max_in_flight=32, lease_duration=30)
+        running = most = 0
+
+        @worker.handler("task")
+        async def task(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
+            nonlocal running, most
+            assert payload is not None and isinstance(payload.json()["n"], int)
+            running += 1
+            most = max(most, running)
+            await trio.sleep(0.002)  # long enough that slots fill up
+            running -= 1
+
+        began = time.monotonic()
+        async with trio.open_nursery() as nursery:
+            await nursery.start(worker.run)
+            await wait_until(lambda: len(spy.acked) >= 1000, timeout=120)
+            elapsed = time.monotonic() - began
+            worker.shutdown()
+        assert sorted(spy.acked) == sorted(ids)  # every job, exactly once
+        assert spy.ack_errors == [] and spy.nacks == [] and spy.reserve_errors == []
+        assert all(attempt == 1 for _, attempt in spy.delivered)
+        assert len(spy.delivered) == 1000  # no redelivery
+        assert 1 < most <= 32
+        assert await queue_is_empty(client)
+        figures(
+            "1000 jobs",
+            seconds=f"{elapsed:.2f}",
+            jobs_per_s=f"{1000 / elapsed:.0f}",
+            max_concurrent=most,
+            redeliveries=len(spy.delivered) - 1000,
+        )
+
+
+async def test_retry_after_delay_is_observed() -> None:
+    async with server_and_client(config()) as (_, client):
+        (job_id,) = await enqueue(client, 1)
+        spy = Spy(client)
+        worker = worker_for(spy)
+        seen: list[tuple[int, float]] = []
+
+        @worker.handler("task")
+        async def task(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
+            seen.append((ctx.attempt, trio.current_time()))
+            if ctx.attempt == 1:
+                raise HandlerError.retry_after("backend busy", 1.5)
+
+        async with trio.open_nursery() as nursery:
+            await nursery.start(worker.run)
+            await wait_until(lambda: len(spy.acked) == 1, timeout=15)
+            worker.shutdown()
+        assert [a for a, _ in seen] == [1, 2]
+        gap = seen[1][1] - seen[0][1]
+        assert 1.45 <= gap < 4.0  # the sweep promotes up to ~1 s late
+        assert spy.nacks == [(job_id, "backend busy", sepp.Retry.after(1.5))]
+        figures("retry_after 1.5s", observed_delay=f"{gap:.2f}s", redeliveries=1)
+
+
+async def test_permanent_failure_is_dead_lettered_with_its_reason() -> None:
+    async with server_and_client(config()) as (_, client):
+        (job_id,) = await enqueue(client, 1)
+        spy = Spy(client)
+        worker = worker_for(spy)
+
+        @worker.handler("task")
+        async def task(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
+            raise HandlerError.permanent("malformed address: n=0")
+
+        async with trio.open_nursery() as nursery:
+            await nursery.start(worker.run)
+            await wait_until(lambda: len(spy.nacks) == 1, timeout=10)
+            worker.shutdown()
+        (record,) = await client.drain_dead_letters(QUEUE)
+        assert record.job_id == job_id
+        assert record.cause is sepp.DeadLetterCause.REJECTED
+        assert record.last_reason == "malformed address: n=0"
+        assert record.final_attempt == 1
+        assert len(spy.delivered) == 1
+
+
+async def test_unknown_type_comes_back_later_for_a_worker_that_knows_it() -> None:
+    async with server_and_client(config()) as (_, client):
+        (job_id,) = await enqueue(client, 1, job_type="added_in_v2")
+        old = Spy(client)
+        old_worker = worker_for(old)
+
+        @old_worker.handler("task")
+        async def task(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None: ...
+
+        async with trio.open_nursery() as nursery:
+            await nursery.start(old_worker.run)
+            await wait_until(lambda: len(old.nacks) == 1, timeout=10)
+            nacked_at = trio.current_time()
+            old_worker.shutdown()
+        assert old.nacks[0][1:] == (
+            "no handler registered for job type 'added_in_v2' on this worker",
+            sepp.Retry.after(2),
+        )
+
+        new = Spy(client)
+        new_worker = worker_for(new)
+        taken: list[tuple[int, float]] = []
+
+        @new_worker.handler("added_in_v2")
+        async def added(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
+            taken.append((ctx.attempt, trio.current_time()))
+
+        async with trio.open_nursery() as nursery:
+            await nursery.start(new_worker.run)
+            await wait_until(lambda: len(new.acked) == 1, timeout=10)
+            new_worker.shutdown()
+        assert new.acked == [job_id]
+        assert taken[0][0] == 2
+        # 2 s from the server's nack; we stamped ours a moment after it answered
+        assert taken[0][1] - nacked_at >= 1.9
+
+
+async def test_auto_extend_keeps_a_slow_handler_past_its_lease() -> None:
+    # The queue clamps leases to 1 s; the handler takes 3.5 s.
+    async with server_and_client(config(max_lease_duration_ms=1000)) as (_, client):
+        (job_id,) = await enqueue(client, 1)
+        spy = Spy(client)
+        worker = worker_for(spy, lease_duration=30, auto_extend=True, max_in_flight=4)
+
+        @worker.handler("task")
+        async def task(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
+            await trio.sleep(3.5)
+
+        async with trio.open_nursery() as nursery:
+            await nursery.start(worker.run)
+            await wait_until(lambda: len(spy.acked) == 1, timeout=15)
+            await trio.sleep(2.5)  # a redelivery would show up here (more slots are polling)
+            worker.shutdown()
+        assert spy.acked == [job_id]
+        assert spy.delivered == [(job_id, 1)]
+        assert spy.ack_errors == []
+        assert spy.extends >= 6  # about every third of a second
+        assert await queue_is_empty(client)
+        figures(
+            "auto_extend", lease="1s clamped", handler="3.5s", extends=spy.extends, redeliveries=0
+        )
+
+
+async def test_without_auto_extend_the_job_is_redelivered_and_the_stale_ack_is_logged() -> None:
+    async with server_and_client(config(max_lease_duration_ms=1000)) as (_, client):
+        (job_id,) = await enqueue(client, 1)
+        spy = Spy(client)
+        log = RecordingLogger()
+        worker = worker_for(spy, lease_duration=1, auto_extend=False, max_in_flight=2, logger=log)
+        second_started = trio.Event()
+
+        @worker.handler("task")
+        async def task(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
+            if ctx.attempt == 1:
+                await second_started.wait()  # outlive the lease until someone else has the job
+            else:
+                second_started.set()
+                await spy.ack_failed.wait()  # stay in flight while attempt 1 tries to ack
+
+        async with trio.open_nursery() as nursery:
+            await nursery.start(worker.run)
+            await wait_until(lambda: len(spy.acked) == 1, timeout=15)
+            # The worker is still alive and working after the refused ack.
+            (next_id,) = await enqueue(client, 1)
+            await wait_until(lambda: len(spy.acked) == 2, timeout=10)
+            worker.shutdown()
+        assert spy.delivered[:2] == [(job_id, 1), (job_id, 2)]
+        ((failed_id, failed_attempt, error),) = spy.ack_errors
+        assert (failed_id, failed_attempt) == (job_id, 1)
+        assert isinstance(error, sepp.AttemptMismatchError)
+        assert spy.acked == [job_id, next_id]
+        assert any("redelivered as a newer attempt" in m for m in log.at("warning"))
+        figures("no auto_extend", redeliveries=1, stale_ack="AttemptMismatchError")
+
+
+async def test_sigterm_shutdown_mid_run_leaves_no_job_in_flight() -> None:
+    async with server_and_client(config()) as (_, client):
+        ids = await enqueue(client, 200)
+        spy = Spy(client)
+        worker = worker_for(spy, max_in_flight=16, lease_duration=30, shutdown_timeout=0.3)
+
+        @worker.handler("task")
+        async def task(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
+            assert payload is not None
+            n = payload.json()["n"]
+            await trio.sleep(10 if n % 10 == 9 else 0.05 * (n % 10))  # some outlast the grace
+
+        async def stop_on_sigterm(task_status: trio.TaskStatus[None]) -> None:
+            with trio.open_signal_receiver(signal.SIGTERM) as signals:
+                task_status.started()
+                async for _ in signals:
+                    worker.shutdown()
+                    return
+
+        async with trio.open_nursery() as nursery:
+            await nursery.start(stop_on_sigterm)
+            await nursery.start(worker.run)
+            await wait_until(lambda: len(spy.acked) >= 40, timeout=30)
+            os.kill(os.getpid(), signal.SIGTERM)
+            signalled = trio.current_time()
+        shutdown_s = trio.current_time() - signalled
+        assert worker.in_flight == 0
+        assert shutdown_s < 0.3 + 1.0  # the grace, plus the nacks
+        shutdown_nacks = [n for n in spy.nacks if n[1] == "worker shutdown"]
+        assert spy.nacks == shutdown_nacks  # the only nacks were the shutdown's
+        assert shutdown_nacks, "no handler outlasted the grace: the test proved less than it says"
+        assert all(retry == sepp.Retry.after(0) for _, _, retry in shutdown_nacks)
+
+        # A fresh worker finds every job that was not acked, at once: none is stuck in a lease.
+        fresh = Spy(client)
+        fresh_worker = worker_for(fresh, max_in_flight=32)
+
+        @fresh_worker.handler("task")
+        async def drain(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None: ...
+
+        expected = set(ids) - set(spy.acked)
+        began = trio.current_time()
+        async with trio.open_nursery() as nursery:
+            await nursery.start(fresh_worker.run)
+            await wait_until(lambda: len(fresh.acked) >= len(expected), timeout=10)
+            drained_s = trio.current_time() - began
+            await trio.sleep(1.5)  # nothing more turns up
+            fresh_worker.shutdown()
+        assert Counter(spy.acked).most_common(1)[0][1] == 1
+        assert sorted(fresh.acked) == sorted(expected)  # acked or back in the queue; none lost
+        assert drained_s < 5  # far below the 30 s lease: nothing was left leased
+        figures(
+            "SIGTERM mid-run",
+            jobs=200,
+            acked_before=len(spy.acked),
+            returned_by_shutdown=len(shutdown_nacks),
+            never_reserved=len(expected) - len(shutdown_nacks),
+            shutdown_s=f"{shutdown_s:.2f}",
+            drained_s=f"{drained_s:.2f}",
+        )
+
+
+async def test_worker_rides_out_a_server_restart_and_finishes_on_its_own() -> None:
+    async with server_and_client(config(max_lease_duration_ms=2000)) as (server, client):
+        ids = await enqueue(client, 300)
+        spy = Spy(client)
+        log = RecordingLogger()
+        worker = worker_for(
+            spy, max_in_flight=8, lease_duration=2, reserve_error_backoff=0.2, logger=log
+        )
+        handled: Counter[str] = Counter()
+
+        @worker.handler("task")
+        async def task(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
+            handled[ctx.id] += 1
+            await trio.sleep(0.04)
+
+        began = time.monotonic()
+        async with trio.open_nursery() as nursery:
+            await nursery.start(worker.run)
+            await wait_until(lambda: len(spy.acked) >= 60, timeout=30)
+            await server.stop()
+            down_at = len(spy.acked)
+            await trio.sleep(1.5)
+            await server.start()
+            await wait_until(lambda: set(spy.acked) >= set(ids), timeout=90)
+            elapsed = time.monotonic() - began
+            worker.shutdown()
+        assert set(spy.acked) == set(ids)  # every job done, without restarting the worker
+        assert spy.reserve_errors, "the outage was not noticed: the test proved nothing"
+        assert len(spy.acked) - down_at > 200
+        assert log.matching("reserve works again after")  # it noticed, and recovered by itself
+        redelivered = sum(1 for _, attempt in spy.delivered if attempt > 1)
+        assert await queue_is_empty(client)
+        figures(
+            "server restart",
+            jobs=300,
+            seconds=f"{elapsed:.2f}",
+            reserve_failures=len(spy.reserve_errors),
+            failed_acks=len(spy.ack_errors),
+            redeliveries=redelivered,
+            handled_twice=sum(1 for n in handled.values() if n > 1),
+            warnings=len(log.at("warning")),
+        )
