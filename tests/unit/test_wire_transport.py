@@ -157,7 +157,7 @@ async def test_call_timeout_raises_deadline_exceeded_when_the_server_stalls() ->
             await channel.call("Ack", b"x", timeout=0.3)
         elapsed = trio.current_time() - start
         assert (info.value.code, info.value.kind) == (StatusCode.DEADLINE_EXCEEDED, "deadline")
-        assert 0.3 <= elapsed < 1.0
+        assert 0.3 <= elapsed < 2.5  # generous: shared CI machines
         sent = timeout_seconds(server.calls[0].header(b"grpc-timeout"))
         assert 0.2 < sent <= 0.3
         await server.wait_until(lambda: (0, 1) in server.resets)
@@ -177,7 +177,7 @@ async def test_stall_mid_response_with_a_deadline_ends_in_time() -> None:
         with pytest.raises(RpcError) as info:
             await channel.call("Ack", b"x", timeout=0.25)
         assert info.value.code is StatusCode.DEADLINE_EXCEEDED
-        assert trio.current_time() - start < 0.75
+        assert trio.current_time() - start < 2.0
 
 
 async def test_without_a_timeout_the_enclosing_deadline_is_sent() -> None:
@@ -273,7 +273,7 @@ async def test_server_that_never_sends_settings_is_a_connect_error() -> None:
             await channel.call("Ack", b"x", timeout=5)
         assert (info.value.code, info.value.kind) == (StatusCode.UNAVAILABLE, "connect")
         assert "SETTINGS" in info.value.details
-        assert trio.current_time() - start < 1.5
+        assert trio.current_time() - start < 3.0
         assert channel.connections_opened == 0
         # The half-open connection was closed, not leaked.
         await server.wait_until(lambda: all(c.closed for c in server.connections))
@@ -389,7 +389,7 @@ async def test_keepalive_timeout_kills_a_silent_connection() -> None:
             await channel.call("Ack", b"x", timeout=5)
         assert (info.value.code, info.value.kind) == (StatusCode.UNAVAILABLE, "connection")
         assert "keepalive" in info.value.details
-        assert trio.current_time() - start < 1.5
+        assert trio.current_time() - start < 3.0
         assert await channel.call("Ack", b"y", timeout=5) == b"echo:y"
         assert channel.connections_opened == 2
         server.connections[0].resume_reading()
@@ -531,7 +531,7 @@ async def test_failed_connect_is_shared_by_the_calls_queued_behind_it() -> None:
             for _ in range(5):
                 calls.start_soon(one)
         # One connect timeout for all of them, not one per queued call.
-        assert trio.current_time() - start < 0.9
+        assert trio.current_time() - start < 1.4  # 5 x 0.3 s would be 1.5 s
         assert [(f.code, f.kind) for f in failures] == [(StatusCode.UNAVAILABLE, "connect")] * 5
         assert len(server.connections) == 1
         # The next call tries again.
