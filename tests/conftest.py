@@ -20,6 +20,8 @@ pytest_plugins = ["sepp.testing.pytest_plugin"]
 
 _TESTS = Path(__file__).parent
 _CATEGORY_BY_DIR = {"unit": "unit", "integration": "real_server", "interop": "real_server"}
+# Tests that talk to our misbehaving h2 server or to a scripted fake client.
+_FIXTURE_FILES = {"test_wire_transport.py", "test_worker.py"}
 _passed: Counter[str] = Counter()
 
 
@@ -37,6 +39,8 @@ def _category(item: pytest.Item) -> str:
         if item.get_closest_marker(marker) is not None:
             return marker
     rel = Path(str(item.fspath)).resolve().relative_to(_TESTS.resolve())
+    if rel.name in _FIXTURE_FILES:
+        return "fixture"
     return _CATEGORY_BY_DIR.get(rel.parts[0], "unit")
 
 
