@@ -19,7 +19,12 @@ from sepp.testing import ExternalSeppServer, SeppServer
 pytest_plugins = ["sepp.testing.pytest_plugin"]
 
 _TESTS = Path(__file__).parent
-_CATEGORY_BY_DIR = {"unit": "unit", "integration": "real_server", "interop": "real_server"}
+_CATEGORY_BY_DIR = {
+    "unit": "unit",
+    "integration": "real_server",
+    "interop": "real_server",
+    "hostile": "fixture",
+}
 # Tests that talk to our misbehaving h2 server or to a scripted fake client.
 _FIXTURE_FILES = {"test_wire_transport.py", "test_worker.py"}
 _passed: Counter[str] = Counter()

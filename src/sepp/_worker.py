@@ -229,8 +229,8 @@ class Worker:
     def __init__(
         self,
         client: Client,
-        *,
         queues: Sequence[str] | str,
+        *,
         lease_duration: float | timedelta = 30.0,
         max_in_flight: int = 16,
         auto_extend: bool = True,
@@ -481,7 +481,7 @@ class Worker:
             if not self._reserving():
                 return
             if not jobs and trio.current_time() - began < early_empty_s:
-                pass
+                await trio.sleep(EARLY_EMPTY_PAUSE_S)
 
     def _reserving(self) -> bool:
         # A method, not the attribute, so type checkers see that awaits can change it.

@@ -1,30 +1,26 @@
 """The Worker against the real sepp server (launched per test by sepp.testing).
 
-Each test prints a one-line figure summary (jobs, seconds, redeliveries); run with `-s` to
-see them. A missing server binary makes these FAIL, never skip.
+Tests that measure something print a one-line `[worker figures]` summary (jobs, seconds,
+redeliveries); run with `-s` to see them. A missing server binary makes these FAIL, never skip.
 """
 
 from __future__ import annotations
 
 import os
 import signal
-import sys
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 import trio
+from fixtures.fake_client import RecordingLogger
 
 import sepp
 from sepp import HandlerError
 from sepp.testing import SeppServer, sepp_server
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from fixtures.fake_client import RecordingLogger
 
 QUEUE = "work"
 

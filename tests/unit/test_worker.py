@@ -3,27 +3,24 @@ time below is exact virtual seconds and nothing waits for real."""
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import logging
 import os
 import re
 import socket
-import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
+from fixtures.fake_client import FakeClient, RecordingLogger
 from trio.testing import MockClock
 
 import sepp
 from sepp import HandlerError, Retry, StatusCode
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from fixtures.fake_client import FakeClient, RecordingLogger
 
 
 def make_worker(fake: FakeClient, **options: Any) -> sepp.Worker:
@@ -85,7 +82,7 @@ def test_constructor_rejects_bad_settings(options: dict[str, Any], field: str) -
 def test_constructor_accepts_timedeltas_zero_grace_and_a_single_queue_name() -> None:
     worker = sepp.Worker(
         FakeClient(),  # type: ignore[arg-type]
-        queues="emails",
+        "emails",  # queues may also be given positionally, as one name
         lease_duration=timedelta(seconds=45),
         wait_timeout=timedelta(milliseconds=500),
         shutdown_timeout=0,
@@ -157,6 +154,14 @@ def test_handler_error_constructors() -> None:
     assert not isinstance(HandlerError.retry("r"), sepp.SeppError)
     with pytest.raises(sepp.ValidationError):
         HandlerError.retry_after("r", -1)
+
+
+@pytest.mark.parametrize("method", ["reserve", "ack", "nack", "extend", "get_server_info"])
+def test_the_fake_client_keeps_the_real_signatures(method: str) -> None:
+    # The worker is tested against FakeClient; drift from sepp.Client would hide bugs.
+    real = inspect.signature(getattr(sepp.Client, method))
+    fake = inspect.signature(getattr(FakeClient, method))
+    assert str(fake) == str(real)
 
 
 # -- the reserve loop ------------------------------------------------------------------------
