@@ -12,7 +12,7 @@ class LoggerLike(Protocol):
 
 
 class Log:
-    """Adapter giving every logger debug/info/warning/error/exception."""
+    """Adapter giving every logger debug/info/warning/error (error may carry exc_info)."""
 
     __slots__ = ("_target",)
 

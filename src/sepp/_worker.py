@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import trio
 
+from . import _otel
 from . import _validate as v
 from ._errors import (
     AttemptMismatchError,
@@ -132,6 +133,8 @@ class _Outcome:
 
     retry: Retry | None = None
     reason: str | None = None
+    label: str = "ack"  # for spans and metrics
+    failure: str | None = None  # set when the handler failed: marks the process span
 
 
 _ACK = _Outcome()
@@ -287,6 +290,7 @@ class Worker:
         self._waiting: collections.deque[_HeldJob] = collections.deque()
         self._running = 0
         self._jobs_nursery: trio.Nursery | None = None
+        self._metrics = _otel.WorkerMetrics()
 
     def __repr__(self) -> str:
         return (
@@ -461,12 +465,16 @@ class Worker:
                 )
             except Exception as exc:  # the loop must outlive every reserve failure
                 self._reserve_sent_at = None
+                self._metrics.add("reserve_failed", 1, {"sepp.queues": self._queues})
                 failures += 1
                 delay = self._reserve_backoff(failures)
                 self._log_reserve_failure(exc, failures, delay)
                 await trio.sleep(delay)
                 continue
             self._reserve_sent_at = None
+            self._metrics.add(
+                "reserve_completed", 1, {"sepp.queues": self._queues, "sepp.jobs": len(jobs or ())}
+            )
             if failures:
                 self._log.info(
                     "sepp: worker %s: reserve works again after %d failure(s)",
@@ -561,17 +569,26 @@ class Worker:
     async def _process(self, held: _HeldJob, fn: Handler | None) -> None:
         try:
             ctx = held.job.ctx
-            if fn is None:
-                held.phase = _Phase.SETTLING
-                outcome: _Outcome | None = self._unknown_type(ctx)
-            else:
-                async with trio.open_nursery() as lease_keeping:
-                    if self._auto_extend:
-                        lease_keeping.start_soon(self._keep_lease, held)
-                    outcome = await self._run_handler(held, fn)
-                    lease_keeping.cancel_scope.cancel()
-            if outcome is not None:
-                await self._settle(ctx, outcome)
+            # The lease keeper, the handler and the ack/nack all run inside this span, so
+            # their own spans nest under it (trio tasks inherit the spawner's context).
+            with _otel.process_span(held.job, self._worker_id) as span:
+                if fn is None:
+                    held.phase = _Phase.SETTLING
+                    outcome: _Outcome | None = self._unknown_type(ctx)
+                else:
+                    async with trio.open_nursery() as lease_keeping:
+                        if self._auto_extend:
+                            lease_keeping.start_soon(self._keep_lease, held)
+                        outcome = await self._run_handler(held, fn)
+                        lease_keeping.cancel_scope.cancel()
+                if outcome is None:
+                    span.set("sepp.outcome", "lease_lost")
+                    span.fail(held.lease_lost or "lease lost")
+                else:
+                    span.set("sepp.outcome", outcome.label)
+                    if outcome.failure is not None:
+                        span.fail(outcome.failure)
+                    await self._settle(ctx, outcome)
         finally:
             del self._held[id(held)]
             self._signal_held_changed()
@@ -588,18 +605,20 @@ class Worker:
             delay,
             known,
         )
-        return _Outcome(
-            Retry.after(delay),
-            _reason(f"no handler registered for job type {ctx.job_type!r} on this worker"),
-        )
+        reason = _reason(f"no handler registered for job type {ctx.job_type!r} on this worker")
+        return _Outcome(Retry.after(delay), reason, "unknown_type", reason)
 
     async def _run_handler(self, held: _HeldJob, fn: Handler) -> _Outcome | None:
         ctx = held.job.ctx
         returned = False
         error: Exception | None = None
+        attributes = {"sepp.queue": ctx.queue, "sepp.job_type": ctx.job_type}
+        started: float | None = None
         try:
             with held.scope:
                 await held.slot_granted.wait()
+                started = trio.current_time()
+                self._metrics.add("in_flight", 1, attributes)
                 await fn(held.job.payload, ctx)
                 returned = True
         except Exception as exc:  # the handler's failure is the job's outcome, not ours
@@ -607,29 +626,39 @@ class Worker:
         finally:
             self._release_slot(held)
             held.phase = _Phase.SETTLING
+            if started is not None:
+                self._metrics.add("in_flight", -1, attributes)
+                self._metrics.record("duration", trio.current_time() - started, attributes)
         if held.lease_lost is not None:
             return None  # someone else may own the job now; logged by _lose_lease
         if returned:
             return _ACK
         if held.forced or error is None:
-            return _Outcome(Retry.after(0), SHUTDOWN_REASON)
+            return _Outcome(Retry.after(0), SHUTDOWN_REASON, "shutdown")
         if isinstance(error, HandlerError):
-            return _Outcome(error.directive, _reason(error.reason))
+            label = {"default": "retry", "delay": "retry_after"}.get(
+                error.directive.kind, "permanent"
+            )
+            return _Outcome(error.directive, _reason(error.reason), label, _reason(error.reason))
         self._log.error(
             "sepp: handler for %s raised %s; nacking with the queue's retry policy",
             ctx,
             _describe(error),
             exc_info=error,
         )
-        return _Outcome(Retry.DEFAULT, _reason(f"handler raised {_describe(error)}"))
+        reason = _reason(f"handler raised {_describe(error)}")
+        return _Outcome(Retry.DEFAULT, reason, "error", reason)
 
     async def _settle(self, ctx: JobContext, outcome: _Outcome) -> None:
         verb = "ack" if outcome.retry is None else "nack"
+        attributes = {"sepp.queue": ctx.queue, "sepp.job_type": ctx.job_type}
         try:
             if outcome.retry is None:
                 await self._client.ack(ctx)
+                self._metrics.add("processed", 1, attributes)
             else:
                 await self._client.nack(ctx, reason=outcome.reason, retry=outcome.retry)
+                self._metrics.add("nacked", 1, {**attributes, "sepp.outcome": outcome.label})
         except JobNotFoundError as exc:
             self._log.warning(
                 "sepp: %s of %s found no lease (%s): it expired and was swept, or an earlier"
