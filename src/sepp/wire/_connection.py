@@ -46,6 +46,9 @@ DEFAULT_MAX_FRAME_SIZE = 1024 * 1024
 DEFAULT_MAX_HEADER_LIST_SIZE = 64 * 1024
 _H2_DEFAULT_WINDOW = 65_535
 _MAX_STREAM_ID = 2**31 - 1
+_FRAME_HEADER_BYTES = 9
+_SETTINGS_TYPE = 0x4
+_ACK_FLAG = 0x1
 _SERVICE_PATH = b"/sepp.v1.QueueService/"
 
 
@@ -147,6 +150,8 @@ class GrpcConnection:
         self._method_headers: dict[str, list[Header]] = {}
         self._remote_max_streams: int | None = None
         self._settings_received = False
+        # The server's first bytes, held until a frame header is complete (see receive_data).
+        self._preface: bytearray | None = bytearray()
         self.draining = False
         self.broken: str | None = None
 
@@ -246,6 +251,25 @@ class GrpcConnection:
         """Feed bytes from the socket; returns the resulting events in order."""
         if self.broken is not None:
             return []
+        if self._preface is not None:
+            # The server's preface must open with SETTINGS (RFC 9113 §3.4). Check its first
+            # frame header at once: h2 reads a frame's length from it and then waits for that
+            # many bytes, so a peer that is no HTTP/2 server (an HTTP/1.1 reply announces a
+            # ~4.7 MB frame) would only be noticed when the connect timeout ran out.
+            self._preface += data
+            if len(self._preface) < _FRAME_HEADER_BYTES:
+                return []
+            data, self._preface = bytes(self._preface), None
+            if data[3] != _SETTINGS_TYPE or data[4] & _ACK_FLAG:
+                reason = (
+                    "the server did not answer with HTTP/2 (its first bytes were "
+                    f"{data[:24]!r}, not a SETTINGS frame)"
+                )
+                self.broken = reason
+                return [
+                    *self._fail_all(StatusCode.UNAVAILABLE, reason, "protocol"),
+                    ConnectionBroken(reason),
+                ]
         events: list[Event] = []
         try:
             for event in self._h2.receive_data(data):
