@@ -24,6 +24,7 @@ _CATEGORY_BY_DIR = {
     "integration": "real_server",
     "interop": "real_server",
     "hostile": "fixture",
+    "chaos": "real_server",
 }
 # Tests that talk to our misbehaving h2 server or to a scripted fake client.
 _FIXTURE_FILES = {"test_wire_transport.py", "test_worker.py"}

@@ -31,7 +31,7 @@ from ._limits import ServerLimits
 from ._log import Log, LoggerLike
 from ._pb import queue_pb2 as pb
 from ._rejections import JobRejection
-from ._retry import AMBIGUOUS, NO_RETRY, RETRYABLE, RetryPolicy, call_with_retry
+from ._retry import NO_RETRY, RETRYABLE, RetryPolicy, call_with_retry
 from ._types import (
     BatchRejection,
     CustomValue,
@@ -179,7 +179,7 @@ class Client:
             "EnqueueBatch",
             cv.enqueue_batch_to_pb(requests),
             timeout=None,
-            retryable=_enqueue_retryable(requests),
+            ambiguous_retry_safe=_all_keyed(requests),
         )
         try:
             return cv.batch_results_from_pb(body, len(requests))
@@ -208,7 +208,7 @@ class Client:
                 "EnqueueAtomic",
                 cv.enqueue_batch_to_pb(requests, span.trace_context),
                 timeout=timeout,
-                retryable=_enqueue_retryable(requests),
+                ambiguous_retry_safe=_all_keyed(requests),
             )
             msg = _parse(pb.EnqueueAtomicResponse, body, "EnqueueAtomic")
             which = msg.WhichOneof("outcome")
@@ -253,7 +253,7 @@ class Client:
                 "EnqueueBatch",
                 cv.enqueue_batch_to_pb(requests, span.trace_context),
                 timeout=timeout,
-                retryable=_enqueue_retryable(requests),
+                ambiguous_retry_safe=_all_keyed(requests),
             )
             try:
                 results = cv.batch_results_from_pb(body, len(requests))
@@ -462,6 +462,7 @@ class Client:
         timeout: float | timedelta | None,
         retryable: frozenset[StatusCode] = RETRYABLE,
         kind: CallKind = "generic",
+        ambiguous_retry_safe: bool = True,
     ) -> bytes:
         if timeout is None:
             timeout_s = self._rpc_timeout
@@ -475,7 +476,12 @@ class Client:
 
         try:
             return await call_with_retry(
-                self._retry_policy, attempt, method=method, log=self._log, retryable=retryable
+                self._retry_policy,
+                attempt,
+                method=method,
+                log=self._log,
+                retryable=retryable,
+                ambiguous_retry_safe=ambiguous_retry_safe,
             )
         except RpcError as exc:
             raise error_from_status(
@@ -529,11 +535,10 @@ def _lease_attributes(ctx: JobContext, **extra: str) -> dict[str, str | int]:
     return out
 
 
-def _enqueue_retryable(requests: Sequence[EnqueueRequest]) -> frozenset[StatusCode]:
-    # Without a key on every job, a timeout may hide a commit: retrying could duplicate.
-    if all(job.idempotency_key for job in requests):
-        return RETRYABLE
-    return RETRYABLE - AMBIGUOUS
+def _all_keyed(requests: Sequence[EnqueueRequest]) -> bool:
+    # Without a key on every job, a failure after sending may hide a commit: a retry could
+    # duplicate jobs, so only failures known to precede the server's work are retried.
+    return all(job.idempotency_key for job in requests)
 
 
 def _ctx(ctx: object) -> JobContext:

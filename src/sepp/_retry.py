@@ -29,7 +29,11 @@ RETRYABLE = frozenset(
 # Codes after which an un-keyed enqueue may already have been committed.
 AMBIGUOUS = frozenset({StatusCode.DEADLINE_EXCEEDED, StatusCode.ABORTED})
 # Local verdicts that a retry cannot change.
-_FINAL_KINDS = frozenset({"too_large", "compressed", "malformed", "closed", "http"})
+_FINAL_KINDS = frozenset({"too_large", "compressed", "malformed", "closed"})
+# Failures after the request may have reached the server: the connection died with the call
+# in flight, or the peer broke HTTP/2 mid-read. Like DEADLINE_EXCEEDED, a commit may hide
+# behind them. (A refused connect, GOAWAY above last_stream_id and REFUSED_STREAM are safe.)
+AMBIGUOUS_KINDS = frozenset({"connection", "protocol"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,14 +81,23 @@ async def call_with_retry(
     method: str,
     log: Log,
     retryable: frozenset[StatusCode] = RETRYABLE,
+    ambiguous_retry_safe: bool = True,
 ) -> T:
-    """Run `attempt` until it succeeds, fails for good, or the policy is used up."""
+    """Run `attempt` until it succeeds, fails for good, or the policy is used up.
+
+    With `ambiguous_retry_safe=False` (an enqueue with un-keyed jobs), failures that may hide
+    a commit are not retried: DEADLINE_EXCEEDED, ABORTED and connections lost mid-call.
+    """
     delays = policy.delays()
     for index in range(policy.max_attempts):
         try:
             return await attempt()
         except RpcError as exc:
             if index >= len(delays) or exc.code not in retryable or exc.kind in _FINAL_KINDS:
+                raise
+            if not ambiguous_retry_safe and (
+                exc.code in AMBIGUOUS or exc.kind in AMBIGUOUS_KINDS
+            ):
                 raise
             delay = delays[index] * (random.uniform(0.5, 1.0) if policy.jitter else 1.0)
             log.warning(

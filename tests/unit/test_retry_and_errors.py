@@ -9,7 +9,7 @@ import trio.testing
 import sepp
 from sepp._errors import error_from_status
 from sepp._log import Log
-from sepp._retry import AMBIGUOUS, RETRYABLE, call_with_retry
+from sepp._retry import call_with_retry
 from sepp.wire._status import StatusCode
 from sepp.wire._transport import RpcError
 
@@ -72,16 +72,31 @@ async def test_non_retryable_codes_are_called_once(code: StatusCode) -> None:
     assert len(script.calls) == 1
 
 
-async def test_keyless_enqueue_is_not_retried_on_ambiguous_codes() -> None:
+@pytest.mark.parametrize(
+    ("code", "kind", "expected_calls"),
+    [
+        (S.DEADLINE_EXCEEDED, "deadline", 1),
+        (S.ABORTED, None, 1),
+        (S.UNAVAILABLE, "connection", 1),  # lost mid-call: the job may be committed
+        (S.UNAVAILABLE, "protocol", 1),
+        (S.UNAVAILABLE, "connect", 2),  # never reached the server
+        (S.UNAVAILABLE, "goaway", 2),  # above last_stream_id: not processed
+        (S.UNAVAILABLE, "reset", 2),  # REFUSED_STREAM
+        (S.RESOURCE_EXHAUSTED, None, 2),
+    ],
+)
+async def test_keyless_enqueue_retries_only_failures_that_precede_the_server(
+    code: StatusCode, kind: str | None, expected_calls: int
+) -> None:
     policy = sepp.RetryPolicy(max_attempts=3, initial_backoff=0.001)
-    keyless = RETRYABLE - AMBIGUOUS
-    for code, expected_calls in ((S.DEADLINE_EXCEEDED, 1), (S.ABORTED, 1), (S.UNAVAILABLE, 2)):
-        script = Script(code)
-        try:
-            await call_with_retry(policy, script, method="M", log=Log(None), retryable=keyless)
-        except RpcError:
-            pass
-        assert len(script.calls) == expected_calls, code
+    script = Script(code, kind=kind)
+    attempt = call_with_retry(policy, script, method="M", log=Log(None), ambiguous_retry_safe=False)
+    if expected_calls == 1:
+        with pytest.raises(RpcError):
+            await attempt
+    else:
+        assert await attempt == "ok"
+    assert len(script.calls) == expected_calls
 
 
 async def test_local_too_large_verdict_is_never_retried() -> None:
