@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: test demo gen check-gen lint typecheck bench venv
+.PHONY: test demo gen check-gen lint typecheck bench venv chaos
 
 test:            ## set up (venv, deps, sepp server) and run lint, types and every test
 	bash scripts/test.sh
@@ -29,3 +29,7 @@ typecheck: venv
 
 bench: venv      ## side-by-side benchmark against sepp-py (BENCH_ARGS="--quick", "--rs", ...)
 	SEPP_BIN="$$(bash scripts/ensure-sepp-server.sh | tail -n 1)" $(PY) -m benchmarks $(BENCH_ARGS)
+
+chaos: venv      ## long chaos run (20,000 jobs, 5 server crashes); figures to tests/chaos/RESULTS.md
+	SEPP_BIN="$$(bash scripts/ensure-sepp-server.sh | tail -n 1)" PYTHONPATH=src \
+		$(PY) tests/chaos/run_long.py --results tests/chaos/RESULTS.md $(CHAOS_ARGS)

@@ -7,16 +7,28 @@ of a run shows the counts, so a green run that quietly skipped the server is vis
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 import sepp
 from sepp.testing import ExternalSeppServer, SeppServer
 
 pytest_plugins = ["sepp.testing.pytest_plugin"]
+
+# Fuzzing in CI: a bounded number of examples, no per-example deadline on a shared 2-core
+# machine, and the reproduction blob printed on failure (pytest also prints the seed).
+settings.register_profile(
+    "sepp",
+    max_examples=int(os.environ.get("SEPP_FUZZ_EXAMPLES", "100")),
+    deadline=None,
+    print_blob=True,
+)
+settings.load_profile("sepp")
 
 _TESTS = Path(__file__).parent
 _CATEGORY_BY_DIR = {

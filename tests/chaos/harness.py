@@ -21,6 +21,7 @@ harness reads those files, never the workers' memory, so a SIGKILLed worker stil
 
 from __future__ import annotations
 
+import bisect
 import os
 import random
 import signal
@@ -706,6 +707,7 @@ async def run_chaos(params: ChaosParams, workdir: Path) -> Report:
         for r in w.of_kind("R"):
             first_attempt[r.job_id] = min(r.attempt, first_attempt.get(r.job_id, r.attempt))
     unseen_leases = sum(1 for a in first_attempt.values() if a > 1)
+    gaps = resume_gaps(workers, restarts)
     report.check(dead_letters == 0, f"{dead_letters} job(s) dead-lettered")
     report.check(ready_left == 0, f"{ready_left} job(s) left in the queue")
     report.check(producers.log.count("error") == 0, f"producer errors: {producers.log.records[:3]}")
@@ -724,6 +726,7 @@ async def run_chaos(params: ChaosParams, workdir: Path) -> Report:
         unacked_but_done=len(unacked_but_done),
         redelivered=redelivered,
         reserve_replies_lost=unseen_leases,
+        max_resume_s=round(max((g for g in gaps.values() if g is not None), default=0.0), 2),
         lease_lost=sum(s.lease_lost for s in logs.values()),
         ack_failures=sum(ack_failures.values()),
         tracebacks=sum(s.tracebacks for s in logs.values()),
@@ -736,6 +739,11 @@ async def run_chaos(params: ChaosParams, workdir: Path) -> Report:
         "after_last_restart": after_last,
         "probes_by_worker": probes_by,
         "probe_rounds": probe_rounds,
+        "resume_s_after_last_restart": {
+            name: None if g is None else round(g, 2)
+            for (name, i), g in gaps.items()
+            if i == len(restarts) - 1
+        },
         "enqueue_errors": dict(ledger.errors),
         "ack_failures": dict(ack_failures),
         "by_mode": dict(ledger.by_mode),
@@ -744,6 +752,23 @@ async def run_chaos(params: ChaosParams, workdir: Path) -> Report:
         "producer_warnings": producers.log.count("warning"),
     }
     return report
+
+
+def resume_gaps(
+    workers: list[WorkerProc], restarts: list[Restart]
+) -> dict[tuple[str, int], float | None]:
+    """(worker, restart index) → seconds from the server being back to the worker's first
+    reserve that returned jobs (None: none before the next crash, or the end)."""
+    gaps: dict[tuple[str, int], float | None] = {}
+    for w in workers:
+        times = sorted(r.t for r in w.of_kind("R"))
+        for i, restart in enumerate(restarts):
+            end = restarts[i + 1].kill_at if i + 1 < len(restarts) else float("inf")
+            at = bisect.bisect_right(times, restart.back_at)
+            gaps[w.name, i] = (
+                times[at] - restart.back_at if at < len(times) and times[at] < end else None
+            )
+    return gaps
 
 
 def describe_restarts(restarts: list[Restart], jobs: int) -> str:
