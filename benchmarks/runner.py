@@ -623,6 +623,25 @@ def render_markdown(results: dict[str, Any]) -> str:
         f"OpenTelemetry {'importable' if meta['otel'] else 'blocked'} in both clients, "
         f"took {meta['duration_s'] / 60:.1f} min."
     )
+    git = meta.get("git", {})
+    if git:
+        dirty = git.get("dirty_paths", 0)
+        lines.append("")
+        lines.append(
+            f"sepp-trio at git {git.get('commit', '?')}"
+            + (f" with {dirty} uncommitted path(s) under src/." if dirty else ".")
+        )
+    pressures = [
+        c.get("cpu_pressure_some_avg10")
+        for m in results["modes"].values()
+        for c in m.get("contention_per_round", [])
+        if c.get("cpu_pressure_some_avg10") is not None
+    ]
+    if pressures:
+        lines.append(
+            f"CPU pressure (PSI some, avg10) at round starts: {min(pressures):.0f}-"
+            f"{max(pressures):.0f} % (the machine is shared)."
+        )
     lines.append("")
     lines.append(f"Command: `{meta['command']}`")
     lines.append("")

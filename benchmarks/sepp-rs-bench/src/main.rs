@@ -11,16 +11,19 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use serde_json::{json, Value};
 use sepp_rs::client::SeppClient;
 use sepp_rs::worker::Worker;
 use sepp_rs::{EnqueueRequest, Payload, Primitive, ReserveOptions};
+use serde_json::{json, Value};
 use tokio::sync::{oneshot, Semaphore};
 
 type Res = Result<Value, String>;
 
 fn cpu_s() -> f64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: clock_gettime writes into the timespec we own.
     unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
     ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
@@ -55,7 +58,10 @@ fn arg_str(req: &Value, key: &str) -> Result<String, String> {
 fn job(queue: &str, job_type: &str, payload_size: usize) -> Result<EnqueueRequest, String> {
     let r = EnqueueRequest::new(queue, job_type).map_err(|e| e.to_string())?;
     Ok(if payload_size > 0 {
-        r.with_payload(Payload::new(vec![b'x'; payload_size], "application/octet-stream"))
+        r.with_payload(Payload::new(
+            vec![b'x'; payload_size],
+            "application/octet-stream",
+        ))
     } else {
         r
     })
@@ -88,7 +94,10 @@ async fn bench_enqueue(client: &SeppClient, req: &Value) -> Res {
                 .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |r| r.checked_sub(1))
                 .is_ok()
             {
-                client.enqueue(job(&queue, "bench", size)?).await.map_err(|e| e.to_string())?;
+                client
+                    .enqueue(job(&queue, "bench", size)?)
+                    .await
+                    .map_err(|e| e.to_string())?;
             }
             Ok::<(), String>(())
         }));
@@ -118,7 +127,10 @@ async fn bench_enqueue_batch(client: &SeppClient, req: &Value) -> Res {
                 let batch = (0..batch_size)
                     .map(|_| job(&queue, "bench", size))
                     .collect::<Result<Vec<_>, _>>()?;
-                let results = client.enqueue_batch(batch).await.map_err(|e| e.to_string())?;
+                let results = client
+                    .enqueue_batch(batch)
+                    .await
+                    .map_err(|e| e.to_string())?;
                 if results.iter().any(Result::is_err) {
                     return Err("a job was rejected during bench_enqueue_batch".to_string());
                 }
@@ -146,7 +158,11 @@ async fn bench_drain_raw(client: &SeppClient, req: &Value) -> Res {
     let (c0, t0) = (cpu_s(), Instant::now());
     while reserved < n {
         // Take every free slot (at least one), as the Python drivers do.
-        let first = slots.clone().acquire_owned().await.map_err(|e| e.to_string())?;
+        let first = slots
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|e| e.to_string())?;
         let mut permits = vec![first];
         while permits.len() < (n - reserved).min(max_batch) {
             match slots.clone().try_acquire_owned() {
@@ -158,10 +174,16 @@ async fn bench_drain_raw(client: &SeppClient, req: &Value) -> Res {
             .map_err(|e| e.to_string())?
             .with_wait_timeout(wait)
             .with_max_jobs(permits.len() as u32);
-        let jobs = client.reserve(&opts).await.map_err(|e| e.to_string())?.unwrap_or_default();
+        let jobs = client
+            .reserve(&opts)
+            .await
+            .map_err(|e| e.to_string())?
+            .unwrap_or_default();
         reserved += jobs.len();
         for job in jobs {
-            let permit = permits.pop().ok_or("the server returned more jobs than asked")?;
+            let permit = permits
+                .pop()
+                .ok_or("the server returned more jobs than asked")?;
             let client = client.clone();
             tasks.push(tokio::spawn(async move {
                 let r = client.ack(&job.ctx).await.map_err(|e| e.to_string());
@@ -266,7 +288,11 @@ async fn bench_latency(client: &SeppClient, req: &Value) -> Res {
     }
     let mut s = samples.clone();
     s.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    let mean = if s.is_empty() { f64::NAN } else { s.iter().sum::<f64>() / s.len() as f64 };
+    let mean = if s.is_empty() {
+        f64::NAN
+    } else {
+        s.iter().sum::<f64>() / s.len() as f64
+    };
     Ok(json!({
         "p50_ms": percentile(&s, 50.0),
         "p99_ms": percentile(&s, 99.0),
@@ -283,7 +309,9 @@ struct Driver {
 
 impl Driver {
     fn client(&self) -> Result<&SeppClient, String> {
-        self.client.as_ref().ok_or_else(|| "send a 'connect' request first".to_string())
+        self.client
+            .as_ref()
+            .ok_or_else(|| "send a 'connect' request first".to_string())
     }
 
     async fn handle(&mut self, op: &str, req: &Value) -> Res {
@@ -296,7 +324,11 @@ impl Driver {
             })),
             "connect" => {
                 let addr = arg_str(req, "addr")?;
-                let uri = if addr.contains("://") { addr } else { format!("http://{addr}") };
+                let uri = if addr.contains("://") {
+                    addr
+                } else {
+                    format!("http://{addr}")
+                };
                 self.client = Some(SeppClient::connect(uri).await.map_err(|e| e.to_string())?);
                 Ok(json!({"connected": true}))
             }
@@ -306,7 +338,11 @@ impl Driver {
             }
             "rss" => Ok(rss()),
             "get_server_info" => {
-                let info = self.client()?.get_server_info().await.map_err(|e| e.to_string())?;
+                let info = self
+                    .client()?
+                    .get_server_info()
+                    .await
+                    .map_err(|e| e.to_string())?;
                 Ok(json!({"version": info.version, "max_reserve_batch": info.max_reserve_batch}))
             }
             "bench_enqueue" => bench_enqueue(self.client()?, req).await,
@@ -332,31 +368,29 @@ fn main() {
         if line.trim().is_empty() {
             continue;
         }
-        let (id, reply) = match serde_json::from_str::<Value>(&line) {
+        let reply = match serde_json::from_str::<Value>(&line) {
             Ok(req) => {
                 let id = req.get("id").cloned().unwrap_or(Value::Null);
-                let op = req.get("op").and_then(Value::as_str).unwrap_or("").to_string();
-                let result = rt.block_on(driver.handle(&op, &req));
-                let stop = op == "shutdown";
-                let reply = match result {
+                let op = req
+                    .get("op")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string();
+                let reply = match rt.block_on(driver.handle(&op, &req)) {
                     Ok(v) => json!({"id": id, "ok": true, "result": v}),
                     Err(e) => json!({"id": id, "ok": false,
                                      "error": {"type": "DriverError", "message": e}}),
                 };
-                if stop {
+                if op == "shutdown" {
                     let _ = writeln!(stdout, "{reply}");
                     let _ = stdout.flush();
                     return;
                 }
-                (id, reply)
+                reply
             }
-            Err(e) => (
-                Value::Null,
-                json!({"id": null, "ok": false, "error": {"type": "DriverError",
-                                                          "message": e.to_string()}}),
-            ),
+            Err(e) => json!({"id": null, "ok": false,
+                             "error": {"type": "DriverError", "message": e.to_string()}}),
         };
-        let _ = id;
         let _ = writeln!(stdout, "{reply}");
         let _ = stdout.flush();
     }
