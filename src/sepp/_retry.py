@@ -95,9 +95,7 @@ async def call_with_retry(
         except RpcError as exc:
             if index >= len(delays) or exc.code not in retryable or exc.kind in _FINAL_KINDS:
                 raise
-            if not ambiguous_retry_safe and (
-                exc.code in AMBIGUOUS or exc.kind in AMBIGUOUS_KINDS
-            ):
+            if not ambiguous_retry_safe and (exc.code in AMBIGUOUS or exc.kind in AMBIGUOUS_KINDS):
                 raise
             delay = delays[index] * (random.uniform(0.5, 1.0) if policy.jitter else 1.0)
             log.warning(

@@ -488,6 +488,9 @@ class Worker:
                 self._dispatch(job)
             if not self._reserving():
                 return
+            if jobs:
+                # Let the handlers just spawned start before the next reserve is built and sent.
+                await trio.lowlevel.checkpoint()
             if not jobs and trio.current_time() - began < early_empty_s:
                 await trio.sleep(EARLY_EMPTY_PAUSE_S)
 

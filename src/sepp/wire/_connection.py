@@ -28,6 +28,7 @@ from ._events import (
     StreamCapacityChanged,
 )
 from ._framing import FramingError, MessageDecoder, encode_message
+from ._hpack import StatelessEncoder
 from ._status import (
     StatusCode,
     decode_grpc_message,
@@ -135,6 +136,7 @@ class GrpcConnection:
             normalize_inbound_headers=False,
         )
         self._h2 = _H2Connection(config=config)
+        self._h2.encoder = StatelessEncoder()  # type: ignore[assignment]
         self._h2.local_settings = h2.settings.Settings(
             client=True,
             initial_values={

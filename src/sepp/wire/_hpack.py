@@ -1,0 +1,90 @@
+"""A stateless HPACK encoder for request headers (RFC 7541), plugged into h2.
+
+Every field is sent as a static-table index or a literal that is *not* added to the dynamic
+table, so a field's encoding never depends on what was sent before and can be cached: the
+headers that stay the same for every call (method, path, authority, content-type, te,
+user-agent) cost a dict lookup each instead of hpack's table search, integer and Huffman
+coding. Secret or per-call fields (HeaderTuple with indexable=False: authorization,
+grpc-timeout, traceparent) are sent "never indexed" and are not cached. The first block
+shrinks our dynamic table to 0, so the peer's SETTINGS_HEADER_TABLE_SIZE never matters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from hpack import HeaderTuple
+from hpack.table import HeaderTable
+
+_STATIC_FULL: dict[tuple[bytes, bytes], int] = {}
+_STATIC_NAME: dict[bytes, int] = {}
+for _index, (_name, _value) in enumerate(HeaderTable.STATIC_TABLE, start=1):
+    _STATIC_FULL.setdefault((_name, _value), _index)
+    _STATIC_NAME.setdefault(_name, _index)
+
+_TABLE_SIZE_ZERO = b"\x20"  # dynamic table size update to 0 (§6.3)
+_WITHOUT_INDEXING = 0x00  # §6.2.2
+_NEVER_INDEXED = 0x10  # §6.2.3
+_MAX_CACHED_FIELDS = 512
+
+
+def encode_integer(value: int, prefix_bits: int, first_byte: int = 0) -> bytes:
+    """§5.1 integer representation with an N-bit prefix."""
+    limit = (1 << prefix_bits) - 1
+    if value < limit:
+        return bytes([first_byte | value])
+    out = bytearray([first_byte | limit])
+    value -= limit
+    while value >= 128:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _string(data: bytes) -> bytes:
+    # Raw octets (H=0): Huffman saves a few bytes but costs more than the rest of the encode.
+    return encode_integer(len(data), 7) + data
+
+
+def encode_field(name: bytes, value: bytes, *, sensitive: bool) -> bytes:
+    if not sensitive:
+        full = _STATIC_FULL.get((name, value))
+        if full is not None:
+            return encode_integer(full, 7, 0x80)  # §6.1 indexed, static table only
+    prefix = _NEVER_INDEXED if sensitive else _WITHOUT_INDEXING
+    name_index = _STATIC_NAME.get(name)
+    if name_index is not None:
+        return encode_integer(name_index, 4, prefix) + _string(value)
+    return bytes([prefix]) + _string(name) + _string(value)
+
+
+class StatelessEncoder:
+    """Drop-in for hpack.Encoder as h2 uses it (`encode(headers)`, `header_table_size`)."""
+
+    def __init__(self) -> None:
+        self._cache: dict[tuple[bytes, bytes], bytes] = {}
+        self._first_block = True
+        # h2 sets this when the peer's SETTINGS_HEADER_TABLE_SIZE changes; our table stays 0.
+        self.header_table_size = 4096
+
+    def encode(self, headers: Iterable[tuple[bytes, bytes]], huffman: bool = True) -> bytes:
+        parts: list[bytes] = []
+        if self._first_block:
+            self._first_block = False
+            parts.append(_TABLE_SIZE_ZERO)
+        cache = self._cache
+        for header in headers:
+            name, value = header[0], header[1]
+            sensitive = isinstance(header, HeaderTuple) and not header.indexable
+            if sensitive:
+                parts.append(encode_field(name, value, sensitive=True))
+                continue
+            key = (name, value)
+            encoded = cache.get(key)
+            if encoded is None:
+                encoded = encode_field(name, value, sensitive=False)
+                if len(cache) < _MAX_CACHED_FIELDS:
+                    cache[key] = encoded
+            parts.append(encoded)
+        return b"".join(parts)
