@@ -99,6 +99,11 @@ def _batch(f: float) -> tuple[dict[str, Any], int]:
     }, 0
 
 
+def _auto_batched(f: float) -> tuple[dict[str, Any], int]:
+    args, n = _enqueue(64, 6000)(f)
+    return {**args, "auto_batch": True}, n
+
+
 def _drain_raw(f: float) -> tuple[dict[str, Any], int]:
     n = _n(6000, f)
     return {"n": n, "in_flight": 64, "lease_s": LEASE_S, "wait_s": 1}, n
@@ -125,6 +130,13 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("enqueue_1", "enqueue, 1 task", "bench_enqueue", "throughput", _enqueue(1, 2000)),
         Scenario(
             "enqueue_64", "enqueue, 64 tasks", "bench_enqueue", "throughput", _enqueue(64, 6000)
+        ),
+        Scenario(
+            "enqueue_64_batched",
+            "enqueue, 64 tasks, sepp-trio auto-batching on",
+            "bench_enqueue",
+            "throughput",
+            _auto_batched,
         ),
         Scenario(
             "enqueue_batch",

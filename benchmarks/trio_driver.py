@@ -121,6 +121,7 @@ class Driver:
     def __init__(self) -> None:
         self.client: sepp.Client | None = None
         self._stack: contextlib.AsyncExitStack | None = None
+        self._addr = ""
         self.stop = False
 
     def need_client(self) -> sepp.Client:
@@ -160,6 +161,7 @@ class Driver:
         stack = contextlib.AsyncExitStack()
         self.client = await stack.enter_async_context(sepp.open(req["addr"], **_OPEN_OPTIONS))
         self._stack = stack
+        self._addr = req["addr"]
         return {"connected": True}
 
     async def op_close(self, req: Request) -> Result:
@@ -187,8 +189,17 @@ class Driver:
     # -- benchmarks -----------------------------------------------------------------------
 
     async def op_bench_enqueue(self, req: Request) -> Result:
-        """n single enqueues across `concurrency` tasks on one client."""
-        client = self.need_client()
+        """n single enqueues across `concurrency` tasks on one client; with `auto_batch`, on a
+        client opened with sepp.Batching() (the other clients ignore the flag)."""
+        if req.get("auto_batch"):
+            async with sepp.open(
+                self._addr, enqueue_batching=sepp.Batching(), **_OPEN_OPTIONS
+            ) as batching:
+                await batching.get_server_info()  # connect and fetch limits outside the timing
+                return await self._bench_enqueue(batching, req)
+        return await self._bench_enqueue(self.need_client(), req)
+
+    async def _bench_enqueue(self, client: sepp.Client, req: Request) -> Result:
         queue, n = req["queue"], int(req["n"])
         concurrency = max(1, int(req.get("concurrency", 1)))
         payload = _payload(int(req.get("payload_size", 0)))
