@@ -12,6 +12,7 @@ check the run after the fact, even after this process was SIGKILLed:
     D  the handler finished the job; written, flushed and fsynced BEFORE the handler returns
     A  ack succeeded            AE ack failed (detail: the error's class)
     N  nack succeeded (detail: reason)   NE nack failed (detail: the error's class)
+    E  lease extended           EE extend failed (detail: the error's class)
     T  SIGTERM received: shutdown requested
     X  run() returned: clean exit
 
@@ -92,7 +93,13 @@ class RecordingClient:
     async def extend(
         self, ctx: sepp.JobContext, lease_duration: float | timedelta, **kwargs: Any
     ) -> Any:
-        return await self._client.extend(ctx, lease_duration, **kwargs)
+        try:
+            expiry = await self._client.extend(ctx, lease_duration, **kwargs)
+        except Exception as exc:
+            self._rec.note("EE", ctx.id, ctx.attempt, type(exc).__name__)
+            raise
+        self._rec.note("E", ctx.id, ctx.attempt)
+        return expiry
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -106,15 +113,22 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--wait", type=float, default=2.0, help="reserve long-poll, seconds")
     p.add_argument("--shutdown-timeout", type=float, default=10.0)
     p.add_argument("--sleep-ms", default="0:4", help="handler time, uniform MIN:MAX ms")
+    p.add_argument("--slow-fraction", type=float, default=0.0, help="share of slow jobs")
+    p.add_argument("--slow-ms", default="1000:3000", help="slow job time, MIN:MAX ms")
     p.add_argument("--probe-ms", type=float, default=250.0, help="handler time of 'probe' jobs")
     p.add_argument("--hang", action="store_true", help="handlers never finish (kill victim)")
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
 
 
+def _range_s(text: str) -> tuple[float, float]:
+    low, _, high = text.partition(":")
+    return float(low) / 1000, float(high or low) / 1000
+
+
 async def run(args: argparse.Namespace, rec: Recorder) -> None:
-    low, _, high = args.sleep_ms.partition(":")
-    sleep_low, sleep_high = float(low) / 1000, float(high or low) / 1000
+    sleep_low, sleep_high = _range_s(args.sleep_ms)
+    slow_low, slow_high = _range_s(args.slow_ms)
     rng = random.Random(f"{args.seed}-{args.name}")
     retry = sepp.RetryPolicy(max_attempts=8, initial_backoff=0.05, max_backoff=1.0)
     async with sepp.open(args.addr, retry_policy=retry, connect_timeout=2.0) as client:
@@ -135,7 +149,10 @@ async def run(args: argparse.Namespace, rec: Recorder) -> None:
             rec.note("S", ctx.id, ctx.attempt, key)
             if args.hang:
                 await trio.sleep_forever()
-            await trio.sleep(rng.uniform(sleep_low, sleep_high))
+            if rng.random() < args.slow_fraction:  # long enough that its lease is extended
+                await trio.sleep(rng.uniform(slow_low, slow_high))
+            else:
+                await trio.sleep(rng.uniform(sleep_low, sleep_high))
             rec.durable("D", ctx.id, ctx.attempt, key)
 
         @worker.handler("probe")

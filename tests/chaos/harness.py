@@ -535,9 +535,13 @@ class ChaosParams:
     restarts: int = 2
     workers: int = 4
     seed: int = field(default_factory=new_seed)
-    lease: float = 4.0
+    lease: float = 3.0
     max_in_flight: int = 16
     sleep_ms: str = "0:20"
+    # Some jobs outlive a third of the lease, so leases are extended (and can be lost) while
+    # the server is down.
+    slow_fraction: float = 0.03
+    slow_ms: str = "1500:4000"
     down_s: tuple[float, float] = (0.1, 3.0)
     timeout_s: float = 300.0
 
@@ -572,8 +576,13 @@ async def run_chaos(params: ChaosParams, workdir: Path) -> Report:
         producers.addr = server.address
         try:
             for w in workers:
+                slow = ["--slow-fraction", str(p.slow_fraction), "--slow-ms", p.slow_ms]
                 opts = worker_options(
-                    lease=p.lease, max_in_flight=p.max_in_flight, sleep_ms=p.sleep_ms, seed=p.seed
+                    lease=p.lease,
+                    max_in_flight=p.max_in_flight,
+                    sleep_ms=p.sleep_ms,
+                    seed=p.seed,
+                    extra=slow,
                 )
                 await w.spawn(server.address, *opts)
             for w in workers:
@@ -654,6 +663,7 @@ async def run_chaos(params: ChaosParams, workdir: Path) -> Report:
             )
             shutdown_s = await stop_gracefully(report, workers)
             ready_left, dead_letters = await queue_leftovers(server.address)
+            panics = [line for line in server.output_lines if "panicked" in line]
         finally:
             for w in workers:
                 await w.reap()
@@ -675,10 +685,34 @@ async def run_chaos(params: ChaosParams, workdir: Path) -> Report:
     for job_id, runs in main_done.items():
         key_to_ids[runs[0][1].detail].add(job_id)
     split_keys = sorted(k for k, ids in key_to_ids.items() if len(ids) > 1)
-    phantoms = sorted(k for k in key_to_ids if k not in set(keys))
+    key_set = set(keys)
+    phantoms = sorted(k for k in key_to_ids if k not in key_set)
     unacked_but_done = sorted(k for k in failed_keys if k in key_to_ids)
     duplicates = sum(1 for runs in main_done.values() if len(runs) > 1)
     extra_runs = sum(len(runs) - 1 for runs in main_done.values())
+    # Why each duplicate ran again: what became of the ack of its first finished run.
+    ack_outcome: dict[tuple[str, int], str] = {}
+    for w in workers:
+        for r in w.records:
+            if r.kind == "A":
+                ack_outcome[r.job_id, r.attempt] = "acked"
+            elif r.kind == "AE":
+                ack_outcome[r.job_id, r.attempt] = f"ack failed: {r.detail}"
+    duplicate_causes = Counter(
+        ack_outcome.get((job_id, min(r.attempt for _, r in runs)), "no ack")
+        for job_id, runs in main_done.items()
+        if len(runs) > 1
+    )
+    # An ack the client reported as done must stick: the job never comes back.
+    last_attempt: dict[str, int] = {}
+    for w in workers:
+        for r in w.of_kind("R"):
+            last_attempt[r.job_id] = max(r.attempt, last_attempt.get(r.job_id, 0))
+    acked_then_back = sorted(
+        job_id
+        for (job_id, attempt), outcome in ack_outcome.items()
+        if outcome == "acked" and last_attempt.get(job_id, 0) > attempt
+    )
     last_back = restarts[-1].back_at if restarts else 0.0
     after_last = {
         w.name: sum(1 for r in w.of_kind("D") if r.t > last_back and r.detail.startswith("k"))
@@ -690,6 +724,8 @@ async def run_chaos(params: ChaosParams, workdir: Path) -> Report:
     logs = check_logs(report, workers)
     redelivered = sum(1 for w in workers for r in w.of_kind("R") if r.attempt > 1)
     ack_failures = Counter(r.detail for w in workers for r in w.of_kind("AE"))
+    extend_failures = Counter(r.detail for w in workers for r in w.of_kind("EE"))
+    extends = sum(len(w.of_kind("E")) for w in workers)
 
     report.check(len(restarts) == p.restarts, f"only {len(restarts)} of {p.restarts} restarts")
     report.check(not lost, f"{len(lost)} acked job(s) never processed: {lost[:10]}")
@@ -708,6 +744,10 @@ async def run_chaos(params: ChaosParams, workdir: Path) -> Report:
             first_attempt[r.job_id] = min(r.attempt, first_attempt.get(r.job_id, r.attempt))
     unseen_leases = sum(1 for a in first_attempt.values() if a > 1)
     gaps = resume_gaps(workers, restarts)
+    report.check(
+        not acked_then_back, f"{len(acked_then_back)} acked job(s) came back: {acked_then_back[:5]}"
+    )
+    report.check(not panics, f"the server panicked: {panics[:3]}")
     report.check(dead_letters == 0, f"{dead_letters} job(s) dead-lettered")
     report.check(ready_left == 0, f"{ready_left} job(s) left in the queue")
     report.check(producers.log.count("error") == 0, f"producer errors: {producers.log.records[:3]}")
@@ -718,6 +758,7 @@ async def run_chaos(params: ChaosParams, workdir: Path) -> Report:
         lost=len(lost),
         duplicates=duplicates,
         extra_runs=extra_runs,
+        acked_then_redelivered=len(acked_then_back),
         processed=len(main_done),
         enqueue_acked=len(acked_keys),
         enqueue_failed_keys=len(failed_keys),
@@ -729,6 +770,8 @@ async def run_chaos(params: ChaosParams, workdir: Path) -> Report:
         max_resume_s=round(max((g for g in gaps.values() if g is not None), default=0.0), 2),
         lease_lost=sum(s.lease_lost for s in logs.values()),
         ack_failures=sum(ack_failures.values()),
+        extends=extends,
+        extend_failures=sum(extend_failures.values()),
         tracebacks=sum(s.tracebacks for s in logs.values()),
         duration_s=round(main_s, 1),
         shutdown_s=round(shutdown_s, 2),
@@ -746,6 +789,8 @@ async def run_chaos(params: ChaosParams, workdir: Path) -> Report:
         },
         "enqueue_errors": dict(ledger.errors),
         "ack_failures": dict(ack_failures),
+        "duplicate_causes": dict(duplicate_causes),
+        "extend_failures": dict(extend_failures),
         "by_mode": dict(ledger.by_mode),
         "worker_warnings": {n: s.warnings for n, s in logs.items()},
         "worker_recoveries": {n: s.recoveries for n, s in logs.items()},
@@ -829,9 +874,9 @@ async def run_worker_kill(workdir: Path, seed: int, *, jobs: int = 4) -> Report:
         all(first_seen[i].attempt >= 2 for i in ids if i in first_seen),
         "a rescued job came back without a new attempt",
     )
-    # The victim extended its lease a third of the way in, so at least ~1.3 s remained.
+    # The victim extends its lease every third of it, so ~1.3 s remained (less under load).
     report.check(
-        all(0.5 <= s <= lease + 8 for s in back_after),
+        all(0.2 <= s <= lease + 8 for s in back_after),
         f"jobs came back {back_after}s after the kill (lease {lease}s)",
     )
     report.figures.update(

@@ -45,6 +45,7 @@ def results_markdown(
     restarts = d.get("restarts", [])
     assert isinstance(restarts, list)
     ok = not (chaos.problems or kill.problems or term.problems)
+    p = harness.ChaosParams(seed=chaos.seed)
     rows = [
         ("jobs (uniquely keyed)", f["jobs"]),
         ("server SIGKILL + restart", f["restarts"]),
@@ -52,12 +53,16 @@ def results_markdown(
         ("**lost** (acked enqueue never processed)", f"**{f['lost']}**"),
         ("duplicates (jobs processed more than once)", f["duplicates"]),
         ("extra handler runs", f["extra_runs"]),
+        ("acked jobs that came back (must be 0)", f["acked_then_redelivered"]),
         ("enqueue keys acked / never acked", f"{f['enqueue_acked']} / {f['enqueue_failed_keys']}"),
-        ("failed enqueue attempts (retried with the same key)", f["failed_attempts"]),
+        ("failed enqueue attempts, per key (each retried with the same key)", f["failed_attempts"]),
         ("acks that were dedup hits (a failed try had committed)", f["dedup_acks"]),
         ("redelivered reserves (attempt > 1)", f["redelivered"]),
-        ("leases lost (worker ERROR logs)", f["lease_lost"]),
-        ("failed acks (worker side)", f["ack_failures"]),
+        ("… of which the crash swallowed the reserve reply", f["reserve_replies_lost"]),
+        ("failed acks (after the client's retries)", f["ack_failures"]),
+        ("lease extends / failed", f"{f['extends']} / {f['extend_failures']}"),
+        ("leases lost (worker ERROR logs, acceptable)", f["lease_lost"]),
+        ("slowest worker to reserve again after a restart", f"{f['max_resume_s']} s"),
         ("tracebacks in any worker's stderr", f["tracebacks"]),
         ("dead letters", f["dead_letters"]),
         ("duration (enqueue + process)", f"{f['duration_s']} s"),
@@ -80,10 +85,13 @@ def results_markdown(
         "",
         "Producers enqueue every job with an idempotency key, four ways (`enqueue`,"
         " `enqueue_batch`, `enqueue_atomic`, auto-batched `enqueue`), retrying failures with"
-        " the same key; worker processes (`sepp.Worker`, 16 in flight, 4 s lease) record each"
-        " job durably (fsync) before the handler returns; the server (`persist_mode ="
-        ' "sync_data"`) is SIGKILLed and restarted on the same data directory at seeded'
-        " random moments.",
+        f" the same key; {args.workers} worker processes (`sepp.Worker`, {p.max_in_flight} in"
+        f" flight, {p.lease:g} s lease, handlers {p.sleep_ms.replace(':', '-')} ms and"
+        f" {p.slow_fraction:.0%} of them {p.slow_ms.replace(':', '-')} ms) record each job"
+        " durably (fsync) before the handler returns;"
+        ' the server (`persist_mode = "sync_data"`) is SIGKILLed at seeded random moments,'
+        f" stays down {p.down_s[0]:g}-{p.down_s[1]:g} s, and restarts on the same data"
+        " directory.",
         "",
         "| figure | value |",
         "|---|---|",
@@ -91,9 +99,20 @@ def results_markdown(
         "",
         "Restarts: " + harness.describe_restarts(restarts, int(f["jobs"])),  # type: ignore[call-overload]
         "",
-        f"Enqueue errors seen by producers: {d.get('enqueue_errors')}; acks by mode:"
-        f" {d.get('by_mode')}; worker jobs after the last restart: {d.get('after_last_restart')}"
-        f" (+ probes {d.get('probes_by_worker')}).",
+        f"Enqueue errors seen by producers: {d.get('enqueue_errors')}. Acks by mode:"
+        f" {d.get('by_mode')}. Failed acks by error: {d.get('ack_failures')}; duplicates by what"
+        f" became of the first run's ack: {d.get('duplicate_causes')}. Jobs each worker"
+        f" did after the last restart: {d.get('after_last_restart')} (+ probe jobs"
+        f" {d.get('probes_by_worker')}).",
+        "",
+        "Reading the figures: sepp is at-least-once. A duplicate is a job whose first run"
+        " finished but whose ack did not stick: the outage outlasted the client's ack retries"
+        " (ConnectError), or the lease ran out meanwhile and the server had requeued the job"
+        " (JobNotFoundError / AttemptMismatchError); the worker logs each at WARNING and the job"
+        " runs again. A redelivery without a duplicate is a lost lease (the handler was"
+        " cancelled) or a reserve whose reply the crash swallowed. Lost must be 0: every"
+        " enqueue the client acked was processed. Failed enqueues were reported as errors,"
+        " never as acks; retried with the same key, each key ended with exactly one job.",
         "",
         "## A worker SIGKILLed mid-handler",
         "",
