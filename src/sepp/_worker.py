@@ -41,7 +41,7 @@ H = TypeVar("H", bound=Handler)
 
 # Reserve failures back off from `reserve_error_backoff`, doubling up to this (or the base,
 # if larger), with each sleep drawn from [0.5, 1.0) of the step so workers do not stampede.
-RESERVE_BACKOFF_CAP_S = 30.0
+RESERVE_BACKOFF_CAP_S = 10.0
 # An empty reserve returning faster than min(this, wait/2) means the server is not long-polling
 # (draining, or shutting down); pause before the next poll instead of spinning.
 EARLY_EMPTY_THRESHOLD_S = 0.1
