@@ -178,12 +178,16 @@ class Client:
             return result
 
     async def _send_enqueue_batch(
-        self, requests: list[EnqueueRequest]
+        self,
+        requests: list[EnqueueRequest],
+        timeout: float | timedelta | None = None,
+        trace_context: TraceContext | None = None,
     ) -> list[EnqueueAck | JobRejection]:
+        """One EnqueueBatch call: the auto-batcher's sender, and enqueue_batch's core."""
         body = await self._call(
             "EnqueueBatch",
-            cv.enqueue_batch_to_pb(requests),
-            timeout=None,
+            cv.enqueue_batch_to_pb(requests, trace_context),
+            timeout=timeout,
             ambiguous_retry_safe=_all_keyed(requests),
         )
         try:
@@ -254,16 +258,7 @@ class Client:
         self, requests: list[EnqueueRequest], timeout: float | timedelta | None
     ) -> list[EnqueueAck | JobRejection]:
         with _otel.client_span("sepp.enqueue", _batch_attributes(requests)) as span:
-            body = await self._call(
-                "EnqueueBatch",
-                cv.enqueue_batch_to_pb(requests, span.trace_context),
-                timeout=timeout,
-                ambiguous_retry_safe=_all_keyed(requests),
-            )
-            try:
-                results = cv.batch_results_from_pb(body, len(requests))
-            except Exception as exc:
-                raise MalformedResponseError(f"EnqueueBatch: {exc}") from exc
+            results = await self._send_enqueue_batch(requests, timeout, span.trace_context)
             rejected = sum(isinstance(r, JobRejection) for r in results)
             span.set("sepp.accepted", len(results) - rejected)
             span.set("sepp.rejected", rejected)
