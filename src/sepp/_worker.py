@@ -4,7 +4,9 @@ bounded graceful shutdown. Built only on the Client's public methods."""
 from __future__ import annotations
 
 import collections
+import contextvars
 import enum
+import heapq
 import inspect
 import logging
 import os
@@ -148,6 +150,7 @@ class _HeldJob:
         "_seen_expiry",
         "forced",
         "job",
+        "keeper_scope",
         "lease_lost",
         "phase",
         "scope",
@@ -161,6 +164,8 @@ class _HeldJob:
         # Covers the wait for a slot and the handler; lease loss and shutdown cancel it.
         self.scope = trio.CancelScope()
         self.lease_lost: str | None = None
+        # Cancels this job's lease keeper (if one was started) once the handler is done.
+        self.keeper_scope = trio.CancelScope()
         self.forced = False
         self._seen_expiry: datetime | None = None
         self._deadline = 0.0
@@ -286,6 +291,12 @@ class Worker:
         self._reserve_sent_at: float | None = None
         self._held: dict[int, _HeldJob] = {}
         self._held_changed = trio.Event()
+        # Lease keeping is deferred: most jobs finish before their first extend is due, so a
+        # keeper task is only started (by one scheduler) for jobs still held by then.
+        self._lease_queue: list[tuple[float, int, _HeldJob, contextvars.Context]] = []
+        self._lease_queue_changed = trio.Event()
+        self._lease_scheduler_scope = trio.CancelScope()
+        self._reserving_ended = False
         # Slots go to waiting jobs in the order the server returned them (its priority order).
         self._waiting: collections.deque[_HeldJob] = collections.deque()
         self._running = 0
@@ -407,13 +418,17 @@ class Worker:
         try:
             async with trio.open_nursery() as nursery:
                 self._jobs_nursery = nursery
+                if self._auto_extend:
+                    nursery.start_soon(self._lease_scheduler)
                 if self._shutdown_requested:
                     self._begin_shutdown()
                 else:
                     with self._reserve_scope:
                         await self._reserve_loop(mark_started)
+                self._reserving_ended = True  # no job can arrive any more
                 mark_started()
                 await self._drain()
+                self._stop_lease_scheduler_if_idle()
         finally:
             self._state = _RunState.DONE
             self._token = None
@@ -579,11 +594,12 @@ class Worker:
                     held.phase = _Phase.SETTLING
                     outcome: _Outcome | None = self._unknown_type(ctx)
                 else:
-                    async with trio.open_nursery() as lease_keeping:
-                        if self._auto_extend:
-                            lease_keeping.start_soon(self._keep_lease, held)
+                    if self._auto_extend:
+                        self._schedule_lease_keeper(held)
+                    try:
                         outcome = await self._run_handler(held, fn)
-                        lease_keeping.cancel_scope.cancel()
+                    finally:
+                        held.keeper_scope.cancel()
                 if outcome is None:
                     span.set("sepp.outcome", "lease_lost")
                     span.fail(held.lease_lost or "lease lost")
@@ -595,6 +611,7 @@ class Worker:
         finally:
             del self._held[id(held)]
             self._signal_held_changed()
+            self._stop_lease_scheduler_if_idle()
 
     def _unknown_type(self, ctx: JobContext) -> _Outcome:
         delay = min(2.0**ctx.attempt, UNKNOWN_TYPE_MAX_DELAY_S)
@@ -697,15 +714,59 @@ class Worker:
                 exc_info=exc,
             )
 
-    async def _keep_lease(self, held: _HeldJob) -> None:
+    def _first_extend_at(self, held: _HeldJob) -> float:
+        left_s = held.lease_deadline(self._now_utc, self._lease_s) - trio.current_time()
+        return trio.current_time() + max(left_s / 3, min(EXTEND_MIN_WAIT_S, left_s), 0.0)
+
+    def _schedule_lease_keeper(self, held: _HeldJob) -> None:
+        # The context is the job's (its process span is current), so the keeper's extend
+        # spans nest under sepp.process like the handler's.
+        entry = (self._first_extend_at(held), id(held), held, contextvars.copy_context())
+        heapq.heappush(self._lease_queue, entry)
+        if self._lease_queue[0] is entry:
+            changed, self._lease_queue_changed = self._lease_queue_changed, trio.Event()
+            changed.set()
+
+    async def _lease_scheduler(self) -> None:
+        """Starts a job's lease keeper when its first extend falls due, if it is still held."""
+        assert self._jobs_nursery is not None
+        with self._lease_scheduler_scope:
+            while True:
+                changed = self._lease_queue_changed
+                if not self._lease_queue:
+                    await changed.wait()
+                    continue
+                due, _, held, context = self._lease_queue[0]
+                if held.phase is _Phase.SETTLING or held.keeper_scope.cancel_called:
+                    heapq.heappop(self._lease_queue)
+                    continue
+                if trio.current_time() < due:
+                    with trio.move_on_at(due):
+                        await changed.wait()
+                    continue
+                heapq.heappop(self._lease_queue)
+                context.run(self._jobs_nursery.start_soon, self._keep_lease, held, True)
+
+    def _stop_lease_scheduler_if_idle(self) -> None:
+        if self._reserving_ended and not self._held:
+            self._lease_scheduler_scope.cancel()
+
+    async def _keep_lease(self, held: _HeldJob, first_extend_due: bool = False) -> None:
         """Extend the lease from the granted expiry until cancelled or the lease is lost."""
+        with held.keeper_scope:
+            await self._extend_until_lost(held, first_extend_due)
+
+    async def _extend_until_lost(self, held: _HeldJob, first_extend_due: bool) -> None:
         ctx = held.job.ctx
         last_failure: Exception | None = None
         while True:
             deadline = held.lease_deadline(self._now_utc, self._lease_s)
             left_s = deadline - trio.current_time()
             floor_s = EXTEND_MIN_WAIT_S if last_failure is None else EXTEND_RETRY_MIN_WAIT_S
-            await trio.sleep(max(left_s / 3, min(floor_s, left_s), 0.0))
+            if first_extend_due:
+                first_extend_due = False  # the scheduler already waited the first third
+            else:
+                await trio.sleep(max(left_s / 3, min(floor_s, left_s), 0.0))
             deadline = held.lease_deadline(self._now_utc, self._lease_s)
             if trio.current_time() >= deadline:
                 why = "the lease expired" + (
