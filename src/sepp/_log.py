@@ -5,6 +5,9 @@ from __future__ import annotations
 import logging
 from typing import Any, Protocol
 
+# A library stays silent unless the application configures logging (no "last resort" output).
+logging.getLogger("sepp").addHandler(logging.NullHandler())
+
 
 class LoggerLike(Protocol):
     def warning(self, msg: str, /, *args: Any, **kwargs: Any) -> Any: ...
