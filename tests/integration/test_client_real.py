@@ -353,8 +353,9 @@ async def test_api_key_right_wrong_and_missing(caplog: pytest.LogCaptureFixture)
 
 
 async def test_tls_with_private_ca_and_name_override(tmp_path: object) -> None:
-    trustme = pytest.importorskip("trustme")
     from pathlib import Path
+
+    import trustme  # a dev dependency: missing means a broken setup, not a skip
 
     tmp = Path(str(tmp_path))
     ca = trustme.CA()
