@@ -282,7 +282,6 @@ class Client:
                 await self.get_server_info()  # refreshes self._limits
             except SeppError as exc:
                 self._log.debug("sepp: cannot fetch server limits for local checks: %s", exc)
-                return self._limits
             return self._limits
 
     def _note_rejections(self, rejections: list[JobRejection]) -> None:
