@@ -31,5 +31,5 @@ bench: venv      ## side-by-side benchmark against sepp-py (BENCH_ARGS="--quick"
 	SEPP_BIN="$$(bash scripts/ensure-sepp-server.sh | tail -n 1)" $(PY) -m benchmarks $(BENCH_ARGS)
 
 chaos: venv      ## long chaos run (20,000 jobs, 5 server crashes); figures to tests/chaos/RESULTS.md
-	SEPP_BIN="$$(bash scripts/ensure-sepp-server.sh | tail -n 1)" PYTHONPATH=src \
+	SEPP_BIN="$$(bash scripts/ensure-sepp-server.sh | tail -n 1)" PYTHONPATH=src:tests \
 		$(PY) tests/chaos/run_long.py --results tests/chaos/RESULTS.md $(CHAOS_ARGS)

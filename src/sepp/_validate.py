@@ -13,7 +13,6 @@ INT64_MAX = 2**63 - 1
 UINT32_MAX = 2**32 - 1
 
 CustomValue = str | int | float | bool
-Seconds = float | int | timedelta
 
 
 def utf8_text(field: str, value: object, *, allow_empty: bool = False) -> str:

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import trio
+from fixtures.fake_client import RecordingLogger
 
 import sepp
 from sepp.testing import SeppServer, sepp_server
@@ -309,31 +310,6 @@ def done_by(workers: Iterable[WorkerProc]) -> dict[str, list[tuple[str, Record]]
 # -- producers ---------------------------------------------------------------------------------
 
 
-class ProducerLogger:
-    """The producer clients' logger: keeps (level, message) pairs."""
-
-    def __init__(self) -> None:
-        self.records: list[tuple[str, str]] = []
-
-    def _add(self, level: str, msg: str, args: tuple[object, ...]) -> None:
-        self.records.append((level, msg % args if args else msg))
-
-    def debug(self, msg: str, *args: object, **kwargs: object) -> None:
-        self._add("debug", msg, args)
-
-    def info(self, msg: str, *args: object, **kwargs: object) -> None:
-        self._add("info", msg, args)
-
-    def warning(self, msg: str, *args: object, **kwargs: object) -> None:
-        self._add("warning", msg, args)
-
-    def error(self, msg: str, *args: object, **kwargs: object) -> None:
-        self._add("error", msg, args)
-
-    def count(self, level: str) -> int:
-        return sum(1 for lv, _ in self.records if lv == level)
-
-
 @dataclass
 class EnqueueLedger:
     """What the producers were told, per idempotency key."""
@@ -389,7 +365,7 @@ class Producers:
         self.addr = addr
         self.ledger = ledger
         self.rng = rng
-        self.log = ProducerLogger()
+        self.log = RecordingLogger()
         self.give_up_at = float("inf")
 
     def _open(self, **options: Any) -> Any:

@@ -1,6 +1,6 @@
 """The long chaos run, on demand: `make chaos`, or
 
-    PYTHONPATH=src .venv/bin/python tests/chaos/run_long.py [--jobs 20000] [--restarts 5]
+    PYTHONPATH=src:tests .venv/bin/python tests/chaos/run_long.py [--jobs 20000] [--restarts 5]
         [--seed N] [--results tests/chaos/RESULTS.md] [--keep]
 
 Runs the three chaos scenarios (see harness.py) at full size, prints their figures, and with

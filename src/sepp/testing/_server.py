@@ -19,18 +19,6 @@ import trio
 
 from ._toml import dumps as toml_dumps
 
-__all__ = [
-    "INSTALL_COMMAND",
-    "SEPP_SERVER_VERSION",
-    "ExternalSeppServer",
-    "SeppServer",
-    "SeppServerNotFound",
-    "SeppServerStartError",
-    "find_sepp_binary",
-    "sepp_cache_binary_path",
-    "sepp_server",
-]
-
 SEPP_SERVER_VERSION = "0.1.1"
 """The sepp server release this client is tested against."""
 
