@@ -5,6 +5,9 @@ a,b``; the harness runs such a driver as an extra client with ``--variant a,b``)
 library or the tests. Each patch is a quick, possibly unsafe approximation of a change: it
 shows what the change would buy, not how to make it.
 
+- ``h2``: run on the reference engine (``sepp.open(..., wire_engine="h2")``) instead of the
+  default codec. The harness runs this variant by default, as the ``sepp-trio+h2`` column. The
+  four patches below only matter on that engine.
 - ``no_frame_repr``: h2 4.4 calls ``repr(frame)`` on every received frame for a trace log line
   that is never printed; make that repr free.
 - ``quiet_hpack_log``: hpack calls its module logger's ``debug`` about 30 times per call even
@@ -31,6 +34,11 @@ OPEN_OPTIONS: dict[str, Any] = {}
 def _patch(fn: Callable[[], None]) -> Callable[[], None]:
     PATCHES[fn.__name__] = fn
     return fn
+
+
+@_patch
+def h2() -> None:
+    OPEN_OPTIONS["wire_engine"] = "h2"
 
 
 @_patch
@@ -130,7 +138,7 @@ def no_timeout() -> None:
 
 
 def apply(names: str) -> list[str]:
-    """Apply the comma-separated patches (``all`` for every one but ``no_timeout``)."""
+    """Apply the comma-separated patches (``all``: every one but ``no_timeout``, on h2)."""
     chosen = [n for n in names.split(",") if n]
     if chosen == ["all"]:
         chosen = [n for n in PATCHES if n != "no_timeout"]

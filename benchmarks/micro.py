@@ -5,10 +5,11 @@
 
 Two measurements, each in µs of CPU per call (``time.process_time``):
 
-- **wire**: the sans-IO ``GrpcConnection`` (h2 + hpack + hyperframe + our framing) for a unary
-  call, client side only: ``start_call`` + ``data_to_send``, then ``receive_data`` of the
-  server's HEADERS + DATA + trailers. An in-memory h2 server answers with response bytes
-  recorded from a real sepp server. Calls go in groups of 1 and of 64 concurrent streams.
+- **wire**: each sans-IO engine (``codec``, our HTTP/2 codec, the default; ``h2``, the
+  reference on h2 + hpack + hyperframe) for a unary call, client side only: ``start_call`` +
+  ``data_to_send``, then ``receive_data`` of the server's HEADERS + DATA + trailers. An
+  in-memory h2 server answers with response bytes recorded from a real sepp server. Calls go
+  in groups of 1 and of 64 concurrent streams.
 - **api**: ``Client.enqueue`` / ``Client.ack`` / ``Client.reserve`` (64 jobs, per job) over a
   fake channel that returns the recorded response at once: validation, protobuf, conversion,
   retry wrapper, tracing no-ops; no I/O and no task switch.
@@ -78,16 +79,20 @@ def _record_responses() -> dict[str, bytes]:
     return recorded
 
 
-def _wire(calls: int, concurrency: int, recorded: dict[str, bytes]) -> dict[str, float]:
+def _wire(
+    calls: int, concurrency: int, recorded: dict[str, bytes], engine: str
+) -> dict[str, float]:
     import h2.config
     import h2.connection
     import h2.events
 
     from sepp._pb import queue_pb2 as pb
-    from sepp.wire._connection import GrpcConnection
+    from sepp.wire._engine import connection_class
     from sepp.wire._framing import encode_message
 
-    client = GrpcConnection(authority="127.0.0.1:50051", user_agent="sepp-trio/micro")
+    client = connection_class(engine)(  # type: ignore[arg-type]
+        authority="127.0.0.1:50051", user_agent="sepp-trio/micro"
+    )
     server = h2.connection.H2Connection(
         h2.config.H2Configuration(
             client_side=False,
@@ -317,8 +322,10 @@ def measure(calls: int, experiment: str | None, otel: bool) -> dict[str, Any]:
         sys.path.insert(0, str(REPO / "src"))
     recorded = _record_responses()
     return {
-        "wire_1": _wire(calls // 4, 1, recorded),
-        "wire_64": _wire(calls, 64, recorded),
+        "codec_1": _wire(calls // 4, 1, recorded, "codec"),
+        "codec_64": _wire(calls, 64, recorded, "codec"),
+        "h2_1": _wire(calls // 4, 1, recorded, "h2"),
+        "h2_64": _wire(calls, 64, recorded, "h2"),
         "floor_64": _wire_floor(calls, 64, recorded),
         "api": _api(calls, recorded),
     }

@@ -231,6 +231,11 @@ def parse_args(argv: Sequence[str]) -> Options:
         help="leave sepp-py out (with --variant: A/B runs of sepp-trio patches)",
     )
     p.add_argument(
+        "--no-h2",
+        action="store_true",
+        help="leave out the reference wire engine (by default also run as client sepp-trio+h2)",
+    )
+    p.add_argument(
         "--variant",
         action="append",
         default=[],
@@ -271,7 +276,8 @@ def parse_args(argv: Sequence[str]) -> Options:
     if rounds < 1:
         p.error("--rounds must be at least 1")
     clients = [SEPP_TRIO] + ([] if a.no_seppy else [SEPP_PY]) + ([SEPP_RS] if a.rs else [])
-    clients += [f"{SEPP_TRIO}+{v}" for v in a.variant]
+    variants = ([] if a.no_h2 or "h2" in a.variant else ["h2"]) + a.variant
+    clients += [f"{SEPP_TRIO}+{v}" for v in variants]
     return Options(
         rounds=rounds,
         modes=list(PERSIST_MODES) if a.persist_mode == "both" else [a.persist_mode],

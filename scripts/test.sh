@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The README's test command (`make test`): set up everything on a fresh machine, then run
-# lint, strict typing, the generated-code check, the protobuf-floor check and every test.
+# lint, strict typing, the generated-code check, the protobuf and h2 floor checks and every test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${VENV:-.venv}"
@@ -22,6 +22,9 @@ bash scripts/check-gen.sh
 
 echo "==> generated code loads on the protobuf floor"
 bash scripts/check-protobuf-floor.sh
+
+echo "==> the wire engines on the h2/hpack floor"
+bash scripts/check-h2-floor.sh
 
 echo "==> ruff"
 "$VENV/bin/ruff" check src tests examples benchmarks scripts

@@ -17,6 +17,7 @@ from hypothesis import settings
 
 import sepp
 from sepp.testing import ExternalSeppServer, SeppServer
+from sepp.wire import WIRE_ENGINES, _engine
 
 pytest_plugins = ["sepp.testing.pytest_plugin"]
 
@@ -41,6 +42,14 @@ _CATEGORY_BY_DIR = {
 # Tests that talk to our misbehaving h2 server or to a scripted fake client.
 _FIXTURE_FILES = {"test_wire_transport.py", "test_worker.py"}
 _passed: Counter[str] = Counter()
+# The suites that run once per wire engine (our codec and the h2 reference): the sans-IO
+# engine tests, the transport and hostile-server suites, and the real-server client tests.
+_BOTH_ENGINES = {
+    "test_wire_connection.py",
+    "test_wire_transport.py",
+    "test_hostile_server.py",
+    "test_client_real.py",
+}
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -60,6 +69,23 @@ def _category(item: pytest.Item) -> str:
     if rel.name in _FIXTURE_FILES:
         return "fixture"
     return _CATEGORY_BY_DIR.get(rel.parts[0], "unit")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if Path(str(metafunc.definition.fspath)).name in _BOTH_ENGINES:
+        metafunc.parametrize("wire_engine", WIRE_ENGINES, indirect=True)
+
+
+@pytest.fixture
+def wire_engine(request: pytest.FixtureRequest) -> str:
+    """The engine this test runs on: both, in the suites above; else the default."""
+    return str(getattr(request, "param", _engine.DEFAULT_WIRE_ENGINE))
+
+
+@pytest.fixture(autouse=True)
+def _run_on_wire_engine(wire_engine: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every sepp.open()/Channel made without wire_engine= uses the package default.
+    monkeypatch.setattr(_engine, "DEFAULT_WIRE_ENGINE", wire_engine)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

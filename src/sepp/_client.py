@@ -46,6 +46,7 @@ from ._types import (
     TraceContext,
 )
 from ._version import __version__
+from .wire._engine import WIRE_ENGINES, WireEngine
 from .wire._status import StatusCode
 from .wire._transport import Channel, Endpoint, RpcError
 
@@ -594,12 +595,15 @@ async def open(
     keepalive_timeout: float | timedelta = 10.0,
     enqueue_batching: Batching | None = None,
     validate_locally: bool = True,
+    wire_engine: WireEngine | None = None,
 ) -> AsyncIterator[Client]:
     """Connect to a sepp server; the client's connection tasks live until the block exits.
 
     `address` is `host:port`, `[v6]:port`, `http://host:port` or `https://host:port`.
     TLS is on for `https://`, `tls=True` (system roots), a `tls_ca_cert` (PEM bytes or a
     path), a `tls_domain` (server-name override) or a caller's `ssl.SSLContext`.
+    `wire_engine` picks the HTTP/2 implementation: None (the default engine, "codec", our
+    own) or "h2" (the reference engine, built on the h2 package).
     """
     parsed = parse_address(address)
     wants_tls = bool(tls) or tls_ca_cert is not None or tls_domain is not None or parsed.tls is True
@@ -625,6 +629,8 @@ async def open(
         raise ValidationError("enqueue_batching", "must be a sepp.Batching")
     if retry_policy is not None and not isinstance(retry_policy, RetryPolicy):
         raise ValidationError("retry_policy", "must be a sepp.RetryPolicy")
+    if wire_engine is not None and wire_engine not in WIRE_ENGINES:
+        raise ValidationError("wire_engine", f"must be one of {', '.join(WIRE_ENGINES)} or None")
     log = Log(logger)
     secret: list[tuple[bytes, bytes]] = []
     if api_key is not None:
@@ -647,6 +653,7 @@ async def open(
             max_receive_message_bytes=max_receive,
             keepalive_interval=keepalive_s,
             keepalive_timeout=keepalive_timeout_s,
+            wire_engine=wire_engine,
         )
         client = Client(
             channel,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Literal
 
+from .wire._failure import FailureKind
 from .wire._status import StatusCode
 
 if TYPE_CHECKING:
@@ -146,10 +147,10 @@ _BY_CODE: dict[StatusCode, type[ClientError]] = {
     StatusCode.UNKNOWN: ServerInternalError,
 }
 
-_LOCAL_KINDS: dict[str, type[ClientError]] = {
-    "too_large": MessageTooLargeError,
-    "compressed": MalformedResponseError,
-    "malformed": MalformedResponseError,
+_LOCAL_KINDS: dict[FailureKind, type[ClientError]] = {
+    FailureKind.TOO_LARGE: MessageTooLargeError,
+    FailureKind.COMPRESSED: MalformedResponseError,
+    FailureKind.MALFORMED: MalformedResponseError,
 }
 
 
@@ -159,15 +160,15 @@ def error_from_status(
     *,
     call: CallKind = "generic",
     method: str = "",
-    kind: str | None = None,
+    kind: FailureKind | None = None,
     addr: str = "",
 ) -> SeppError:
     """Map a failed call to its typed error (the one mapper; see peer-clients §2.3)."""
     where = f"{method}: " if method else ""
     text = f"{where}{code.name}: {details}" if details else f"{where}{code.name}"
-    if kind == "connect":
+    if kind is FailureKind.CONNECT:
         return ConnectError(addr, details)
-    local = _LOCAL_KINDS.get(kind or "")
+    local = _LOCAL_KINDS.get(kind) if kind is not None else None
     if local is not None:
         return local(f"{where}{details}", code=code, details=details)
     if call == "lease":

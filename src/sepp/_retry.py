@@ -28,12 +28,6 @@ RETRYABLE = frozenset(
 )
 # Codes after which an un-keyed enqueue may already have been committed.
 AMBIGUOUS = frozenset({StatusCode.DEADLINE_EXCEEDED, StatusCode.ABORTED})
-# Local verdicts that a retry cannot change.
-_FINAL_KINDS = frozenset({"too_large", "compressed", "malformed", "closed"})
-# Failures after the request may have reached the server: the connection died with the call
-# in flight, or the peer broke HTTP/2 mid-read. Like DEADLINE_EXCEEDED, a commit may hide
-# behind them. (A refused connect, GOAWAY above last_stream_id and REFUSED_STREAM are safe.)
-AMBIGUOUS_KINDS = frozenset({"connection", "protocol"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,9 +87,12 @@ async def call_with_retry(
         try:
             return await attempt()
         except RpcError as exc:
-            if index >= len(delays) or exc.code not in retryable or exc.kind in _FINAL_KINDS:
+            kind = exc.kind
+            if index >= len(delays) or exc.code not in retryable or (kind and kind.final):
                 raise
-            if not ambiguous_retry_safe and (exc.code in AMBIGUOUS or exc.kind in AMBIGUOUS_KINDS):
+            # After an ambiguous failure (the connection died with the call in flight, the
+            # peer broke HTTP/2 mid-read, a deadline) a commit may hide: see FailureKind.
+            if not ambiguous_retry_safe and (exc.code in AMBIGUOUS or (kind and kind.ambiguous)):
                 raise
             delay = delays[index] * (random.uniform(0.5, 1.0) if policy.jitter else 1.0)
             log.warning(

@@ -10,6 +10,7 @@ import sepp
 from sepp._errors import error_from_status
 from sepp._log import Log
 from sepp._retry import call_with_retry
+from sepp.wire._failure import FailureKind
 from sepp.wire._status import StatusCode
 from sepp.wire._transport import RpcError
 
@@ -19,7 +20,7 @@ S = StatusCode
 class Script:
     """An attempt function failing with the given codes, then succeeding."""
 
-    def __init__(self, *codes: StatusCode, kind: str | None = None) -> None:
+    def __init__(self, *codes: StatusCode, kind: FailureKind | None = None) -> None:
         self.codes = list(codes)
         self.kind = kind
         self.calls: list[float] = []
@@ -75,13 +76,13 @@ async def test_non_retryable_codes_are_called_once(code: StatusCode) -> None:
 @pytest.mark.parametrize(
     ("code", "kind", "expected_calls"),
     [
-        (S.DEADLINE_EXCEEDED, "deadline", 1),
+        (S.DEADLINE_EXCEEDED, FailureKind.DEADLINE, 1),
         (S.ABORTED, None, 1),
-        (S.UNAVAILABLE, "connection", 1),  # lost mid-call: the job may be committed
-        (S.UNAVAILABLE, "protocol", 1),
-        (S.UNAVAILABLE, "connect", 2),  # never reached the server
-        (S.UNAVAILABLE, "goaway", 2),  # above last_stream_id: not processed
-        (S.UNAVAILABLE, "reset", 2),  # REFUSED_STREAM
+        (S.UNAVAILABLE, FailureKind.CONNECTION, 1),  # lost mid-call: the job may be committed
+        (S.UNAVAILABLE, FailureKind.PROTOCOL, 1),
+        (S.UNAVAILABLE, FailureKind.CONNECT, 2),  # never reached the server
+        (S.UNAVAILABLE, FailureKind.GOAWAY, 2),  # above last_stream_id: not processed
+        (S.UNAVAILABLE, FailureKind.RESET, 2),  # REFUSED_STREAM
         (S.RESOURCE_EXHAUSTED, None, 2),
     ],
 )
@@ -101,7 +102,7 @@ async def test_keyless_enqueue_retries_only_failures_that_precede_the_server(
 
 async def test_local_too_large_verdict_is_never_retried() -> None:
     policy = sepp.RetryPolicy(max_attempts=3, initial_backoff=0.001)
-    script = Script(S.RESOURCE_EXHAUSTED, kind="too_large")
+    script = Script(S.RESOURCE_EXHAUSTED, kind=FailureKind.TOO_LARGE)
     with pytest.raises(RpcError):
         await call_with_retry(policy, script, method="M", log=Log(None))
     assert len(script.calls) == 1
@@ -147,12 +148,13 @@ def test_status_mapping(code: StatusCode, call: str, expected: type[Exception]) 
 
 
 def test_local_kinds_map_to_their_own_errors() -> None:
-    too_large = error_from_status(S.RESOURCE_EXHAUSTED, "big", kind="too_large")
+    too_large = error_from_status(S.RESOURCE_EXHAUSTED, "big", kind=FailureKind.TOO_LARGE)
     assert type(too_large) is sepp.MessageTooLargeError
     assert (
-        type(error_from_status(S.INTERNAL, "x", kind="compressed")) is sepp.MalformedResponseError
+        type(error_from_status(S.INTERNAL, "x", kind=FailureKind.COMPRESSED))
+        is sepp.MalformedResponseError
     )
-    connect = error_from_status(S.UNAVAILABLE, "refused", kind="connect", addr="h:1")
+    connect = error_from_status(S.UNAVAILABLE, "refused", kind=FailureKind.CONNECT, addr="h:1")
     assert isinstance(connect, sepp.ConnectError) and connect.addr == "h:1"
 
 

@@ -1,4 +1,6 @@
-"""The sans-IO GrpcConnection against a server-side h2 connection in memory (no sockets).
+"""Each sans-IO engine against a server-side h2 connection in memory (no sockets).
+
+Every test runs on both engines (the `wire_engine` parametrisation in conftest.py).
 
 Bytes go both ways by hand: `Pair.to_server()` feeds what the client queued to the server's h2
 state machine, `Pair.to_client()` the reverse. Where the server's h2 cannot be made to misbehave
@@ -37,16 +39,18 @@ from sepp.wire import (
     CallFinished,
     ConnectionBroken,
     GoAwayReceived,
-    GrpcConnection,
     PingAcknowledged,
     StreamCapacityChanged,
+    _engine,
+    connection_class,
 )
-from sepp.wire._connection import (
+from sepp.wire._engine import (
     DEFAULT_CONNECTION_WINDOW,
     DEFAULT_MAX_FRAME_SIZE,
     DEFAULT_STREAM_WINDOW,
 )
 from sepp.wire._events import Event
+from sepp.wire._failure import FailureKind
 from sepp.wire._framing import encode_message
 from sepp.wire._status import StatusCode
 
@@ -55,7 +59,7 @@ OK_HEADERS = [(b":status", b"200"), (b"content-type", b"application/grpc")]
 
 
 class Pair:
-    """A GrpcConnection and a server-side H2Connection wired together in memory."""
+    """A client engine and a server-side H2Connection wired together in memory."""
 
     def __init__(
         self,
@@ -66,7 +70,7 @@ class Pair:
     ) -> None:
         client_kwargs.setdefault("authority", "sepp.test:50051")
         client_kwargs.setdefault("user_agent", "sepp-trio/test")
-        self.client = GrpcConnection(**client_kwargs)
+        self.client = connection_class(_engine.DEFAULT_WIRE_ENGINE)(**client_kwargs)
         self.client.initiate()
         config = h2.config.H2Configuration(
             client_side=False,
@@ -326,7 +330,7 @@ def test_trailers_only_ok_without_a_message_is_malformed() -> None:
     sid = pair.call()
     pair.trailers_only(sid, 0)
     result = pair.finished(sid)
-    assert (result.code, result.error_kind) == (StatusCode.INTERNAL, "malformed")
+    assert (result.code, result.error_kind) == (StatusCode.INTERNAL, FailureKind.MALFORMED)
 
 
 def test_error_status_with_a_body_keeps_the_status() -> None:
@@ -369,7 +373,7 @@ def test_two_messages_are_malformed_and_the_stream_is_cancelled() -> None:
     pair.server.send_data(sid, encode_message(b"one") + encode_message(b"two"))
     pair.to_client()
     result = pair.finished(sid)
-    assert (result.code, result.error_kind) == (StatusCode.INTERNAL, "malformed")
+    assert (result.code, result.error_kind) == (StatusCode.INTERNAL, FailureKind.MALFORMED)
     pair.to_server()
     assert pair.server_resets() == {sid: ErrorCodes.CANCEL}
     # The trailers that follow are ignored: the call finished once.
@@ -384,7 +388,7 @@ def test_more_data_than_the_prefix_declared_is_malformed() -> None:
     pair.server.send_headers(sid, OK_HEADERS)
     pair.server.send_data(sid, struct.pack(">BI", 0, 2) + b"abc")
     pair.to_client()
-    assert pair.finished(sid).error_kind == "malformed"
+    assert pair.finished(sid).error_kind is FailureKind.MALFORMED
 
 
 def test_truncated_message_is_malformed() -> None:
@@ -394,7 +398,7 @@ def test_truncated_message_is_malformed() -> None:
     pair.server.send_data(sid, struct.pack(">BI", 0, 10) + b"abc")
     pair.trailers(sid)
     result = pair.finished(sid)
-    assert (result.code, result.error_kind) == (StatusCode.INTERNAL, "malformed")
+    assert (result.code, result.error_kind) == (StatusCode.INTERNAL, FailureKind.MALFORMED)
     assert "truncated" in result.details
 
 
@@ -406,7 +410,10 @@ def test_huge_length_prefix_is_refused_before_the_body_arrives() -> None:
     events = pair.to_client()
     assert kinds(events) == [CallFinished, StreamCapacityChanged]
     result = pair.finished(sid)
-    assert (result.code, result.error_kind) == (StatusCode.RESOURCE_EXHAUSTED, "too_large")
+    assert (result.code, result.error_kind) == (
+        StatusCode.RESOURCE_EXHAUSTED,
+        FailureKind.TOO_LARGE,
+    )
     assert "1024" in result.details
     pair.to_server()
     assert pair.server_resets() == {sid: ErrorCodes.CANCEL}
@@ -424,7 +431,7 @@ def test_compressed_flag_is_a_typed_error() -> None:
     pair.server.send_data(sid, struct.pack(">BI", 1, 3) + b"abc")
     pair.to_client()
     result = pair.finished(sid)
-    assert (result.code, result.error_kind) == (StatusCode.INTERNAL, "compressed")
+    assert (result.code, result.error_kind) == (StatusCode.INTERNAL, FailureKind.COMPRESSED)
 
 
 @pytest.mark.parametrize(
@@ -450,7 +457,7 @@ def test_non_200_status_maps_per_the_grpc_http_table(http: int, code: StatusCode
     pair.server.send_data(sid, b"<html>nope</html>", end_stream=True)
     pair.to_client()
     result = pair.finished(sid)
-    assert (result.code, result.error_kind) == (code, "http")
+    assert (result.code, result.error_kind) == (code, FailureKind.HTTP)
     assert str(http) in result.details
 
 
@@ -461,7 +468,7 @@ def test_missing_status_pseudo_header_is_malformed() -> None:
                              end_stream=True)  # fmt: skip
     pair.to_client()
     result = pair.finished(sid)
-    assert (result.code, result.error_kind) == (StatusCode.INTERNAL, "malformed")
+    assert (result.code, result.error_kind) == (StatusCode.INTERNAL, FailureKind.MALFORMED)
 
 
 def test_unparseable_status_pseudo_header() -> None:
@@ -479,7 +486,7 @@ def test_missing_grpc_status() -> None:
     pair.server.send_data(sid, encode_message(b"x"), end_stream=True)
     pair.to_client()
     result = pair.finished(sid)
-    assert (result.code, result.error_kind) == (StatusCode.UNKNOWN, "malformed")
+    assert (result.code, result.error_kind) == (StatusCode.UNKNOWN, FailureKind.MALFORMED)
     assert "grpc-status" in result.details
 
 
@@ -534,7 +541,7 @@ def test_response_content_type(ctype: bytes, ok: bool) -> None:
     if ok:
         assert result.code is StatusCode.OK
     else:
-        assert (result.code, result.error_kind) == (StatusCode.UNKNOWN, "malformed")
+        assert (result.code, result.error_kind) == (StatusCode.UNKNOWN, FailureKind.MALFORMED)
 
 
 def test_informational_headers_are_skipped() -> None:
@@ -569,7 +576,7 @@ def test_rst_stream_mid_response(error_code: ErrorCodes, code: StatusCode) -> No
     events = pair.to_client()
     assert kinds(events) == [CallFinished, StreamCapacityChanged]
     result = pair.finished(sid)
-    assert (result.code, result.error_kind) == (code, "reset")
+    assert (result.code, result.error_kind) == (code, FailureKind.RESET)
     # Other calls on the connection are unaffected.
     assert pair.client.can_start_call
     pair.respond(other, b"fine")
@@ -601,7 +608,7 @@ def test_goaway_fails_calls_above_last_stream_id_and_lets_the_rest_finish() -> N
     events = pair.to_client(goaway(b))
     assert kinds(events) == [CallFinished, GoAwayReceived]
     result = pair.finished(c)
-    assert (result.code, result.error_kind) == (StatusCode.UNAVAILABLE, "goaway")
+    assert (result.code, result.error_kind) == (StatusCode.UNAVAILABLE, FailureKind.GOAWAY)
     assert events[1] == GoAwayReceived(b, 0)
     assert pair.client.draining
     assert not pair.client.usable
@@ -628,7 +635,7 @@ def test_goaway_and_the_surviving_responses_in_one_read() -> None:
     assert pair.client.broken is None
     assert pair.finished(a).body == b"first"
     assert pair.finished(b).body == b"second"
-    assert pair.finished(c).error_kind == "goaway"
+    assert pair.finished(c).error_kind is FailureKind.GOAWAY
     assert pair.client.active_calls == 0
 
 
@@ -640,7 +647,7 @@ def test_graceful_double_goaway() -> None:
     assert pair.client.active_calls == 3
     second = pair.to_client(goaway(a))
     assert kinds(second) == [CallFinished, CallFinished, GoAwayReceived]
-    assert {pair.finished(b).error_kind, pair.finished(c).error_kind} == {"goaway"}
+    assert {pair.finished(b).error_kind, pair.finished(c).error_kind} == {FailureKind.GOAWAY}
     pair.respond(a)
     assert pair.finished(a).code is StatusCode.OK
 
@@ -850,7 +857,7 @@ def test_server_ping_is_answered() -> None:
 
 def test_stream_ids_running_out_drains_the_connection() -> None:
     pair = Pair()
-    pair.client._h2.highest_outbound_stream_id = 2**31 - 5
+    pair.client._set_next_stream_id(2**31 - 3)  # type: ignore[attr-defined]
     sid = pair.call()
     assert sid == 2**31 - 3
     assert pair.client.can_start_call
@@ -869,7 +876,8 @@ def test_connection_lost_fails_every_call() -> None:
     finished = pair.client.connection_lost("socket died")
     assert {f.stream_id for f in finished} == {a, b}
     assert all(
-        (f.code, f.details, f.error_kind) == (StatusCode.UNAVAILABLE, "socket died", "connection")
+        (f.code, f.details, f.error_kind)
+        == (StatusCode.UNAVAILABLE, "socket died", FailureKind.CONNECTION)
         for f in finished
     )
     assert not pair.client.usable
@@ -888,7 +896,7 @@ def test_protocol_garbage_breaks_the_connection() -> None:
     assert (result.stream_id, result.code, result.error_kind) == (
         a,
         StatusCode.UNAVAILABLE,
-        "protocol",
+        FailureKind.PROTOCOL,
     )
     assert pair.client.broken is not None
     assert not pair.client.can_start_call

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from sepp.wire._failure import FailureKind
 from sepp.wire._framing import PREFIX_BYTES, FramingError, MessageDecoder, encode_message
 
 
@@ -69,19 +70,19 @@ def test_a_second_message_is_malformed() -> None:
     decoder = decode_all([encode_message(b"one")])
     with pytest.raises(FramingError) as info:
         decoder.feed(encode_message(b"two"))
-    assert info.value.kind == "malformed"
+    assert info.value.kind is FailureKind.MALFORMED
 
 
 def test_two_messages_in_one_chunk_are_malformed() -> None:
     with pytest.raises(FramingError) as info:
         decode_all([encode_message(b"one") + encode_message(b"two")])
-    assert info.value.kind == "malformed"
+    assert info.value.kind is FailureKind.MALFORMED
 
 
 def test_more_data_than_the_prefix_declared_is_malformed() -> None:
     with pytest.raises(FramingError) as info:
         decode_all([prefix(3) + b"abcd"])
-    assert info.value.kind == "malformed"
+    assert info.value.kind is FailureKind.MALFORMED
     with pytest.raises(FramingError):
         decode_all([prefix(3), b"ab", b"cd"])
 
@@ -94,21 +95,21 @@ def test_empty_chunk_after_the_message_is_fine() -> None:
 def test_compressed_flag_is_a_typed_error() -> None:
     with pytest.raises(FramingError) as info:
         decode_all([prefix(3, flag=1) + b"abc"])
-    assert info.value.kind == "compressed"
+    assert info.value.kind is FailureKind.COMPRESSED
 
 
 @pytest.mark.parametrize("flag", [2, 0x80, 0xFF])
 def test_unknown_flag_is_malformed(flag: int) -> None:
     with pytest.raises(FramingError) as info:
         decode_all([prefix(3, flag=flag) + b"abc"])
-    assert info.value.kind == "malformed"
+    assert info.value.kind is FailureKind.MALFORMED
 
 
 def test_huge_length_prefix_is_refused_before_the_body_arrives() -> None:
     decoder = MessageDecoder(4 * 1024 * 1024)
     with pytest.raises(FramingError) as info:
         decoder.feed(prefix(0xFFFFFFFF))  # only the prefix: nothing of the body yet
-    assert info.value.kind == "too_large"
+    assert info.value.kind is FailureKind.TOO_LARGE
     assert str(4 * 1024 * 1024) in str(info.value)
 
 
@@ -116,7 +117,7 @@ def test_limit_is_inclusive() -> None:
     assert decode_all([encode_message(b"x" * 8)], max_bytes=8).message == b"x" * 8
     with pytest.raises(FramingError) as info:
         decode_all([prefix(9)], max_bytes=8)
-    assert info.value.kind == "too_large"
+    assert info.value.kind is FailureKind.TOO_LARGE
 
 
 def test_no_limit_accepts_a_large_declared_length() -> None:
@@ -159,7 +160,7 @@ def test_trailing_garbage_under_any_chunking_is_malformed(
     chunks = data.draw(chunked(encode_message(body) + extra))
     with pytest.raises(FramingError) as info:
         decode_all(chunks)
-    assert info.value.kind == "malformed"
+    assert info.value.kind is FailureKind.MALFORMED
 
 
 @given(
@@ -176,7 +177,7 @@ def test_arbitrary_bytes_only_raise_framing_error(
         for chunk in chunks:
             decoder.feed(chunk)
     except FramingError as exc:
-        assert exc.kind in {"malformed", "compressed", "too_large"}
+        assert exc.kind in {FailureKind.MALFORMED, FailureKind.COMPRESSED, FailureKind.TOO_LARGE}
         return
     if decoder.message is not None:
         assert max_bytes is None or len(decoder.message) <= max_bytes

@@ -14,6 +14,7 @@ import trio
 from fixtures.h2_server import H2Server, ServerCall, frame_message
 from h2.errors import ErrorCodes
 
+from sepp.wire._failure import FailureKind
 from sepp.wire._status import StatusCode
 from sepp.wire._transport import Channel, Endpoint, RpcError
 
@@ -156,7 +157,10 @@ async def test_call_timeout_raises_deadline_exceeded_when_the_server_stalls() ->
         with pytest.raises(RpcError) as info:
             await channel.call("Ack", b"x", timeout=0.3)
         elapsed = trio.current_time() - start
-        assert (info.value.code, info.value.kind) == (StatusCode.DEADLINE_EXCEEDED, "deadline")
+        assert (info.value.code, info.value.kind) == (
+            StatusCode.DEADLINE_EXCEEDED,
+            FailureKind.DEADLINE,
+        )
         assert 0.3 <= elapsed < 2.5  # generous: shared CI machines
         sent = timeout_seconds(server.calls[0].header(b"grpc-timeout"))
         assert 0.2 < sent <= 0.3
@@ -200,7 +204,10 @@ async def test_dropped_connection_mid_call_fails_unavailable_and_the_next_call_r
     async with serving(handler) as (server, channel):
         with pytest.raises(RpcError) as info:
             await channel.call("Ack", b"x", timeout=5)
-        assert (info.value.code, info.value.kind) == (StatusCode.UNAVAILABLE, "connection")
+        assert (info.value.code, info.value.kind) == (
+            StatusCode.UNAVAILABLE,
+            FailureKind.CONNECTION,
+        )
         assert await channel.call("Ack", b"again", timeout=5) == b"echo:again"
         assert channel.connections_opened == 2
         assert len(server.connections) == 2
@@ -218,7 +225,10 @@ async def test_connection_closed_mid_message() -> None:
     async with serving(handler) as (_, channel):
         with pytest.raises(RpcError) as info:
             await channel.call("Ack", b"x", timeout=5)
-        assert (info.value.code, info.value.kind) == (StatusCode.UNAVAILABLE, "connection")
+        assert (info.value.code, info.value.kind) == (
+            StatusCode.UNAVAILABLE,
+            FailureKind.CONNECTION,
+        )
         assert await channel.call("Ack", b"y", timeout=5) == b"echo:y"
         assert channel.connections_opened == 2
 
@@ -259,7 +269,10 @@ async def test_connection_refused_is_a_connect_error() -> None:
             channel = Channel(Endpoint("127.0.0.1", port), nursery, user_agent="t")
             with pytest.raises(RpcError) as info:
                 await channel.call("Ack", b"x", timeout=5)
-            assert (info.value.code, info.value.kind) == (StatusCode.UNAVAILABLE, "connect")
+            assert (info.value.code, info.value.kind) == (
+                StatusCode.UNAVAILABLE,
+                FailureKind.CONNECT,
+            )
             await channel.aclose()
 
 
@@ -271,7 +284,7 @@ async def test_server_that_never_sends_settings_is_a_connect_error() -> None:
         start = trio.current_time()
         with pytest.raises(RpcError) as info:
             await channel.call("Ack", b"x", timeout=5)
-        assert (info.value.code, info.value.kind) == (StatusCode.UNAVAILABLE, "connect")
+        assert (info.value.code, info.value.kind) == (StatusCode.UNAVAILABLE, FailureKind.CONNECT)
         assert "SETTINGS" in info.value.details
         assert trio.current_time() - start < 3.0
         assert channel.connections_opened == 0
@@ -283,7 +296,10 @@ async def test_call_deadline_while_waiting_for_settings_closes_the_socket() -> N
     async with serving(echo, silent=True) as (server, channel):
         with pytest.raises(RpcError) as info:
             await channel.call("Ack", b"x", timeout=0.2)
-        assert (info.value.code, info.value.kind) == (StatusCode.DEADLINE_EXCEEDED, "deadline")
+        assert (info.value.code, info.value.kind) == (
+            StatusCode.DEADLINE_EXCEEDED,
+            FailureKind.DEADLINE,
+        )
         await server.wait_until(lambda: len(server.connections) == 1)
         await server.wait_until(lambda: server.connections[0].closed)
 
@@ -336,7 +352,7 @@ async def test_goaway_with_calls_above_and_below_last_stream_id(same_write: bool
         assert results[1] == b"done-3"
         failed = results[2]
         assert isinstance(failed, RpcError)
-        assert (failed.code, failed.kind) == (StatusCode.UNAVAILABLE, "goaway")
+        assert (failed.code, failed.kind) == (StatusCode.UNAVAILABLE, FailureKind.GOAWAY)
         # New calls go to a new connection; the drained one is closed by the client.
         assert await channel.call("Ack", b"new", timeout=5) == b"echo:new"
         assert channel.connections_opened == 2
@@ -367,7 +383,10 @@ async def test_goaway_then_close_before_answering_fails_the_survivors() -> None:
     async with serving(handler) as (_, channel):
         with pytest.raises(RpcError) as info:
             await channel.call("Ack", b"x", timeout=5)
-        assert (info.value.code, info.value.kind) == (StatusCode.UNAVAILABLE, "connection")
+        assert (info.value.code, info.value.kind) == (
+            StatusCode.UNAVAILABLE,
+            FailureKind.CONNECTION,
+        )
         assert await channel.call("Ack", b"y", timeout=5) == b"echo:y"
 
 
@@ -387,7 +406,10 @@ async def test_keepalive_timeout_kills_a_silent_connection() -> None:
         start = trio.current_time()
         with pytest.raises(RpcError) as info:
             await channel.call("Ack", b"x", timeout=5)
-        assert (info.value.code, info.value.kind) == (StatusCode.UNAVAILABLE, "connection")
+        assert (info.value.code, info.value.kind) == (
+            StatusCode.UNAVAILABLE,
+            FailureKind.CONNECTION,
+        )
         assert "keepalive" in info.value.details
         assert trio.current_time() - start < 3.0
         assert await channel.call("Ack", b"y", timeout=5) == b"echo:y"
@@ -432,7 +454,7 @@ async def test_server_reset_maps_to_a_status_and_keeps_the_connection() -> None:
     async with serving(handler) as (_, channel):
         with pytest.raises(RpcError) as info:
             await channel.call("Ack", b"x", timeout=5)
-        assert (info.value.code, info.value.kind) == (StatusCode.UNAVAILABLE, "reset")
+        assert (info.value.code, info.value.kind) == (StatusCode.UNAVAILABLE, FailureKind.RESET)
         assert await channel.call("Ack", b"y", timeout=5) == b"echo:y"
         assert channel.connections_opened == 1
 
@@ -474,7 +496,10 @@ async def test_too_large_response_is_refused_and_the_stream_cancelled() -> None:
     async with serving(handler, channel_kwargs=kwargs) as (server, channel):
         with pytest.raises(RpcError) as info:
             await channel.call("Reserve", b"x", timeout=5)
-        assert (info.value.code, info.value.kind) == (StatusCode.RESOURCE_EXHAUSTED, "too_large")
+        assert (info.value.code, info.value.kind) == (
+            StatusCode.RESOURCE_EXHAUSTED,
+            FailureKind.TOO_LARGE,
+        )
         await server.wait_until(lambda: server.resets.get((0, 1)) == ErrorCodes.CANCEL)
         assert await channel.call("Ack", b"y", timeout=5) == b"echo:y"
 
@@ -512,7 +537,7 @@ async def test_aclose_fails_in_flight_calls_and_refuses_new_ones() -> None:
         assert [f.code for f in failures] == [StatusCode.UNAVAILABLE]
         with pytest.raises(RpcError) as info:
             await channel.call("Ack", b"x", timeout=5)
-        assert info.value.kind == "closed"
+        assert info.value.kind is FailureKind.CLOSED
 
 
 async def test_failed_connect_is_shared_by_the_calls_queued_behind_it() -> None:
@@ -532,7 +557,9 @@ async def test_failed_connect_is_shared_by_the_calls_queued_behind_it() -> None:
                 calls.start_soon(one)
         # One connect timeout for all of them, not one per queued call.
         assert trio.current_time() - start < 1.4  # 5 x 0.3 s would be 1.5 s
-        assert [(f.code, f.kind) for f in failures] == [(StatusCode.UNAVAILABLE, "connect")] * 5
+        assert [(f.code, f.kind) for f in failures] == [
+            (StatusCode.UNAVAILABLE, FailureKind.CONNECT)
+        ] * 5
         assert len(server.connections) == 1
         # The next call tries again.
         with pytest.raises(RpcError):
@@ -585,7 +612,7 @@ async def test_tls_without_alpn_h2_is_a_connect_error() -> None:
     async with serving_tls(echo, ["http/1.1"]) as (server, channel):
         with pytest.raises(RpcError) as info:
             await channel.call("Ack", b"x", timeout=5)
-        assert (info.value.code, info.value.kind) == (StatusCode.UNAVAILABLE, "connect")
+        assert (info.value.code, info.value.kind) == (StatusCode.UNAVAILABLE, FailureKind.CONNECT)
         assert "ALPN" in info.value.details
         assert not server.calls
 
@@ -621,6 +648,8 @@ async def test_aclose_while_connecting_does_not_leave_a_live_connection() -> Non
             calls.start_soon(one)
             await server.wait_until(lambda: len(server.connections) == 1)
             await channel.aclose()  # while the client waits for the server's SETTINGS
-        assert [(f.code, f.kind) for f in failures] == [(StatusCode.UNAVAILABLE, "closed")]
+        assert [(f.code, f.kind) for f in failures] == [
+            (StatusCode.UNAVAILABLE, FailureKind.CLOSED)
+        ]
         assert not server.calls
         await server.wait_until(lambda: server.connections[0].closed)

@@ -1,23 +1,36 @@
-"""gRPC over HTTP/2 for sepp's one service: a sans-IO core (`GrpcConnection`) and a trio driver."""
+"""gRPC over HTTP/2 for sepp's one service: two sans-IO engines (our codec, the default, and
+h2, the reference) behind one interface, and a trio driver."""
 
-from ._connection import GrpcConnection as GrpcConnection
+from ._codec import CodecGrpcConnection as CodecGrpcConnection
+from ._engine import DEFAULT_WIRE_ENGINE as DEFAULT_WIRE_ENGINE
+from ._engine import WIRE_ENGINES as WIRE_ENGINES
+from ._engine import GrpcConnection as GrpcConnection
+from ._engine import WireEngine as WireEngine
+from ._engine import connection_class as connection_class
 from ._events import CallFinished as CallFinished
 from ._events import ConnectionBroken as ConnectionBroken
 from ._events import GoAwayReceived as GoAwayReceived
 from ._events import PingAcknowledged as PingAcknowledged
 from ._events import StreamCapacityChanged as StreamCapacityChanged
+from ._failure import FailureKind as FailureKind
 from ._framing import MessageDecoder as MessageDecoder
 from ._framing import encode_message as encode_message
 from ._status import StatusCode as StatusCode
 
 __all__ = [
+    "DEFAULT_WIRE_ENGINE",
+    "WIRE_ENGINES",
     "CallFinished",
+    "CodecGrpcConnection",
     "ConnectionBroken",
+    "FailureKind",
     "GoAwayReceived",
     "GrpcConnection",
     "MessageDecoder",
     "PingAcknowledged",
     "StatusCode",
     "StreamCapacityChanged",
+    "WireEngine",
+    "connection_class",
     "encode_message",
 ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ._failure import FailureKind
 from ._status import StatusCode
 
 
@@ -11,15 +12,15 @@ from ._status import StatusCode
 class CallFinished:
     """A call ended. `body` is the response message when `code` is OK.
 
-    `error_kind` names a local verdict on the response ("too_large", "compressed",
-    "malformed") or how the call died ("reset", "goaway", "connection", "protocol").
+    `error_kind` says how a failed call failed below its status (a local verdict on the
+    response, or how the call died), when that matters for errors and retries.
     """
 
     stream_id: int
     code: StatusCode
     details: str
     body: bytes | None = None
-    error_kind: str | None = None
+    error_kind: FailureKind | None = None
 
 
 @dataclass(frozen=True, slots=True)

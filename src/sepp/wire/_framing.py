@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import struct
 
+from ._failure import FailureKind
+
 _PREFIX = struct.Struct(">BI")
 PREFIX_BYTES = _PREFIX.size
 
@@ -16,7 +18,7 @@ def encode_message(body: bytes) -> bytes:
 class FramingError(Exception):
     """The peer sent a message we cannot accept; `kind` says why."""
 
-    def __init__(self, kind: str, message: str) -> None:
+    def __init__(self, kind: FailureKind, message: str) -> None:
         super().__init__(message)
         self.kind = kind
 
@@ -25,7 +27,8 @@ class MessageDecoder:
     """Reassembles exactly one gRPC message from DATA chunks (every sepp RPC is unary).
 
     The declared length is checked against the cap as soon as the prefix is complete, so an
-    oversized message is refused before its body is buffered.
+    oversized message is refused before its body is buffered. A message that arrives whole in
+    one chunk (the common case) is sliced out without buffering.
     """
 
     __slots__ = ("_buffer", "_declared", "_max_bytes", "message")
@@ -36,34 +39,49 @@ class MessageDecoder:
         self._max_bytes = max_bytes
         self.message: bytes | None = None
 
-    def feed(self, data: bytes) -> None:
+    def feed(self, data: bytes | memoryview) -> None:
         """Add a chunk; raises FramingError on a bad or oversized message."""
         if self.message is not None:
             if data:
-                raise FramingError("malformed", "more than one message in a unary response")
+                raise FramingError(
+                    FailureKind.MALFORMED, "more than one message in a unary response"
+                )
             return
+        if self._declared is None and not self._buffer and len(data) >= PREFIX_BYTES:
+            length = self._read_prefix(data)
+            if len(data) - PREFIX_BYTES == length:
+                self.message = bytes(data[PREFIX_BYTES:])
+                return
+            data = data[PREFIX_BYTES:]
         self._buffer += data
         if self._declared is None:
             if len(self._buffer) < PREFIX_BYTES:
                 return
-            flag, length = _PREFIX.unpack_from(self._buffer)
-            if flag == 1:
-                raise FramingError("compressed", "compressed message received, none was accepted")
-            if flag != 0:
-                raise FramingError("malformed", f"invalid compressed flag {flag}")
-            if self._max_bytes is not None and length > self._max_bytes:
-                raise FramingError(
-                    "too_large",
-                    f"response message of {length} bytes exceeds the "
-                    f"{self._max_bytes}-byte receive limit",
-                )
-            self._declared = length
+            self._read_prefix(self._buffer)
             del self._buffer[:PREFIX_BYTES]
+        assert self._declared is not None
         if len(self._buffer) > self._declared:
-            raise FramingError("malformed", "more data than the length prefix declared")
+            raise FramingError(FailureKind.MALFORMED, "more data than the length prefix declared")
         if len(self._buffer) == self._declared:
             self.message = bytes(self._buffer)
             self._buffer.clear()
+
+    def _read_prefix(self, data: bytes | bytearray | memoryview) -> int:
+        flag, length = _PREFIX.unpack_from(data)
+        if flag == 1:
+            raise FramingError(
+                FailureKind.COMPRESSED, "compressed message received, none was accepted"
+            )
+        if flag != 0:
+            raise FramingError(FailureKind.MALFORMED, f"invalid compressed flag {flag}")
+        if self._max_bytes is not None and length > self._max_bytes:
+            raise FramingError(
+                FailureKind.TOO_LARGE,
+                f"response message of {length} bytes exceeds the "
+                f"{self._max_bytes}-byte receive limit",
+            )
+        self._declared = length
+        return int(length)
 
     @property
     def incomplete(self) -> bool:

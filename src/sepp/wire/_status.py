@@ -59,10 +59,16 @@ def status_from_rst(error_code: int) -> StatusCode:
     return _RST_TO_GRPC.get(error_code, StatusCode.INTERNAL)
 
 
+_STATUS_BY_TEXT = {b"%d" % code: code for code in StatusCode}
+
+
 def parse_grpc_status(raw: bytes | None) -> StatusCode | None:
     """Parse a `grpc-status` value; None if absent, UNKNOWN if garbage or out of range."""
     if raw is None:
         return None
+    exact = _STATUS_BY_TEXT.get(raw)
+    if exact is not None:
+        return exact
     text = raw.strip()
     if not text.isdigit() or len(text) > 3:
         return StatusCode.UNKNOWN

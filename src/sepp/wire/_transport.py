@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 import trio
 
-from ._connection import GrpcConnection, Header
+from . import _engine
+from ._engine import GrpcConnection, Header, WireEngine, connection_class
 from ._events import (
     CallFinished,
     ConnectionBroken,
@@ -22,6 +23,7 @@ from ._events import (
     PingAcknowledged,
     StreamCapacityChanged,
 )
+from ._failure import FailureKind
 from ._status import StatusCode
 
 _RECEIVE_BYTES = 256 * 1024
@@ -33,7 +35,7 @@ _log = logging.getLogger("sepp.wire")
 class RpcError(Exception):
     """A call failed: a gRPC status from the server, or a local verdict (`kind`)."""
 
-    def __init__(self, code: StatusCode, details: str, kind: str | None = None) -> None:
+    def __init__(self, code: StatusCode, details: str, kind: FailureKind | None = None) -> None:
         super().__init__(details)
         self.code = code
         self.details = details
@@ -122,7 +124,9 @@ class _Connection:
         for finished in self.proto.connection_lost(reason):
             self._deliver(finished)
         for pending in self.waiters.values():  # defensive: nothing should be left
-            pending.result = CallFinished(0, StatusCode.UNAVAILABLE, reason, None, "connection")
+            pending.result = CallFinished(
+                0, StatusCode.UNAVAILABLE, reason, None, FailureKind.CONNECTION
+            )
             pending.event.set()
         self.waiters.clear()
         self.slots.unpark_all()
@@ -221,8 +225,11 @@ class Channel:
         max_receive_message_bytes: int | None = None,
         keepalive_interval: float | None = 30.0,
         keepalive_timeout: float = 10.0,
+        wire_engine: WireEngine | None = None,
     ) -> None:
         self.endpoint = endpoint
+        # None: the package default, read here so tests can run a whole suite on each engine.
+        self._connection_class = connection_class(wire_engine or _engine.DEFAULT_WIRE_ENGINE)
         self.keepalive_interval = keepalive_interval
         self.keepalive_timeout = keepalive_timeout
         self._nursery = nursery
@@ -236,7 +243,7 @@ class Channel:
         self._connect_lock = trio.Lock()
         self._connect_attempts = 0
         # (code, details, kind) of the latest connect attempt, if it failed
-        self._connect_failure: tuple[StatusCode, str, str | None] | None = None
+        self._connect_failure: tuple[StatusCode, str, FailureKind | None] | None = None
         self._closed = False
         self.connections_opened = 0
 
@@ -280,7 +287,9 @@ class Channel:
                     )
                 except Exception as exc:
                     conn.die(f"cannot start a call: {exc!r}")
-                    raise RpcError(StatusCode.UNAVAILABLE, conn_reason(exc), "connection") from exc
+                    raise RpcError(
+                        StatusCode.UNAVAILABLE, conn_reason(exc), FailureKind.CONNECTION
+                    ) from exc
                 pending = _Pending()
                 conn.waiters[stream_id] = pending
                 conn.wake_writer()
@@ -296,7 +305,7 @@ class Channel:
             raise RpcError(
                 StatusCode.DEADLINE_EXCEEDED,
                 f"deadline exceeded after {timeout:g}s" if timeout is not None else "deadline",
-                "deadline",
+                FailureKind.DEADLINE,
             )
         result = pending.result
         if result.code is StatusCode.OK and result.body is not None:
@@ -333,14 +342,14 @@ class Channel:
                 raise
             if self._closed:  # aclose() ran while we were connecting
                 conn.die("the client is closed")
-                raise RpcError(StatusCode.UNAVAILABLE, "the client is closed", "closed")
+                raise RpcError(StatusCode.UNAVAILABLE, "the client is closed", FailureKind.CLOSED)
             self._current = conn
             self._all.add(conn)
             return conn
 
     async def _connect(self) -> _Connection:
         if self._closed:
-            raise RpcError(StatusCode.UNAVAILABLE, "the client is closed", "closed")
+            raise RpcError(StatusCode.UNAVAILABLE, "the client is closed", FailureKind.CLOSED)
         ep = self.endpoint
         stream: trio.abc.Stream | None = None
         conn: _Connection | None = None
@@ -360,9 +369,9 @@ class Channel:
                         raise RpcError(
                             StatusCode.UNAVAILABLE,
                             "the server did not negotiate HTTP/2 (ALPN h2) over TLS",
-                            "connect",
+                            FailureKind.CONNECT,
                         )
-                proto = GrpcConnection(
+                proto = self._connection_class(
                     authority=ep.authority,
                     scheme="https" if ep.ssl_context is not None else "http",
                     user_agent=self._user_agent,
@@ -378,27 +387,27 @@ class Channel:
                 except RuntimeError as exc:  # the client's nursery is closing
                     conn = None
                     raise RpcError(
-                        StatusCode.UNAVAILABLE, "the client is closed", "closed"
+                        StatusCode.UNAVAILABLE, "the client is closed", FailureKind.CLOSED
                     ) from exc
                 # The server's SETTINGS frame is its half of the connection preface: until it
                 # arrives its MAX_CONCURRENT_STREAMS is unknown, and a peer that never sends it is
                 # not an HTTP/2 server. (grpc-go also waits for it before using a connection.)
                 await conn.ready.wait()
                 if conn.dead:
-                    raise RpcError(StatusCode.UNAVAILABLE, conn.reason, "connect")
+                    raise RpcError(StatusCode.UNAVAILABLE, conn.reason, FailureKind.CONNECT)
         except trio.TooSlowError:
             if conn is None:
                 reason = f"could not connect within {self._connect_timeout:g}s"
             else:
                 reason = f"the server sent no HTTP/2 SETTINGS within {self._connect_timeout:g}s"
             await _abandon_connect(stream, conn, reason)
-            raise RpcError(StatusCode.UNAVAILABLE, reason, "connect") from None
+            raise RpcError(StatusCode.UNAVAILABLE, reason, FailureKind.CONNECT) from None
         except RpcError as exc:
             await _abandon_connect(stream, conn, exc.details)
             raise
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError, ssl.SSLError) as exc:
             await _abandon_connect(stream, conn, conn_reason(exc))
-            raise RpcError(StatusCode.UNAVAILABLE, conn_reason(exc), "connect") from exc
+            raise RpcError(StatusCode.UNAVAILABLE, conn_reason(exc), FailureKind.CONNECT) from exc
         except BaseException:
             # Cancelled mid-connect (the caller's deadline or scope): do not leak the socket.
             await _abandon_connect(stream, conn, "connect cancelled")

@@ -1,8 +1,7 @@
-"""The sans-IO gRPC-over-HTTP/2 client connection: bytes and calls in, events and bytes out.
+"""The reference engine: the sans-IO gRPC client connection on h2's HTTP/2 state machine.
 
-No sockets, clocks or tasks here: a driver feeds received bytes to `receive_data`, sends
-whatever `data_to_send` returns, and hands `CallFinished` events back to waiting callers.
-Every sepp RPC is unary, so a call is one request message and one response message.
+Slower than the codec (`_codec.py`, the default) but built on a general, widely used HTTP/2
+implementation: selectable with `sepp.open(..., wire_engine="h2")`, and the tests' oracle.
 """
 
 from __future__ import annotations
@@ -10,15 +9,21 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-import h2.config
-import h2.connection
 import h2.events
 import h2.exceptions
 import h2.settings
 from h2.errors import ErrorCodes
 from hpack import NeverIndexedHeaderTuple
-from hyperframe.frame import Frame, GoAwayFrame
 
+from ._engine import (
+    DEFAULT_CONNECTION_WINDOW,
+    DEFAULT_MAX_FRAME_SIZE,
+    DEFAULT_MAX_HEADER_LIST_SIZE,
+    DEFAULT_STREAM_WINDOW,
+    MAX_STREAM_ID,
+    SERVICE_PATH,
+    Header,
+)
 from ._events import (
     CallFinished,
     ConnectionBroken,
@@ -27,91 +32,30 @@ from ._events import (
     PingAcknowledged,
     StreamCapacityChanged,
 )
-from ._framing import FramingError, MessageDecoder, encode_message
-from ._hpack import StatelessEncoder
-from ._status import (
-    StatusCode,
-    decode_grpc_message,
-    encode_grpc_timeout,
-    parse_grpc_status,
-    status_from_http,
-    status_from_rst,
+from ._failure import FailureKind
+from ._framing import FramingError, encode_message
+from ._h2_overrides import PatchedH2Connection
+from ._response import (
+    FRAME_HEADER_BYTES,
+    ResponseState,
+    finish,
+    not_http2_reason,
 )
+from ._status import StatusCode, encode_grpc_timeout, status_from_rst
 
-Header = tuple[bytes, bytes]
-
-# Big windows: a 16 MiB Reserve response must not wait on WINDOW_UPDATE round trips.
-DEFAULT_STREAM_WINDOW = 16 * 1024 * 1024
-DEFAULT_CONNECTION_WINDOW = 64 * 1024 * 1024
-DEFAULT_MAX_FRAME_SIZE = 1024 * 1024
-DEFAULT_MAX_HEADER_LIST_SIZE = 64 * 1024
 _H2_DEFAULT_WINDOW = 65_535
-_MAX_STREAM_ID = 2**31 - 1
-_FRAME_HEADER_BYTES = 9
-_SETTINGS_TYPE = 0x4
-_ACK_FLAG = 0x1
-_SERVICE_PATH = b"/sepp.v1.QueueService/"
 
 
-class _H2Connection(h2.connection.H2Connection):
-    """h2's client connection, except that a GOAWAY does not end it on the spot.
-
-    h2 moves its state machine to CLOSED and drops every queued outbound frame when a GOAWAY
-    arrives, so any later frame, even one in the same read, is a protocol error. RFC 9113 §6.8
-    lets streams up to `last_stream_id` finish, so keep the state (and the queued WINDOW_UPDATEs,
-    acks and request data those streams still need) as they were.
-    """
-
-    # GrpcConnection tracks its open calls itself and enforces MAX_CONCURRENT_STREAMS before
-    # opening a stream; h2 would recount by scanning every stream it holds on each new one
-    # (O(concurrency) per call: a third of the CPU at 64 concurrent calls). The scan also
-    # prunes closed streams, so it still runs, amortised, every PRUNE_EVERY streams.
-    PRUNE_EVERY = 128
-    open_calls = 0
-    _opened_since_prune = 0
-
-    @property
-    def open_outbound_streams(self) -> int:
-        self._opened_since_prune += 1
-        if self._opened_since_prune >= self.PRUNE_EVERY:
-            self._opened_since_prune = 0
-            self._open_streams(1)
-        return self.open_calls
-
-    def _receive_goaway_frame(
-        self, frame: GoAwayFrame
-    ) -> tuple[list[Frame], list[h2.events.Event]]:
-        state = self.state_machine.state
-        queued = self._data_to_send
-        result = super()._receive_goaway_frame(frame)
-        self.state_machine.state = state
-        self._data_to_send = queued + self._data_to_send
-        return result
-
-
-class _Call:
-    __slots__ = (
-        "content_type",
-        "decoder",
-        "grpc_body",
-        "grpc_message",
-        "grpc_status",
-        "http_status",
-        "outbound",
-    )
+class _Call(ResponseState):
+    __slots__ = ("outbound",)
 
     def __init__(self, max_receive_bytes: int | None, body: bytes) -> None:
-        self.decoder = MessageDecoder(max_receive_bytes)
-        self.http_status: int | None = None
-        self.content_type: bytes | None = None
-        self.grpc_status: bytes | None = None
-        self.grpc_message: bytes | None = None
-        self.grpc_body = False  # whether the response headers announced gRPC messages
+        super().__init__(max_receive_bytes)
         self.outbound = memoryview(body)
 
 
-class GrpcConnection:
-    """One HTTP/2 connection carrying many concurrent unary gRPC calls."""
+class H2GrpcConnection:
+    """One HTTP/2 connection carrying many concurrent unary gRPC calls, on h2."""
 
     def __init__(
         self,
@@ -125,31 +69,11 @@ class GrpcConnection:
         stream_window: int = DEFAULT_STREAM_WINDOW,
         connection_window: int = DEFAULT_CONNECTION_WINDOW,
     ) -> None:
-        config = h2.config.H2Configuration(
-            client_side=True,
-            header_encoding=None,
-            # We build lower-case bytes headers ourselves and check metadata at the API edge;
-            # h2's per-header validation costs about a quarter of a call.
-            validate_outbound_headers=False,
-            normalize_outbound_headers=False,
-            validate_inbound_headers=False,
-            normalize_inbound_headers=False,
+        self._h2 = PatchedH2Connection(
+            stream_window=stream_window,
+            max_frame_size=DEFAULT_MAX_FRAME_SIZE,
+            max_header_list_size=DEFAULT_MAX_HEADER_LIST_SIZE,
         )
-        self._h2 = _H2Connection(config=config)
-        self._h2.encoder = StatelessEncoder()  # type: ignore[assignment]
-        self._h2.local_settings = h2.settings.Settings(
-            client=True,
-            initial_values={
-                h2.settings.SettingCodes.ENABLE_PUSH: 0,
-                h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: stream_window,
-                h2.settings.SettingCodes.MAX_FRAME_SIZE: DEFAULT_MAX_FRAME_SIZE,
-                h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: DEFAULT_MAX_HEADER_LIST_SIZE,
-            },
-        )
-        # Initial values count as already in force, so h2 would never apply these two on the
-        # server's SETTINGS ACK: set them by hand (the server applies ours before responding).
-        self._h2.max_inbound_frame_size = DEFAULT_MAX_FRAME_SIZE
-        self._h2.decoder.max_header_list_size = DEFAULT_MAX_HEADER_LIST_SIZE
         self._connection_window = connection_window
         self._max_receive = max_receive_message_bytes
         self._calls: dict[int, _Call] = {}
@@ -225,7 +149,7 @@ class GrpcConnection:
         headers = self._method_headers.get(method)
         if headers is None:
             headers = list(self._base_headers)
-            headers[2] = (b":path", _SERVICE_PATH + method.encode("ascii"))
+            headers[2] = (b":path", SERVICE_PATH + method.encode("ascii"))
             self._method_headers[method] = headers
         per_call: list[Header] = []
         if timeout is not None:
@@ -238,7 +162,7 @@ class GrpcConnection:
         self._h2.send_headers(stream_id, headers + per_call if per_call else headers)
         call = _Call(self._max_receive, encode_message(request))
         self._calls[stream_id] = call
-        if stream_id + 2 > _MAX_STREAM_ID:
+        if stream_id + 2 > MAX_STREAM_ID:
             # Stream ids are spent: let this connection drain; the driver dials a fresh one.
             self.draining = True
         self._flush_outbound(stream_id, call)
@@ -264,29 +188,22 @@ class GrpcConnection:
         """The transport died: finish every call with UNAVAILABLE."""
         if self.broken is None:
             self.broken = reason
-        return self._fail_all(StatusCode.UNAVAILABLE, reason, "connection")
+        return self._fail_all(StatusCode.UNAVAILABLE, reason, FailureKind.CONNECTION)
 
     def receive_data(self, data: bytes) -> list[Event]:
         """Feed bytes from the socket; returns the resulting events in order."""
         if self.broken is not None:
             return []
         if self._preface is not None:
-            # The server's preface must open with SETTINGS (RFC 9113 §3.4). Check its first
-            # frame header at once: h2 reads a frame's length from it and then waits for that
-            # many bytes, so a peer that is no HTTP/2 server (an HTTP/1.1 reply announces a
-            # ~4.7 MB frame) would only be noticed when the connect timeout ran out.
             self._preface += data
-            if len(self._preface) < _FRAME_HEADER_BYTES:
+            if len(self._preface) < FRAME_HEADER_BYTES:
                 return []
             data, self._preface = bytes(self._preface), None
-            if data[3] != _SETTINGS_TYPE or data[4] & _ACK_FLAG:
-                reason = (
-                    "the server did not answer with HTTP/2 (its first bytes were "
-                    f"{data[:24]!r}, not a SETTINGS frame)"
-                )
+            reason = not_http2_reason(data)
+            if reason is not None:
                 self.broken = reason
                 return [
-                    *self._fail_all(StatusCode.UNAVAILABLE, reason, "protocol"),
+                    *self._fail_all(StatusCode.UNAVAILABLE, reason, FailureKind.PROTOCOL),
                     ConnectionBroken(reason),
                 ]
         events: list[Event] = []
@@ -301,25 +218,26 @@ class GrpcConnection:
             # the connection cannot be trusted any more. Calls already finished keep their result.
             reason = f"HTTP/2 protocol error from server: {type(exc).__name__}: {exc}"
             self.broken = reason
-            events.extend(self._fail_all(StatusCode.UNAVAILABLE, reason, "protocol"))
+            events.extend(self._fail_all(StatusCode.UNAVAILABLE, reason, FailureKind.PROTOCOL))
             events.append(ConnectionBroken(reason))
         return events
+
+    def _set_next_stream_id(self, stream_id: int) -> None:
+        """Tests of stream-id exhaustion start near the end of the id space."""
+        self._h2.highest_outbound_stream_id = stream_id - 2
 
     # -- h2 event handlers ------------------------------------------------------------------
 
     def _on_response(self, event: h2.events.ResponseReceived, out: list[Event]) -> None:
         call = self._calls.get(event.stream_id)
         if call is not None:
-            self._read_headers(call, event.headers)
-            ctype = call.content_type
-            call.grpc_body = call.http_status == 200 and (
-                ctype is None or _is_grpc_content_type(ctype)
-            )
+            call.read_headers(event.headers)
+            call.response_started()
 
     def _on_trailers(self, event: h2.events.TrailersReceived, out: list[Event]) -> None:
         call = self._calls.get(event.stream_id)
         if call is not None:
-            self._read_headers(call, event.headers)
+            call.read_headers(event.headers)
 
     def _on_data(self, event: h2.events.DataReceived, out: list[Event]) -> None:
         stream_id = event.stream_id
@@ -328,13 +246,17 @@ class GrpcConnection:
             self._h2.acknowledge_received_data(event.flow_controlled_length, stream_id)
         call = self._calls.get(stream_id)
         if call is None or not call.grpc_body:
-            # Not a gRPC body (say a proxy's HTML error page): drop it unread; _finish maps
+            # Not a gRPC body (say a proxy's HTML error page): drop it unread; finish() maps
             # the response by its :status or content-type, not by a framing error.
             return
         try:
             call.decoder.feed(event.data)
         except FramingError as exc:
-            code = StatusCode.RESOURCE_EXHAUSTED if exc.kind == "too_large" else StatusCode.INTERNAL
+            code = (
+                StatusCode.RESOURCE_EXHAUSTED
+                if exc.kind is FailureKind.TOO_LARGE
+                else StatusCode.INTERNAL
+            )
             del self._calls[stream_id]
             self._reset(stream_id, ErrorCodes.CANCEL)
             out.append(CallFinished(stream_id, code, str(exc), None, exc.kind))
@@ -349,7 +271,7 @@ class GrpcConnection:
                 # against MAX_CONCURRENT_STREAMS, and the next start_call would be refused.
                 call.outbound = memoryview(b"")
                 self._reset(event.stream_id, ErrorCodes.NO_ERROR)
-            out.append(self._finish(event.stream_id, call))
+            out.append(finish(event.stream_id, call))
             out.append(StreamCapacityChanged())
 
     def _on_reset(self, event: h2.events.StreamReset, out: list[Event]) -> None:
@@ -359,7 +281,7 @@ class GrpcConnection:
         code = int(event.error_code)
         if call.grpc_status is not None:
             # A status already arrived; it wins over the reset.
-            out.append(self._finish(event.stream_id, call))
+            out.append(finish(event.stream_id, call))
         else:
             out.append(
                 CallFinished(
@@ -367,7 +289,7 @@ class GrpcConnection:
                     status_from_rst(code),
                     f"stream reset by server (HTTP/2 error code {code})",
                     None,
-                    "reset",
+                    FailureKind.RESET,
                 )
             )
         out.append(StreamCapacityChanged())
@@ -375,7 +297,7 @@ class GrpcConnection:
     def _on_goaway(self, event: h2.events.ConnectionTerminated, out: list[Event]) -> None:
         last = event.last_stream_id if event.last_stream_id is not None else 0
         self.draining = True
-        # Streams up to last_stream_id may still finish (_H2Connection keeps h2 open for them).
+        # Streams up to last_stream_id may still finish (PatchedH2Connection keeps h2 open).
         for stream_id in [s for s in self._calls if s > last]:
             del self._calls[stream_id]
             out.append(
@@ -384,7 +306,7 @@ class GrpcConnection:
                     StatusCode.UNAVAILABLE,
                     "server sent GOAWAY before processing the call",
                     None,
-                    "goaway",
+                    FailureKind.GOAWAY,
                 )
             )
         out.append(GoAwayReceived(last, int(event.error_code or 0)))
@@ -404,58 +326,6 @@ class GrpcConnection:
         self._flush_all()
 
     # -- helpers ----------------------------------------------------------------------------
-
-    @staticmethod
-    def _read_headers(call: _Call, headers: Iterable[tuple[bytes, bytes]]) -> None:
-        for name, value in headers:
-            if name == b":status":
-                try:
-                    call.http_status = int(value)
-                except ValueError:
-                    call.http_status = 0
-            elif name == b"grpc-status":
-                call.grpc_status = value
-            elif name == b"grpc-message":
-                call.grpc_message = value
-            elif name == b"content-type":
-                call.content_type = value
-
-    @staticmethod
-    def _finish(stream_id: int, call: _Call) -> CallFinished:
-        if call.http_status is None:
-            return CallFinished(
-                stream_id, StatusCode.INTERNAL, "response carried no :status", None, "malformed"
-            )
-        if call.http_status != 200:
-            http = call.http_status
-            return CallFinished(
-                stream_id,
-                status_from_http(http),
-                f"server answered HTTP {http} instead of 200",
-                None,
-                "http",
-            )
-        status = parse_grpc_status(call.grpc_status)
-        if status is None:
-            return CallFinished(
-                stream_id, StatusCode.UNKNOWN, "response carried no grpc-status", None, "malformed"
-            )
-        details = decode_grpc_message(call.grpc_message)
-        if status is not StatusCode.OK:
-            return CallFinished(stream_id, status, details)
-        if call.content_type is not None and not _is_grpc_content_type(call.content_type):
-            ctype = call.content_type.decode("latin-1")
-            return CallFinished(
-                stream_id,
-                StatusCode.UNKNOWN,
-                f"unexpected content-type {ctype!r}",
-                None,
-                "malformed",
-            )
-        if call.decoder.message is None:
-            why = "truncated response message" if call.decoder.incomplete else "no response message"
-            return CallFinished(stream_id, StatusCode.INTERNAL, why, None, "malformed")
-        return CallFinished(stream_id, StatusCode.OK, details, call.decoder.message)
 
     def _flush_outbound(self, stream_id: int, call: _Call) -> None:
         """Send as much of the request as flow control allows; END_STREAM with the last byte."""
@@ -488,26 +358,21 @@ class GrpcConnection:
         except (h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError):
             pass  # already closed on the wire; nothing to reset
 
-    def _fail_all(self, code: StatusCode, reason: str, kind: str) -> list[CallFinished]:
+    def _fail_all(self, code: StatusCode, reason: str, kind: FailureKind) -> list[CallFinished]:
         finished = [CallFinished(sid, code, reason, None, kind) for sid in self._calls]
         self._calls.clear()
         return finished
 
 
-def _is_grpc_content_type(value: bytes) -> bool:
-    """`application/grpc`, optionally followed by `+subtype` or parameters."""
-    return value[:16].lower() == b"application/grpc" and value[16:17] in (b"", b"+", b";")
-
-
-_Handler = Callable[[GrpcConnection, Any, list[Event]], None]
+_Handler = Callable[[H2GrpcConnection, Any, list[Event]], None]
 _DISPATCH: dict[type[h2.events.Event], _Handler] = {
-    h2.events.ResponseReceived: GrpcConnection._on_response,
-    h2.events.TrailersReceived: GrpcConnection._on_trailers,
-    h2.events.DataReceived: GrpcConnection._on_data,
-    h2.events.StreamEnded: GrpcConnection._on_stream_ended,
-    h2.events.StreamReset: GrpcConnection._on_reset,
-    h2.events.ConnectionTerminated: GrpcConnection._on_goaway,
-    h2.events.PingAckReceived: GrpcConnection._on_ping_ack,
-    h2.events.RemoteSettingsChanged: GrpcConnection._on_settings,
-    h2.events.WindowUpdated: GrpcConnection._on_window,
+    h2.events.ResponseReceived: H2GrpcConnection._on_response,
+    h2.events.TrailersReceived: H2GrpcConnection._on_trailers,
+    h2.events.DataReceived: H2GrpcConnection._on_data,
+    h2.events.StreamEnded: H2GrpcConnection._on_stream_ended,
+    h2.events.StreamReset: H2GrpcConnection._on_reset,
+    h2.events.ConnectionTerminated: H2GrpcConnection._on_goaway,
+    h2.events.PingAckReceived: H2GrpcConnection._on_ping_ack,
+    h2.events.RemoteSettingsChanged: H2GrpcConnection._on_settings,
+    h2.events.WindowUpdated: H2GrpcConnection._on_window,
 }

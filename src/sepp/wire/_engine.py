@@ -1,0 +1,105 @@
+"""The two HTTP/2 engines behind one interface, and the settings they share.
+
+`codec` (`_codec.py`) is our purpose-built client codec and the default. `h2`
+(`_h2_engine.py`) runs on the h2 state machine: the reference that tests check the codec
+against, and a way for users to rule the codec out. The driver (`_transport.py`) only sees
+`GrpcConnection`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Literal, Protocol
+
+from ._events import CallFinished, Event
+
+Header = tuple[bytes, bytes]
+WireEngine = Literal["codec", "h2"]
+WIRE_ENGINES: tuple[WireEngine, ...] = ("codec", "h2")
+DEFAULT_WIRE_ENGINE: WireEngine = "codec"
+
+# Big windows: a 16 MiB Reserve response must not wait on WINDOW_UPDATE round trips.
+DEFAULT_STREAM_WINDOW = 16 * 1024 * 1024
+DEFAULT_CONNECTION_WINDOW = 64 * 1024 * 1024
+DEFAULT_MAX_FRAME_SIZE = 1024 * 1024
+DEFAULT_MAX_HEADER_LIST_SIZE = 64 * 1024
+MAX_STREAM_ID = 2**31 - 1
+SERVICE_PATH = b"/sepp.v1.QueueService/"
+
+
+class GrpcConnection(Protocol):
+    """A sans-IO HTTP/2 client connection carrying unary gRPC calls: bytes and calls in,
+    events and bytes out. No sockets, clocks or tasks."""
+
+    draining: bool
+    broken: str | None
+
+    def __init__(
+        self,
+        *,
+        authority: str,
+        scheme: str = "http",
+        user_agent: str = "sepp-trio",
+        metadata: Sequence[Header] = (),
+        secret_metadata: Sequence[Header] = (),
+        max_receive_message_bytes: int | None = None,
+        stream_window: int = DEFAULT_STREAM_WINDOW,
+        connection_window: int = DEFAULT_CONNECTION_WINDOW,
+    ) -> None: ...
+
+    def initiate(self) -> None:
+        """Queue the connection preface and our SETTINGS."""
+
+    def data_to_send(self) -> bytes:
+        """Bytes queued for the socket since the last call."""
+
+    @property
+    def active_calls(self) -> int: ...
+
+    @property
+    def remote_settings_received(self) -> bool: ...
+
+    @property
+    def can_start_call(self) -> bool:
+        """False while the server's MAX_CONCURRENT_STREAMS is reached, or after GOAWAY."""
+
+    @property
+    def usable(self) -> bool:
+        """Whether new calls may be placed on this connection (now or once a slot frees)."""
+
+    def start_call(
+        self,
+        method: str,
+        request: bytes,
+        *,
+        timeout: float | None = None,
+        metadata: Iterable[Header] = (),
+    ) -> int:
+        """Open a stream for `method` and queue its request; returns the stream id."""
+
+    def cancel_call(self, stream_id: int) -> None:
+        """Forget a call and reset its stream with CANCEL; the connection stays usable."""
+
+    def send_ping(self, opaque: bytes) -> None: ...
+
+    def close(self) -> None:
+        """Queue a GOAWAY; the driver sends it and closes the socket."""
+
+    def connection_lost(self, reason: str) -> list[CallFinished]:
+        """The transport died: finish every call with UNAVAILABLE."""
+
+    def receive_data(self, data: bytes) -> list[Event]:
+        """Feed bytes from the socket; returns the resulting events in order."""
+
+
+def connection_class(engine: WireEngine) -> type[GrpcConnection]:
+    """The engine's connection class (the reference engine imports h2 only when chosen)."""
+    if engine == "codec":
+        from ._codec import CodecGrpcConnection
+
+        return CodecGrpcConnection
+    if engine == "h2":
+        from ._h2_engine import H2GrpcConnection
+
+        return H2GrpcConnection
+    raise ValueError(f"unknown wire engine {engine!r}; expected one of {WIRE_ENGINES}")
