@@ -30,10 +30,9 @@ from ._errors import (
 from ._limits import ServerLimits
 from ._log import Log, LoggerLike
 from ._pb import queue_pb2 as pb
-from ._rejections import JobRejection
+from ._rejections import BatchRejection, JobRejection
 from ._retry import NO_RETRY, RETRYABLE, RetryPolicy, call_with_retry
 from ._types import (
-    BatchRejection,
     CustomValue,
     DeadLetterRecord,
     EnqueueAck,

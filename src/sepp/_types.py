@@ -8,13 +8,11 @@ import json as _json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, overload
+from typing import Any, ClassVar, Literal, overload
 
 from . import _validate as v
 from ._errors import ValidationError
-
-if TYPE_CHECKING:
-    from ._rejections import JobRejection
+from ._rejections import BatchRejection as BatchRejection  # public as sepp.BatchRejection
 
 CustomValue = v.CustomValue
 JSON_ENCODING = "application/json"
@@ -158,14 +156,6 @@ class EnqueueAck:
 
     job_id: str
     deduplicated: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class BatchRejection:
-    """One offending job of a refused atomic batch."""
-
-    index: int
-    rejection: JobRejection
 
 
 class _Lease:
