@@ -43,6 +43,7 @@ from ._types import (
     Retry,
     ServerInfo,
     TraceContext,
+    record_lease_expiry,
 )
 from ._version import __version__
 from .wire._status import StatusCode
@@ -406,7 +407,7 @@ class Client:
         if not response.HasField("lease_expires_at"):
             raise MalformedResponseError("Extend: response has no lease_expires_at")
         expires = self._convert(cv.timestamp_from_pb, response.lease_expires_at, "Extend")
-        ctx._lease.expires_at = expires
+        record_lease_expiry(ctx, expires)
         return expires
 
     # -- operations -------------------------------------------------------------------------
