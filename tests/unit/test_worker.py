@@ -26,7 +26,7 @@ from sepp import HandlerError, Retry, StatusCode
 def make_worker(fake: FakeClient, **options: Any) -> sepp.Worker:
     options.setdefault("queues", ["q"])
     options.setdefault("logger", RecordingLogger())
-    return sepp.Worker(fake, _wall_clock=fake.now, **options)  # type: ignore[arg-type]
+    return sepp.Worker(fake, _wall_clock=fake.now, **options)
 
 
 def log_of(worker: sepp.Worker) -> RecordingLogger:
@@ -75,13 +75,13 @@ def transport_error() -> sepp.TransportError:
 def test_constructor_rejects_bad_settings(options: dict[str, Any], field: str) -> None:
     options.setdefault("queues", ["q"])
     with pytest.raises(sepp.ValidationError) as info:
-        sepp.Worker(FakeClient(), **options)  # type: ignore[arg-type]
+        sepp.Worker(FakeClient(), **options)
     assert info.value.field == field
 
 
 def test_constructor_accepts_timedeltas_zero_grace_and_a_single_queue_name() -> None:
     worker = sepp.Worker(
-        FakeClient(),  # type: ignore[arg-type]
+        FakeClient(),
         "emails",  # queues may also be given positionally, as one name
         lease_duration=timedelta(seconds=45),
         wait_timeout=timedelta(milliseconds=500),
@@ -97,12 +97,12 @@ def test_constructor_accepts_timedeltas_zero_grace_and_a_single_queue_name() -> 
 
 
 def test_default_worker_id_is_host_pid_random() -> None:
-    first = sepp.Worker(FakeClient(), queues=["q"])  # type: ignore[arg-type]
-    second = sepp.Worker(FakeClient(), queues=["q"])  # type: ignore[arg-type]
+    first = sepp.Worker(FakeClient(), queues=["q"])
+    second = sepp.Worker(FakeClient(), queues=["q"])
     pattern = rf"{re.escape(socket.gethostname())}-{os.getpid()}-[0-9a-f]{{8}}"
     assert re.fullmatch(pattern, first.worker_id)
     assert first.worker_id != second.worker_id
-    assert sepp.Worker(FakeClient(), queues=["q"], worker_id="w-1").worker_id == "w-1"  # type: ignore[arg-type]
+    assert sepp.Worker(FakeClient(), queues=["q"], worker_id="w-1").worker_id == "w-1"
 
 
 def test_registration_forms_and_duplicates() -> None:
