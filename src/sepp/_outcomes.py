@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from datetime import timedelta
 
 from ._errors import ValidationError
 from ._types import JobContext, Retry
+
+if sys.version_info >= (3, 11):
+    from builtins import BaseExceptionGroup as _ExceptionGroup
+else:  # trio depends on the backport before 3.11
+    from exceptiongroup import BaseExceptionGroup as _ExceptionGroup
 
 # Unknown job types are nacked with min(2**attempt, this) seconds of delay.
 UNKNOWN_TYPE_MAX_DELAY_S = 60.0
@@ -66,8 +72,18 @@ def clip_reason(text: str) -> str:
 
 
 def describe(exc: BaseException) -> str:
+    """`Type: message`; for an exception group, its type and every leaf."""
+    if isinstance(exc, _ExceptionGroup):
+        return f"{type(exc).__name__} ({'; '.join(describe(leaf) for leaf in _leaves(exc))})"
     text = str(exc)
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    """The exceptions in a (nested) exception group, or the exception itself."""
+    if isinstance(exc, _ExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
+    return [exc]
 
 
 def unknown_type_delay_s(ctx: JobContext) -> float:
@@ -83,12 +99,27 @@ def unknown_type(ctx: JobContext) -> Outcome:
 
 
 def requested(error: Exception) -> Outcome | None:
-    """The nack a HandlerError asks for; None for any other exception."""
-    if not isinstance(error, HandlerError):
+    """The nack a HandlerError asks for, also when it arrives in an exception group (a child
+    of the handler's nursery raised it): a group of HandlerErrors only takes the strongest
+    (permanent, else the longest retry_after, else retry). None for any other exception, or
+    a group holding one."""
+    leaves = _leaves(error)
+    wanted = [leaf for leaf in leaves if isinstance(leaf, HandlerError)]
+    if not wanted or len(wanted) != len(leaves):
         return None
-    label = {"default": "retry", "delay": "retry_after"}.get(error.directive.kind, "permanent")
-    reason = clip_reason(error.reason)
-    return Outcome(error.directive, reason, label, reason)
+    strongest = max(wanted, key=_strength)
+    label = {"default": "retry", "delay": "retry_after"}.get(strongest.directive.kind, "permanent")
+    reason = clip_reason(strongest.reason)
+    return Outcome(strongest.directive, reason, label, reason)
+
+
+def _strength(error: HandlerError) -> tuple[int, float]:
+    directive = error.directive
+    if directive.kind == "dead_letter":
+        return (2, 0.0)
+    if directive.kind == "delay" and directive.delay is not None:
+        return (1, directive.delay.total_seconds())
+    return (0, 0.0)
 
 
 def failed(error: Exception) -> Outcome:
