@@ -9,7 +9,7 @@ import ssl
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import trio
 
@@ -104,6 +104,27 @@ class Client:
 
     # -- producing --------------------------------------------------------------------------
 
+    @overload
+    async def enqueue(
+        self, request: EnqueueRequest, /, *, timeout: float | timedelta | None = None
+    ) -> EnqueueAck: ...
+
+    @overload
+    async def enqueue(
+        self,
+        queue: str,
+        job_type: str,
+        *,
+        payload: Payload | None = None,
+        idempotency_key: str | None = None,
+        priority: int | None = None,
+        max_attempts: int | None = None,
+        custom: Mapping[str, CustomValue] | None = None,
+        scheduled_at: datetime | None = None,
+        trace_context: TraceContext | None = None,
+        timeout: float | timedelta | None = None,
+    ) -> EnqueueAck: ...
+
     async def enqueue(
         self,
         queue: str | EnqueueRequest,
@@ -118,10 +139,25 @@ class Client:
         trace_context: TraceContext | None = None,
         timeout: float | timedelta | None = None,
     ) -> EnqueueAck:
-        """Enqueue one job; raises JobRejectedError if the server rejects it."""
+        """Enqueue one job, given as an EnqueueRequest or as its fields (not both); raises
+        JobRejectedError if the server rejects it."""
         if isinstance(queue, EnqueueRequest):
-            if job_type is not None:
-                raise ValidationError("job_type", "pass either an EnqueueRequest or its fields")
+            fields = {
+                "job_type": job_type,
+                "payload": payload,
+                "idempotency_key": idempotency_key,
+                "priority": priority,
+                "max_attempts": max_attempts,
+                "custom": custom,
+                "scheduled_at": scheduled_at,
+                "trace_context": trace_context,
+            }
+            given = [name for name, value in fields.items() if value is not None]
+            if given:
+                raise TypeError(
+                    "enqueue() takes an EnqueueRequest or a job's fields, not both"
+                    f" (got an EnqueueRequest and {', '.join(given)})"
+                )
             request = queue
         else:
             if job_type is None:
