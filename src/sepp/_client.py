@@ -16,7 +16,6 @@ import trio
 from . import _convert as cv
 from . import _otel
 from . import _validate as v
-from ._address import parse_address
 from ._batching import Batching, EnqueueBatcher
 from ._errors import (
     BatchValidationError,
@@ -29,9 +28,11 @@ from ._errors import (
 )
 from ._limits import ServerLimits
 from ._log import Log, LoggerLike
+from ._options import DEFAULT_MAX_RECEIVE_MESSAGE_BYTES as DEFAULT_MAX_RECEIVE_MESSAGE_BYTES
+from ._options import ConnectOptions
 from ._pb import queue_pb2 as pb
 from ._rejections import BatchRejection, JobRejection
-from ._retry import NO_RETRY, RETRYABLE, RetryPolicy, call_with_retry
+from ._retry import RETRYABLE, RetryPolicy, call_with_retry
 from ._types import (
     CustomValue,
     DeadLetterRecord,
@@ -45,21 +46,16 @@ from ._types import (
     TraceContext,
     record_lease_expiry,
 )
-from ._version import __version__
 from .wire._status import StatusCode
-from .wire._transport import Channel, Endpoint, RpcError
+from .wire._transport import Channel, RpcError
 
 if TYPE_CHECKING:
     from ._errors import CallKind
 
 T = TypeVar("T")
 
-# Fits the largest Reserve a default server can send (256 jobs x 1 MiB payloads) with room
-# for the envelope; lower it to bound memory against a misconfigured or hostile server.
-DEFAULT_MAX_RECEIVE_MESSAGE_BYTES = 272 * 1024 * 1024
 # A Reserve's deadline is its long-poll wait plus this much slack.
 RESERVE_DEADLINE_SLACK_S = 10.0
-USER_AGENT = f"sepp-trio/{__version__}"
 _LIMITS_REFRESH_S = 30.0
 
 
@@ -74,6 +70,9 @@ class Client:
         rpc_timeout: float | None,
         retry_policy: RetryPolicy,
         log: Log,
+        nursery: trio.Nursery | None = None,
+        enqueue_batching: Batching | None = None,
+        validate_locally: bool = True,
     ) -> None:
         self._channel = channel
         self._address = address
@@ -81,19 +80,35 @@ class Client:
         self._retry_policy = retry_policy
         self._log = log
         self._batcher: EnqueueBatcher | None = None
-        self._validate_locally = True
+        if enqueue_batching is not None:
+            assert nursery is not None, "the auto-batcher sends from the client's nursery"
+            self._batcher = EnqueueBatcher(
+                enqueue_batching,
+                nursery,
+                self._enqueue_batch_rpc,
+                lambda: self._limits.info.max_enqueue_batch if self._limits else None,
+            )
+        self._validate_locally = validate_locally
         self._limits: ServerLimits | None = None
         self._limits_lock = trio.Lock()
         self._limits_refresh_at = -math.inf
         self._limits_fetched_at = -math.inf
 
-    def _enable_batching(self, config: Batching, nursery: trio.Nursery) -> None:
-        self._batcher = EnqueueBatcher(
-            config,
-            nursery,
-            self._send_enqueue_batch,
-            lambda: self._limits.info.max_enqueue_batch if self._limits else None,
-        )
+    async def _connect(self) -> None:
+        """Open the first connection (open() fails at once if the server is unreachable)."""
+        try:
+            # The wire layer has no public connect yet; this is its one use outside it.
+            await self._channel._ready_connection()
+        except RpcError as exc:
+            raise error_from_status(
+                exc.code, exc.details, kind=exc.kind, addr=self._address
+            ) from None
+
+    async def _close(self) -> None:
+        """Fail every call not yet done; new calls fail as the client is closed."""
+        if self._batcher is not None:
+            self._batcher.close()
+        await self._channel.aclose()
 
     def __repr__(self) -> str:
         return f"<sepp.Client {self._address}>"
@@ -178,18 +193,19 @@ class Client:
             local = limits.check(request) if limits is not None else None
             if local is not None:
                 raise JobRejectedError(local)
-            result = await self._enqueue_batched(request, timeout)
+            result = await self._enqueue_via_batcher(request, timeout)
             if isinstance(result, JobRejection):
                 self._note_rejections([result])
         else:
-            (result,) = await self._enqueue_batch([request], timeout)
+            (result,) = await self._enqueue_checked([request], timeout)
         if isinstance(result, JobRejection):
             raise JobRejectedError(result)
         return result
 
-    async def _enqueue_batched(
+    async def _enqueue_via_batcher(
         self, request: EnqueueRequest, timeout: float | timedelta | None
     ) -> EnqueueAck | JobRejection:
+        """One job through the auto-batcher, in its own sepp.enqueue span."""
         assert self._batcher is not None
         with _otel.client_span("sepp.enqueue", _batch_attributes([request])) as span:
             trace_context = span.trace_context
@@ -213,7 +229,7 @@ class Client:
                 span.set("sepp.job_id", result.job_id)
             return result
 
-    async def _send_enqueue_batch(
+    async def _enqueue_batch_rpc(
         self,
         requests: list[EnqueueRequest],
         timeout: float | timedelta | None = None,
@@ -235,7 +251,7 @@ class Client:
         self, jobs: Iterable[EnqueueRequest], *, timeout: float | timedelta | None = None
     ) -> list[EnqueueAck | JobRejection]:
         """Best effort: one result per job, in order; rejections are values, not errors."""
-        return await self._enqueue_batch(_requests(jobs), timeout)
+        return await self._enqueue_checked(_requests(jobs), timeout)
 
     async def enqueue_atomic(
         self, jobs: Iterable[EnqueueRequest], *, timeout: float | timedelta | None = None
@@ -275,26 +291,28 @@ class Client:
             )
         return [self._convert(cv.ack_from_pb, r, "EnqueueAtomic") for r in msg.success.responses]
 
-    async def _enqueue_batch(
+    async def _enqueue_checked(
         self, requests: list[EnqueueRequest], timeout: float | timedelta | None
     ) -> list[EnqueueAck | JobRejection]:
+        """Check jobs against the server's limits, send the rest; every result in order."""
         limits = await self._current_limits()
         local = [limits.check(r) for r in requests] if limits is not None else []
         if not any(local):
-            results = await self._enqueue_batch_remote(requests, timeout)
+            results = await self._enqueue_traced(requests, timeout)
         else:
             # Send only what the server could accept; keep every result in input order.
             to_send = [r for r, rejection in zip(requests, local, strict=True) if rejection is None]
-            remote = iter(await self._enqueue_batch_remote(to_send, timeout) if to_send else [])
+            remote = iter(await self._enqueue_traced(to_send, timeout) if to_send else [])
             results = [rejection or next(remote) for rejection in local]
         self._note_rejections([r for r in results if isinstance(r, JobRejection)])
         return results
 
-    async def _enqueue_batch_remote(
+    async def _enqueue_traced(
         self, requests: list[EnqueueRequest], timeout: float | timedelta | None
     ) -> list[EnqueueAck | JobRejection]:
+        """One EnqueueBatch call in its own sepp.enqueue span."""
         with _otel.client_span("sepp.enqueue", _batch_attributes(requests)) as span:
-            results = await self._send_enqueue_batch(requests, timeout, span.trace_context)
+            results = await self._enqueue_batch_rpc(requests, timeout, span.trace_context)
             rejected = sum(isinstance(r, JobRejection) for r in results)
             span.set("sepp.accepted", len(results) - rejected)
             span.set("sepp.rejected", rejected)
@@ -592,27 +610,6 @@ def _parse(cls: type[M], body: bytes, method: str) -> M:
         raise MalformedResponseError(f"{method}: response does not parse: {exc}") from exc
 
 
-def _ssl_context(
-    tls: bool | ssl.SSLContext | None,
-    tls_ca_cert: bytes | str | os.PathLike[str] | None,
-) -> ssl.SSLContext:
-    if isinstance(tls, ssl.SSLContext):
-        context = tls
-    elif tls_ca_cert is not None:
-        context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
-        try:
-            if isinstance(tls_ca_cert, bytes):
-                context.load_verify_locations(cadata=tls_ca_cert.decode("ascii"))
-            else:
-                context.load_verify_locations(cafile=os.fspath(tls_ca_cert))
-        except (OSError, ssl.SSLError, UnicodeDecodeError, ValueError) as exc:
-            raise ValidationError("tls_ca_cert", f"cannot load the CA certificate: {exc}") from None
-    else:
-        context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
-    context.set_alpn_protocols(["h2"])
-    return context
-
-
 @asynccontextmanager
 async def open(
     address: str,
@@ -637,78 +634,42 @@ async def open(
     TLS is on for `https://`, `tls=True` (system roots), a `tls_ca_cert` (PEM bytes or a
     path), a `tls_domain` (server-name override) or a caller's `ssl.SSLContext`.
     """
-    parsed = parse_address(address)
-    wants_tls = bool(tls) or tls_ca_cert is not None or tls_domain is not None or parsed.tls is True
-    if parsed.tls is True and tls is False:
-        raise ValidationError("tls", "an https:// address never falls back to plaintext")
-    if parsed.tls is False and wants_tls:
-        raise ValidationError("tls", "TLS options given for an http:// (plaintext) address")
-    if tls_domain is not None:
-        v.utf8_text("tls_domain", tls_domain)
-    connect_s = v.seconds("connect_timeout", connect_timeout)
-    rpc_s = None if rpc_timeout is None else v.seconds("rpc_timeout", rpc_timeout)
-    keepalive_s = (
-        None if keepalive_interval is None else v.seconds("keepalive_interval", keepalive_interval)
+    options = ConnectOptions.parse(
+        address,
+        api_key=api_key,
+        tls=tls,
+        tls_ca_cert=tls_ca_cert,
+        tls_domain=tls_domain,
+        retry_policy=retry_policy,
+        connect_timeout=connect_timeout,
+        rpc_timeout=rpc_timeout,
+        max_receive_message_bytes=max_receive_message_bytes,
+        logger=logger,
+        keepalive_interval=keepalive_interval,
+        keepalive_timeout=keepalive_timeout,
+        enqueue_batching=enqueue_batching,
+        validate_locally=validate_locally,
     )
-    keepalive_timeout_s = v.seconds("keepalive_timeout", keepalive_timeout)
-    if max_receive_message_bytes is None:
-        max_receive = DEFAULT_MAX_RECEIVE_MESSAGE_BYTES
-    else:
-        max_receive = v.whole_number(
-            "max_receive_message_bytes", max_receive_message_bytes, low=1, high=2**32
-        )
-    if enqueue_batching is not None and not isinstance(enqueue_batching, Batching):
-        raise ValidationError("enqueue_batching", "must be a sepp.Batching")
-    if retry_policy is not None and not isinstance(retry_policy, RetryPolicy):
-        raise ValidationError("retry_policy", "must be a sepp.RetryPolicy")
-    log = Log(logger)
-    secret: list[tuple[bytes, bytes]] = []
-    if api_key is not None:
-        key = v.header_safe_api_key(api_key)
-        secret.append((b"authorization", b"Bearer " + key.encode("ascii")))
-        if not wants_tls:
-            log.warning("sepp: an API key is configured without TLS; it travels in plaintext")
-    ssl_context = _ssl_context(tls, tls_ca_cert) if wants_tls else None
-    endpoint = Endpoint(parsed.host, parsed.port, ssl_context, tls_domain)
-    display = f"{parsed.host}:{parsed.port}" if ":" not in parsed.host else endpoint.authority
-
     user_exc: BaseException | None = None
     async with trio.open_nursery() as nursery:
-        channel = Channel(
-            endpoint,
-            nursery,
-            user_agent=USER_AGENT,
-            secret_metadata=secret,
-            connect_timeout=connect_s,
-            max_receive_message_bytes=max_receive,
-            keepalive_interval=keepalive_s,
-            keepalive_timeout=keepalive_timeout_s,
-        )
         client = Client(
-            channel,
-            address=display,
-            rpc_timeout=rpc_s,
-            retry_policy=retry_policy or NO_RETRY,
-            log=log,
+            options.channel(nursery),
+            address=options.address,
+            rpc_timeout=options.rpc_timeout_s,
+            retry_policy=options.retry_policy,
+            log=options.log,
+            nursery=nursery,
+            enqueue_batching=options.enqueue_batching,
+            validate_locally=options.validate_locally,
         )
-        client._validate_locally = bool(validate_locally)
-        if enqueue_batching is not None:
-            client._enable_batching(enqueue_batching, nursery)
         try:
-            try:
-                await channel._ready_connection()
-            except RpcError as exc:
-                raise error_from_status(
-                    exc.code, exc.details, kind=exc.kind, addr=display
-                ) from None
+            await client._connect()
             yield client
         except BaseException as exc:
             # Re-raised below, outside the nursery, so it is not wrapped in an ExceptionGroup.
             user_exc = exc
         finally:
-            if client._batcher is not None:
-                client._batcher.close()
-            await channel.aclose()
+            await client._close()
             nursery.cancel_scope.cancel()
     if user_exc is not None:
         try:
