@@ -8,7 +8,7 @@ import os
 import ssl
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import trio
@@ -26,7 +26,7 @@ from ._errors import (
     ValidationError,
     error_from_status,
 )
-from ._limits import ServerLimits
+from ._limits import LimitsCache, ServerLimits
 from ._log import Log, LoggerLike
 from ._options import DEFAULT_MAX_RECEIVE_MESSAGE_BYTES as DEFAULT_MAX_RECEIVE_MESSAGE_BYTES
 from ._options import ConnectOptions
@@ -56,7 +56,6 @@ T = TypeVar("T")
 
 # A Reserve's deadline is its long-poll wait plus this much slack.
 RESERVE_DEADLINE_SLACK_S = 10.0
-_LIMITS_REFRESH_S = 30.0
 
 
 class Client:
@@ -86,13 +85,11 @@ class Client:
                 enqueue_batching,
                 nursery,
                 self._enqueue_batch_rpc,
-                lambda: self._limits.info.max_enqueue_batch if self._limits else None,
+                lambda: self._limits.limits.info.max_enqueue_batch if self._limits.limits else None,
             )
+        self._nursery = nursery
         self._validate_locally = validate_locally
-        self._limits: ServerLimits | None = None
-        self._limits_lock = trio.Lock()
-        self._limits_refresh_at = -math.inf
-        self._limits_fetched_at = -math.inf
+        self._limits = LimitsCache(self._fetch_server_info, log)
 
     async def _connect(self) -> None:
         """Open the first connection (open() fails at once if the server is unreachable)."""
@@ -103,6 +100,8 @@ class Client:
             raise error_from_status(
                 exc.code, exc.details, kind=exc.kind, addr=self._address
             ) from None
+        if self._validate_locally and self._nursery is not None:
+            self._limits.start(self._nursery)  # so the first enqueue need not wait for them
 
     async def _close(self) -> None:
         """Fail every call not yet done; new calls fail as the client is closed."""
@@ -189,13 +188,14 @@ class Client:
                 trace_context=trace_context,
             )
         if self._batcher is not None:
-            limits = await self._current_limits()
+            deadline = self._deadline(timeout)
+            limits = await self._current_limits(deadline)
             local = limits.check(request) if limits is not None else None
             if local is not None:
                 raise JobRejectedError(local)
-            result = await self._enqueue_via_batcher(request, timeout)
+            result = await self._enqueue_via_batcher(request, timeout, deadline)
             if isinstance(result, JobRejection):
-                self._note_rejections([result])
+                self._limits.note_rejections([result])
         else:
             (result,) = await self._enqueue_checked([request], timeout)
         if isinstance(result, JobRejection):
@@ -203,7 +203,7 @@ class Client:
         return result
 
     async def _enqueue_via_batcher(
-        self, request: EnqueueRequest, timeout: float | timedelta | None
+        self, request: EnqueueRequest, timeout: float | timedelta | None, deadline: float
     ) -> EnqueueAck | JobRejection:
         """One job through the auto-batcher, in its own sepp.enqueue span."""
         assert self._batcher is not None
@@ -216,12 +216,12 @@ class Client:
                 # would cost more than the rest of the enqueue.
                 result = await self._batcher.submit(request)
             else:
-                timeout_s = v.seconds("timeout", timeout)
-                with trio.move_on_after(timeout_s) as scope:
+                with trio.move_on_at(deadline) as scope:
                     result = await self._batcher.submit(request)
                 if scope.cancelled_caught:
                     raise TransportError(
-                        f"EnqueueBatch: DEADLINE_EXCEEDED: no result within {timeout_s:g}s "
+                        "EnqueueBatch: DEADLINE_EXCEEDED: no result within"
+                        f" {v.seconds('timeout', timeout):g}s "
                         "(the job may still be enqueued)",
                         code=StatusCode.DEADLINE_EXCEEDED,
                     )
@@ -258,7 +258,8 @@ class Client:
     ) -> list[EnqueueAck]:
         """All or nothing: every job is enqueued, or BatchValidationError lists the culprits."""
         requests = _requests(jobs)
-        limits = await self._current_limits()
+        deadline = self._deadline(timeout)
+        limits = await self._current_limits(deadline)
         if limits is not None:
             local = [(i, limits.check(r)) for i, r in enumerate(requests)]
             refused = [BatchRejection(i, r) for i, r in local if r is not None]
@@ -268,7 +269,7 @@ class Client:
             body = await self._call(
                 "EnqueueAtomic",
                 cv.enqueue_batch_to_pb(requests, span.trace_context),
-                timeout=timeout,
+                timeout=_left_s(deadline),
                 ambiguous_retry_safe=_all_keyed(requests),
             )
             msg = _parse(pb.EnqueueAtomicResponse, body, "EnqueueAtomic")
@@ -280,7 +281,7 @@ class Client:
                     BatchRejection(e.index, cv.rejection_from_pb(e.rejection))
                     for e in msg.rejection.errors
                 ]
-                self._note_rejections([e.rejection for e in errors])
+                self._limits.note_rejections([e.rejection for e in errors])
                 raise BatchValidationError(errors)
             span.set("sepp.outcome", "accepted")
         if which != "success":
@@ -295,16 +296,17 @@ class Client:
         self, requests: list[EnqueueRequest], timeout: float | timedelta | None
     ) -> list[EnqueueAck | JobRejection]:
         """Check jobs against the server's limits, send the rest; every result in order."""
-        limits = await self._current_limits()
+        deadline = self._deadline(timeout)
+        limits = await self._current_limits(deadline)
         local = [limits.check(r) for r in requests] if limits is not None else []
         if not any(local):
-            results = await self._enqueue_traced(requests, timeout)
+            results = await self._enqueue_traced(requests, _left_s(deadline))
         else:
             # Send only what the server could accept; keep every result in input order.
             to_send = [r for r, rejection in zip(requests, local, strict=True) if rejection is None]
-            remote = iter(await self._enqueue_traced(to_send, timeout) if to_send else [])
+            remote = iter(await self._enqueue_traced(to_send, _left_s(deadline)) if to_send else [])
             results = [rejection or next(remote) for rejection in local]
-        self._note_rejections([r for r in results if isinstance(r, JobRejection)])
+        self._limits.note_rejections([r for r in results if isinstance(r, JobRejection)])
         return results
 
     async def _enqueue_traced(
@@ -320,31 +322,17 @@ class Client:
                 span.set("sepp.job_id", results[0].job_id)  # type: ignore[union-attr]
             return results
 
-    async def _current_limits(self) -> ServerLimits | None:
-        """The server's advertised limits, fetched lazily and refreshed at most every 30 s
-        after a rejection suggested a config change; None when local checks are off or the
-        server could not tell us (the server then checks alone)."""
+    def _deadline(self, timeout: float | timedelta | None) -> float:
+        """The trio time by which a call given `timeout` (None: rpc_timeout) must be done."""
+        timeout_s = self._rpc_timeout if timeout is None else v.seconds("timeout", timeout)
+        return math.inf if timeout_s is None else trio.current_time() + timeout_s
+
+    async def _current_limits(self, deadline: float) -> ServerLimits | None:
+        """The server's advertised limits for a call due by `deadline`; None when local checks
+        are off, or the limits are not to be had in time (the server then checks alone)."""
         if not self._validate_locally:
             return None
-        if self._limits is not None and trio.current_time() < self._limits_refresh_at:
-            return self._limits
-        async with self._limits_lock:
-            if self._limits is not None and trio.current_time() < self._limits_refresh_at:
-                return self._limits
-            self._limits_refresh_at = trio.current_time() + _LIMITS_REFRESH_S
-            try:
-                await self.get_server_info()  # refreshes self._limits
-            except SeppError as exc:
-                self._log.debug("sepp: cannot fetch server limits for local checks: %s", exc)
-            return self._limits
-
-    def _note_rejections(self, rejections: list[JobRejection]) -> None:
-        limits = self._limits
-        if limits is not None and any(limits.contradicted_by(r) for r in rejections):
-            # Refetch on the next enqueue, but never more than once per refresh interval.
-            self._limits_refresh_at = min(
-                self._limits_refresh_at, self._limits_fetched_at + _LIMITS_REFRESH_S
-            )
+        return await self._limits.current(deadline)
 
     # -- consuming --------------------------------------------------------------------------
 
@@ -497,12 +485,15 @@ class Client:
 
     async def get_server_info(self, *, timeout: float | timedelta | None = None) -> ServerInfo:
         with _otel.client_span("sepp.get_server_info", {}):
-            body = await self._call("GetServerInfo", b"", timeout=timeout)
+            return await self._fetch_server_info(timeout)
+
+    async def _fetch_server_info(self, timeout: float | timedelta | None = None) -> ServerInfo:
+        """GetServerInfo without a span (the limits cache fetches with it in the background);
+        every answer refreshes the cached limits."""
+        body = await self._call("GetServerInfo", b"", timeout=timeout)
         msg = _parse(pb.GetServerInfoResponse, body, "GetServerInfo")
         info = self._convert(cv.server_info_from_pb, msg, "GetServerInfo")
-        self._limits = ServerLimits(info, datetime.now(timezone.utc))
-        self._limits_fetched_at = trio.current_time()
-        self._limits_refresh_at = math.inf
+        self._limits.update(info)
         return info
 
     # -- plumbing ---------------------------------------------------------------------------
@@ -586,6 +577,14 @@ def _lease_attributes(ctx: JobContext, **extra: str) -> dict[str, str | int]:
     if ctx.worker_id is not None:
         out["sepp.worker_id"] = ctx.worker_id
     return out
+
+
+def _left_s(deadline: float) -> float | None:
+    """What is left until `deadline`, as a call's timeout (None: no deadline). Never zero,
+    which is not a valid timeout: a call with no time left fails with DEADLINE_EXCEEDED."""
+    if deadline == math.inf:
+        return None
+    return max(deadline - trio.current_time(), 1e-6)
 
 
 def _all_keyed(requests: Sequence[EnqueueRequest]) -> bool:
