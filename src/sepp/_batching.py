@@ -9,11 +9,10 @@ from datetime import timedelta
 import trio
 
 from . import _validate as v
+from ._chunking import estimated_bytes
 from ._errors import SeppError, TransportError
 from ._rejections import JobRejection
 from ._types import EnqueueAck, EnqueueRequest
-
-_ENVELOPE_BYTES = 64  # per-job protobuf overhead beyond the variable fields, generously
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,19 +48,6 @@ class _Slot:
         self.result: Result | None = None
         self.error: SeppError | None = None
         self.sent = False
-
-
-def estimated_bytes(request: EnqueueRequest) -> int:
-    size = _ENVELOPE_BYTES + len(request.queue) * 4 + len(request.job_type) * 4
-    if request.payload is not None:
-        size += len(request.payload.data) + len(request.payload.encoding) * 4
-    if request.idempotency_key is not None:
-        size += len(request.idempotency_key) * 4
-    for key, value in request.custom.items():
-        size += 16 + len(key) * 4 + (len(value) * 4 if isinstance(value, str) else 8)
-    if request.trace_context is not None:
-        size += 80 + len(request.trace_context.tracestate or "") * 4
-    return size
 
 
 class _Batch:

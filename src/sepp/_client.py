@@ -17,6 +17,7 @@ from . import _convert as cv
 from . import _otel
 from . import _validate as v
 from ._batching import Batching, EnqueueBatcher
+from ._chunking import DEFAULT_MAX_ENQUEUE_BATCH, MAX_CONCURRENT_CHUNKS, split_batch
 from ._errors import (
     BatchValidationError,
     JobRejectedError,
@@ -85,7 +86,7 @@ class Client:
                 enqueue_batching,
                 nursery,
                 self._enqueue_batch_rpc,
-                lambda: self._limits.limits.info.max_enqueue_batch if self._limits.limits else None,
+                self._max_enqueue_batch,
             )
         self._nursery = nursery
         self._validate_locally = validate_locally
@@ -261,6 +262,13 @@ class Client:
         deadline = self._deadline(timeout)
         limits = await self._current_limits(deadline)
         if limits is not None:
+            most = limits.info.max_enqueue_batch
+            if most and len(requests) > most:
+                raise ValidationError(
+                    "jobs",
+                    f"an atomic enqueue holds at most {most} jobs (the server's"
+                    f" max_enqueue_batch), got {len(requests)}; enqueue_batch splits bigger ones",
+                )
             local = [(i, limits.check(r)) for i, r in enumerate(requests)]
             refused = [BatchRejection(i, r) for i, r in local if r is not None]
             if refused:
@@ -300,14 +308,51 @@ class Client:
         limits = await self._current_limits(deadline)
         local = [limits.check(r) for r in requests] if limits is not None else []
         if not any(local):
-            results = await self._enqueue_traced(requests, _left_s(deadline))
+            results = await self._enqueue_in_chunks(requests, deadline)
         else:
             # Send only what the server could accept; keep every result in input order.
             to_send = [r for r, rejection in zip(requests, local, strict=True) if rejection is None]
-            remote = iter(await self._enqueue_traced(to_send, _left_s(deadline)) if to_send else [])
+            remote = iter(await self._enqueue_in_chunks(to_send, deadline) if to_send else [])
             results = [rejection or next(remote) for rejection in local]
         self._limits.note_rejections([r for r in results if isinstance(r, JobRejection)])
         return results
+
+    async def _enqueue_in_chunks(
+        self, requests: list[EnqueueRequest], deadline: float
+    ) -> list[EnqueueAck | JobRejection]:
+        """As many EnqueueBatch calls as the server's limits need, sent in order, a few at a
+        time; results in order. After a failure no more are sent, and the earliest failed
+        chunk's error is raised (chunks already sent may have been enqueued)."""
+        if len(requests) == 1:
+            return await self._enqueue_traced(requests, _left_s(deadline))
+        chunks = split_batch(requests, max_jobs=self._max_enqueue_batch())
+        if len(chunks) == 1:
+            return await self._enqueue_traced(requests, _left_s(deadline))
+        results: list[list[EnqueueAck | JobRejection]] = [[] for _ in chunks]
+        failures: dict[int, SeppError] = {}
+        unsent = iter(enumerate(chunks))  # shared by the senders: chunks leave in order
+
+        async def sender() -> None:
+            for index, chunk in unsent:
+                try:
+                    results[index] = await self._enqueue_traced(chunk, _left_s(deadline))
+                except SeppError as exc:
+                    failures[index] = exc
+                if failures:
+                    return
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(min(MAX_CONCURRENT_CHUNKS, len(chunks))):
+                nursery.start_soon(sender)
+        if failures:
+            raise failures[min(failures)]
+        return [result for chunk_results in results for result in chunk_results]
+
+    def _max_enqueue_batch(self) -> int:
+        limits = self._limits.limits
+        if limits is not None and limits.info.max_enqueue_batch:
+            return limits.info.max_enqueue_batch
+        return DEFAULT_MAX_ENQUEUE_BATCH
 
     async def _enqueue_traced(
         self, requests: list[EnqueueRequest], timeout: float | timedelta | None

@@ -4,21 +4,10 @@ from __future__ import annotations
 
 import pytest
 import trio
+from fixtures.counting import count_calls
 
 import sepp
 from sepp.testing import SeppServer
-
-
-def count_calls(client: sepp.Client) -> list[str]:
-    calls: list[str] = []
-    original = client._channel.call
-
-    async def counting(method: str, request: bytes, **kw: object) -> bytes:
-        calls.append(method)
-        return await original(method, request, **kw)  # type: ignore[arg-type]
-
-    client._channel.call = counting  # type: ignore[method-assign]
-    return calls
 
 
 async def test_concurrent_enqueues_share_batches_and_keep_own_results(

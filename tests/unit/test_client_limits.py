@@ -4,112 +4,19 @@ fetched as soon as the connection is up, never in a call's way, refreshed at mos
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator, Awaitable
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Awaitable
 
 import pytest
 import trio
+from fixtures.scripted_channel import ScriptedChannel, connected
 from trio.testing import MockClock
 
 import sepp
 from sepp._client import Client
 from sepp._log import Log
-from sepp._pb import queue_pb2 as pb
 from sepp._retry import NO_RETRY
 from sepp.wire._status import StatusCode
 from sepp.wire._transport import RpcError
-
-
-@dataclass
-class Call:
-    at: float
-    method: str
-    timeout: float | None
-    jobs: int = 0
-
-
-class ScriptedChannel:
-    """Answers like a sepp server whose job type limit is `job_type_limit`; GetServerInfo
-    advertises `advertised_limit` after `info_delay` seconds (math.inf: never) or fails with
-    each error in `info_errors` first. Every call honours its timeout, as the real one does."""
-
-    def __init__(self, job_type_limit: int = 32) -> None:
-        self.job_type_limit = job_type_limit
-        self.advertised_limit = job_type_limit
-        self.info_delay = 0.0
-        self.info_errors: list[RpcError] = []
-        self.calls: list[Call] = []
-
-    async def _ready_connection(self) -> None:
-        await trio.lowlevel.checkpoint()
-
-    async def aclose(self) -> None:
-        await trio.lowlevel.checkpoint()
-
-    def methods(self) -> list[str]:
-        return [c.method for c in self.calls]
-
-    async def call(
-        self, method: str, request: bytes, *, timeout: float | None, metadata: Any = ()
-    ) -> bytes:
-        call = Call(trio.current_time(), method, timeout)
-        self.calls.append(call)
-        with trio.move_on_after(math.inf if timeout is None else timeout):
-            if method == "GetServerInfo":
-                return await self._info()
-            if method == "EnqueueBatch":
-                await trio.lowlevel.checkpoint()
-                jobs = pb.EnqueueBatchRequest.FromString(request).jobs
-                call.jobs = len(jobs)
-                return self._results(jobs)
-            raise AssertionError(f"unexpected call {method}")
-        raise RpcError(StatusCode.DEADLINE_EXCEEDED, f"deadline exceeded after {timeout}s")
-
-    async def _info(self) -> bytes:
-        await trio.sleep(self.info_delay)
-        if self.info_errors:
-            raise self.info_errors.pop(0)
-        info = pb.GetServerInfoResponse(
-            server_version="scripted",
-            max_job_type_bytes=self.advertised_limit,
-            max_enqueue_batch=256,
-        )
-        info.server_time.FromSeconds(1_900_000_000)
-        return info.SerializeToString()
-
-    def _results(self, jobs: Any) -> bytes:
-        results = []
-        for index, job in enumerate(jobs):
-            size = len(job.job_type.encode())
-            if size > self.job_type_limit:
-                rejection = pb.JobRejection()
-                rejection.job_type_name_too_long.limit = self.job_type_limit
-                rejection.job_type_name_too_long.actual = size
-                results.append(pb.JobResult(rejection=rejection))
-            else:
-                results.append(pb.JobResult(success=pb.EnqueueResponse(job_id=f"id-{index}")))
-        return pb.EnqueueBatchResponse(results=results).SerializeToString()
-
-
-@asynccontextmanager
-async def connected(channel: ScriptedChannel, **options: Any) -> AsyncIterator[Client]:
-    """A Client on `channel`, connected as `sepp.open()` connects one."""
-    async with trio.open_nursery() as nursery:
-        client = Client(
-            channel,  # type: ignore[arg-type]
-            address="scripted",
-            rpc_timeout=30.0,
-            retry_policy=NO_RETRY,
-            log=Log(None),
-            nursery=nursery,
-            **options,
-        )
-        await client._connect()
-        yield client
-        await client._close()
-        nursery.cancel_scope.cancel()
 
 
 async def rejected_locally(channel: ScriptedChannel, enqueue: Awaitable[object]) -> bool:
