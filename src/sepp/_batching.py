@@ -10,9 +10,10 @@ import trio
 
 from . import _validate as v
 from ._chunking import estimated_bytes
-from ._errors import SeppError, TransportError
+from ._errors import SeppError, error_from_status
 from ._rejections import JobRejection
 from ._types import EnqueueAck, EnqueueRequest
+from .wire._status import StatusCode
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +86,7 @@ class EnqueueBatcher:
 
     async def submit(self, request: EnqueueRequest) -> Result:
         if self._closed:
-            raise TransportError("the client is closed")
+            raise _client_closed()
         size = estimated_bytes(request)
         batch = self._open
         if batch is not None and batch.size_bytes + size > self._config.max_batch_bytes:
@@ -136,7 +137,7 @@ class EnqueueBatcher:
                 slot.done.set()
             return
         except BaseException:
-            error = TransportError("the client closed before the batch completed")
+            error = _client_closed()
             for slot in live:
                 slot.error = error
                 slot.done.set()
@@ -148,7 +149,7 @@ class EnqueueBatcher:
     def close(self) -> None:
         """Fail every job not yet sent; batches in flight fail as their task is cancelled."""
         self._closed = True
-        error = TransportError("the client is closed")
+        error = _client_closed()
         for batch in self._unsent:
             for slot in batch.slots:
                 slot.error = error
@@ -156,6 +157,13 @@ class EnqueueBatcher:
             batch.slots.clear()
         self._unsent.clear()
         self._open = None
+
+
+def _client_closed() -> SeppError:
+    # The very error a call on the closed channel gets, so callers see one error, one code.
+    return error_from_status(
+        StatusCode.UNAVAILABLE, "the client is closed", method="EnqueueBatch", kind="closed"
+    )
 
 
 def _clone(error: SeppError) -> SeppError:
