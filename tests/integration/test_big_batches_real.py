@@ -45,6 +45,7 @@ async def test_enqueue_batch_over_the_servers_message_size_is_split_by_bytes(
     async with sepp.open(sepp_server.address) as client:
         calls = count_calls(client)
         results = await client.enqueue_batch([R("heavy", "t", payload=payload)] * 18)
+        assert len(results) == 18
         assert all(isinstance(r, sepp.EnqueueAck) for r in results), results
         assert calls.count("EnqueueBatch") == 3  # 8 + 8 + 2 jobs of under 8 MiB each
         reserved = await reserve_all(client, "heavy", 18)
