@@ -9,11 +9,12 @@ from datetime import timedelta
 import trio
 
 from . import _validate as v
-from ._errors import SeppError, TransportError
+from ._chunking import estimated_bytes
+from ._errors import SeppError, error_from_status
 from ._rejections import JobRejection
 from ._types import EnqueueAck, EnqueueRequest
-
-_ENVELOPE_BYTES = 64  # per-job protobuf overhead beyond the variable fields, generously
+from .wire._failure import FailureKind
+from .wire._status import StatusCode
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,19 +52,6 @@ class _Slot:
         self.sent = False
 
 
-def estimated_bytes(request: EnqueueRequest) -> int:
-    size = _ENVELOPE_BYTES + len(request.queue) * 4 + len(request.job_type) * 4
-    if request.payload is not None:
-        size += len(request.payload.data) + len(request.payload.encoding) * 4
-    if request.idempotency_key is not None:
-        size += len(request.idempotency_key) * 4
-    for key, value in request.custom.items():
-        size += 16 + len(key) * 4 + (len(value) * 4 if isinstance(value, str) else 8)
-    if request.trace_context is not None:
-        size += 80 + len(request.trace_context.tracestate or "") * 4
-    return size
-
-
 class _Batch:
     __slots__ = ("full", "size_bytes", "slots")
 
@@ -99,7 +87,7 @@ class EnqueueBatcher:
 
     async def submit(self, request: EnqueueRequest) -> Result:
         if self._closed:
-            raise TransportError("the client is closed")
+            raise _client_closed()
         size = estimated_bytes(request)
         batch = self._open
         if batch is not None and batch.size_bytes + size > self._config.max_batch_bytes:
@@ -150,7 +138,7 @@ class EnqueueBatcher:
                 slot.done.set()
             return
         except BaseException:
-            error = TransportError("the client closed before the batch completed")
+            error = _client_closed()
             for slot in live:
                 slot.error = error
                 slot.done.set()
@@ -162,7 +150,7 @@ class EnqueueBatcher:
     def close(self) -> None:
         """Fail every job not yet sent; batches in flight fail as their task is cancelled."""
         self._closed = True
-        error = TransportError("the client is closed")
+        error = _client_closed()
         for batch in self._unsent:
             for slot in batch.slots:
                 slot.error = error
@@ -170,6 +158,16 @@ class EnqueueBatcher:
             batch.slots.clear()
         self._unsent.clear()
         self._open = None
+
+
+def _client_closed() -> SeppError:
+    # The very error a call on the closed channel gets, so callers see one error, one code.
+    return error_from_status(
+        StatusCode.UNAVAILABLE,
+        "the client is closed",
+        method="EnqueueBatch",
+        kind=FailureKind.CLOSED,
+    )
 
 
 def _clone(error: SeppError) -> SeppError:

@@ -8,16 +8,16 @@ import os
 import ssl
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING, Any, TypeVar
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import trio
 
 from . import _convert as cv
 from . import _otel
 from . import _validate as v
-from ._address import parse_address
 from ._batching import Batching, EnqueueBatcher
+from ._chunking import DEFAULT_MAX_ENQUEUE_BATCH, MAX_CONCURRENT_CHUNKS, split_batch
 from ._errors import (
     BatchValidationError,
     JobRejectedError,
@@ -27,13 +27,14 @@ from ._errors import (
     ValidationError,
     error_from_status,
 )
-from ._limits import ServerLimits
+from ._limits import LimitsCache, ServerLimits
 from ._log import Log, LoggerLike
+from ._options import DEFAULT_MAX_RECEIVE_MESSAGE_BYTES as DEFAULT_MAX_RECEIVE_MESSAGE_BYTES
+from ._options import ConnectOptions
 from ._pb import queue_pb2 as pb
-from ._rejections import JobRejection
-from ._retry import NO_RETRY, RETRYABLE, RetryPolicy, call_with_retry
+from ._rejections import BatchRejection, JobRejection
+from ._retry import RETRYABLE, RetryPolicy, call_with_retry
 from ._types import (
-    BatchRejection,
     CustomValue,
     DeadLetterRecord,
     EnqueueAck,
@@ -44,24 +45,19 @@ from ._types import (
     Retry,
     ServerInfo,
     TraceContext,
+    record_lease_expiry,
 )
-from ._version import __version__
-from .wire._engine import WIRE_ENGINES, WireEngine
+from .wire._engine import WireEngine
 from .wire._status import StatusCode
-from .wire._transport import Channel, Endpoint, RpcError
+from .wire._transport import Channel, RpcError
 
 if TYPE_CHECKING:
     from ._errors import CallKind
 
 T = TypeVar("T")
 
-# Fits the largest Reserve a default server can send (256 jobs x 1 MiB payloads) with room
-# for the envelope; lower it to bound memory against a misconfigured or hostile server.
-DEFAULT_MAX_RECEIVE_MESSAGE_BYTES = 272 * 1024 * 1024
 # A Reserve's deadline is its long-poll wait plus this much slack.
 RESERVE_DEADLINE_SLACK_S = 10.0
-USER_AGENT = f"sepp-trio/{__version__}"
-_LIMITS_REFRESH_S = 30.0
 
 
 class Client:
@@ -75,6 +71,9 @@ class Client:
         rpc_timeout: float | None,
         retry_policy: RetryPolicy,
         log: Log,
+        nursery: trio.Nursery | None = None,
+        enqueue_batching: Batching | None = None,
+        validate_locally: bool = True,
     ) -> None:
         self._channel = channel
         self._address = address
@@ -82,19 +81,35 @@ class Client:
         self._retry_policy = retry_policy
         self._log = log
         self._batcher: EnqueueBatcher | None = None
-        self._validate_locally = True
-        self._limits: ServerLimits | None = None
-        self._limits_lock = trio.Lock()
-        self._limits_refresh_at = -math.inf
-        self._limits_fetched_at = -math.inf
+        if enqueue_batching is not None:
+            assert nursery is not None, "the auto-batcher sends from the client's nursery"
+            self._batcher = EnqueueBatcher(
+                enqueue_batching,
+                nursery,
+                self._enqueue_batch_rpc,
+                self._max_enqueue_batch,
+            )
+        self._nursery = nursery
+        self._validate_locally = validate_locally
+        self._limits = LimitsCache(self._fetch_server_info, log)
 
-    def _enable_batching(self, config: Batching, nursery: trio.Nursery) -> None:
-        self._batcher = EnqueueBatcher(
-            config,
-            nursery,
-            self._send_enqueue_batch,
-            lambda: self._limits.info.max_enqueue_batch if self._limits else None,
-        )
+    async def _connect(self) -> None:
+        """Open the first connection (open() fails at once if the server is unreachable)."""
+        try:
+            # The wire layer has no public connect yet; this is its one use outside it.
+            await self._channel._ready_connection()
+        except RpcError as exc:
+            raise error_from_status(
+                exc.code, exc.details, kind=exc.kind, addr=self._address
+            ) from None
+        if self._validate_locally and self._nursery is not None:
+            self._limits.start(self._nursery)  # so the first enqueue need not wait for them
+
+    async def _close(self) -> None:
+        """Fail every call not yet done; new calls fail as the client is closed."""
+        if self._batcher is not None:
+            self._batcher.close()
+        await self._channel.aclose()
 
     def __repr__(self) -> str:
         return f"<sepp.Client {self._address}>"
@@ -104,6 +119,27 @@ class Client:
         return self._address
 
     # -- producing --------------------------------------------------------------------------
+
+    @overload
+    async def enqueue(
+        self, request: EnqueueRequest, /, *, timeout: float | timedelta | None = None
+    ) -> EnqueueAck: ...
+
+    @overload
+    async def enqueue(
+        self,
+        queue: str,
+        job_type: str,
+        *,
+        payload: Payload | None = None,
+        idempotency_key: str | None = None,
+        priority: int | None = None,
+        max_attempts: int | None = None,
+        custom: Mapping[str, CustomValue] | None = None,
+        scheduled_at: datetime | None = None,
+        trace_context: TraceContext | None = None,
+        timeout: float | timedelta | None = None,
+    ) -> EnqueueAck: ...
 
     async def enqueue(
         self,
@@ -119,10 +155,25 @@ class Client:
         trace_context: TraceContext | None = None,
         timeout: float | timedelta | None = None,
     ) -> EnqueueAck:
-        """Enqueue one job; raises JobRejectedError if the server rejects it."""
+        """Enqueue one job, given as an EnqueueRequest or as its fields (not both); raises
+        JobRejectedError if the server rejects it."""
         if isinstance(queue, EnqueueRequest):
-            if job_type is not None:
-                raise ValidationError("job_type", "pass either an EnqueueRequest or its fields")
+            fields = {
+                "job_type": job_type,
+                "payload": payload,
+                "idempotency_key": idempotency_key,
+                "priority": priority,
+                "max_attempts": max_attempts,
+                "custom": custom,
+                "scheduled_at": scheduled_at,
+                "trace_context": trace_context,
+            }
+            given = [name for name, value in fields.items() if value is not None]
+            if given:
+                raise TypeError(
+                    "enqueue() takes an EnqueueRequest or a job's fields, not both"
+                    f" (got an EnqueueRequest and {', '.join(given)})"
+                )
             request = queue
         else:
             if job_type is None:
@@ -139,22 +190,24 @@ class Client:
                 trace_context=trace_context,
             )
         if self._batcher is not None:
-            limits = await self._current_limits()
+            deadline = self._deadline(timeout)
+            limits = await self._current_limits(deadline)
             local = limits.check(request) if limits is not None else None
             if local is not None:
                 raise JobRejectedError(local)
-            result = await self._enqueue_batched(request, timeout)
+            result = await self._enqueue_via_batcher(request, timeout, deadline)
             if isinstance(result, JobRejection):
-                self._note_rejections([result])
+                self._limits.note_rejections([result])
         else:
-            (result,) = await self._enqueue_batch([request], timeout)
+            (result,) = await self._enqueue_checked([request], timeout)
         if isinstance(result, JobRejection):
             raise JobRejectedError(result)
         return result
 
-    async def _enqueue_batched(
-        self, request: EnqueueRequest, timeout: float | timedelta | None
+    async def _enqueue_via_batcher(
+        self, request: EnqueueRequest, timeout: float | timedelta | None, deadline: float
     ) -> EnqueueAck | JobRejection:
+        """One job through the auto-batcher, in its own sepp.enqueue span."""
         assert self._batcher is not None
         with _otel.client_span("sepp.enqueue", _batch_attributes([request])) as span:
             trace_context = span.trace_context
@@ -165,12 +218,12 @@ class Client:
                 # would cost more than the rest of the enqueue.
                 result = await self._batcher.submit(request)
             else:
-                timeout_s = v.seconds("timeout", timeout)
-                with trio.move_on_after(timeout_s) as scope:
+                with trio.move_on_at(deadline) as scope:
                     result = await self._batcher.submit(request)
                 if scope.cancelled_caught:
                     raise TransportError(
-                        f"EnqueueBatch: DEADLINE_EXCEEDED: no result within {timeout_s:g}s "
+                        "EnqueueBatch: DEADLINE_EXCEEDED: no result within"
+                        f" {v.seconds('timeout', timeout):g}s "
                         "(the job may still be enqueued)",
                         code=StatusCode.DEADLINE_EXCEEDED,
                     )
@@ -178,7 +231,7 @@ class Client:
                 span.set("sepp.job_id", result.job_id)
             return result
 
-    async def _send_enqueue_batch(
+    async def _enqueue_batch_rpc(
         self,
         requests: list[EnqueueRequest],
         timeout: float | timedelta | None = None,
@@ -200,15 +253,23 @@ class Client:
         self, jobs: Iterable[EnqueueRequest], *, timeout: float | timedelta | None = None
     ) -> list[EnqueueAck | JobRejection]:
         """Best effort: one result per job, in order; rejections are values, not errors."""
-        return await self._enqueue_batch(_requests(jobs), timeout)
+        return await self._enqueue_checked(_requests(jobs), timeout)
 
     async def enqueue_atomic(
         self, jobs: Iterable[EnqueueRequest], *, timeout: float | timedelta | None = None
     ) -> list[EnqueueAck]:
         """All or nothing: every job is enqueued, or BatchValidationError lists the culprits."""
         requests = _requests(jobs)
-        limits = await self._current_limits()
+        deadline = self._deadline(timeout)
+        limits = await self._current_limits(deadline)
         if limits is not None:
+            most = limits.info.max_enqueue_batch
+            if most and len(requests) > most:
+                raise ValidationError(
+                    "jobs",
+                    f"an atomic enqueue holds at most {most} jobs (the server's"
+                    f" max_enqueue_batch), got {len(requests)}; enqueue_batch splits bigger ones",
+                )
             local = [(i, limits.check(r)) for i, r in enumerate(requests)]
             refused = [BatchRejection(i, r) for i, r in local if r is not None]
             if refused:
@@ -217,7 +278,7 @@ class Client:
             body = await self._call(
                 "EnqueueAtomic",
                 cv.enqueue_batch_to_pb(requests, span.trace_context),
-                timeout=timeout,
+                timeout=_left_s(deadline),
                 ambiguous_retry_safe=_all_keyed(requests),
             )
             msg = _parse(pb.EnqueueAtomicResponse, body, "EnqueueAtomic")
@@ -229,7 +290,7 @@ class Client:
                     BatchRejection(e.index, cv.rejection_from_pb(e.rejection))
                     for e in msg.rejection.errors
                 ]
-                self._note_rejections([e.rejection for e in errors])
+                self._limits.note_rejections([e.rejection for e in errors])
                 raise BatchValidationError(errors)
             span.set("sepp.outcome", "accepted")
         if which != "success":
@@ -240,26 +301,66 @@ class Client:
             )
         return [self._convert(cv.ack_from_pb, r, "EnqueueAtomic") for r in msg.success.responses]
 
-    async def _enqueue_batch(
+    async def _enqueue_checked(
         self, requests: list[EnqueueRequest], timeout: float | timedelta | None
     ) -> list[EnqueueAck | JobRejection]:
-        limits = await self._current_limits()
+        """Check jobs against the server's limits, send the rest; every result in order."""
+        deadline = self._deadline(timeout)
+        limits = await self._current_limits(deadline)
         local = [limits.check(r) for r in requests] if limits is not None else []
         if not any(local):
-            results = await self._enqueue_batch_remote(requests, timeout)
+            results = await self._enqueue_in_chunks(requests, deadline)
         else:
             # Send only what the server could accept; keep every result in input order.
             to_send = [r for r, rejection in zip(requests, local, strict=True) if rejection is None]
-            remote = iter(await self._enqueue_batch_remote(to_send, timeout) if to_send else [])
+            remote = iter(await self._enqueue_in_chunks(to_send, deadline) if to_send else [])
             results = [rejection or next(remote) for rejection in local]
-        self._note_rejections([r for r in results if isinstance(r, JobRejection)])
+        self._limits.note_rejections([r for r in results if isinstance(r, JobRejection)])
         return results
 
-    async def _enqueue_batch_remote(
+    async def _enqueue_in_chunks(
+        self, requests: list[EnqueueRequest], deadline: float
+    ) -> list[EnqueueAck | JobRejection]:
+        """As many EnqueueBatch calls as the server's limits need, sent in order, a few at a
+        time; results in order. After a failure no more are sent, and the earliest failed
+        chunk's error is raised (chunks already sent may have been enqueued)."""
+        if len(requests) == 1:
+            return await self._enqueue_traced(requests, _left_s(deadline))
+        chunks = split_batch(requests, max_jobs=self._max_enqueue_batch())
+        if len(chunks) == 1:
+            return await self._enqueue_traced(requests, _left_s(deadline))
+        results: list[list[EnqueueAck | JobRejection]] = [[] for _ in chunks]
+        failures: dict[int, SeppError] = {}
+        unsent = iter(enumerate(chunks))  # shared by the senders: chunks leave in order
+
+        async def sender() -> None:
+            for index, chunk in unsent:
+                try:
+                    results[index] = await self._enqueue_traced(chunk, _left_s(deadline))
+                except SeppError as exc:
+                    failures[index] = exc
+                if failures:
+                    return
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(min(MAX_CONCURRENT_CHUNKS, len(chunks))):
+                nursery.start_soon(sender)
+        if failures:
+            raise failures[min(failures)]
+        return [result for chunk_results in results for result in chunk_results]
+
+    def _max_enqueue_batch(self) -> int:
+        limits = self._limits.limits
+        if limits is not None and limits.info.max_enqueue_batch:
+            return limits.info.max_enqueue_batch
+        return DEFAULT_MAX_ENQUEUE_BATCH
+
+    async def _enqueue_traced(
         self, requests: list[EnqueueRequest], timeout: float | timedelta | None
     ) -> list[EnqueueAck | JobRejection]:
+        """One EnqueueBatch call in its own sepp.enqueue span."""
         with _otel.client_span("sepp.enqueue", _batch_attributes(requests)) as span:
-            results = await self._send_enqueue_batch(requests, timeout, span.trace_context)
+            results = await self._enqueue_batch_rpc(requests, timeout, span.trace_context)
             rejected = sum(isinstance(r, JobRejection) for r in results)
             span.set("sepp.accepted", len(results) - rejected)
             span.set("sepp.rejected", rejected)
@@ -267,31 +368,17 @@ class Client:
                 span.set("sepp.job_id", results[0].job_id)  # type: ignore[union-attr]
             return results
 
-    async def _current_limits(self) -> ServerLimits | None:
-        """The server's advertised limits, fetched lazily and refreshed at most every 30 s
-        after a rejection suggested a config change; None when local checks are off or the
-        server could not tell us (the server then checks alone)."""
+    def _deadline(self, timeout: float | timedelta | None) -> float:
+        """The trio time by which a call given `timeout` (None: rpc_timeout) must be done."""
+        timeout_s = self._rpc_timeout if timeout is None else v.seconds("timeout", timeout)
+        return math.inf if timeout_s is None else trio.current_time() + timeout_s
+
+    async def _current_limits(self, deadline: float) -> ServerLimits | None:
+        """The server's advertised limits for a call due by `deadline`; None when local checks
+        are off, or the limits are not to be had in time (the server then checks alone)."""
         if not self._validate_locally:
             return None
-        if self._limits is not None and trio.current_time() < self._limits_refresh_at:
-            return self._limits
-        async with self._limits_lock:
-            if self._limits is not None and trio.current_time() < self._limits_refresh_at:
-                return self._limits
-            self._limits_refresh_at = trio.current_time() + _LIMITS_REFRESH_S
-            try:
-                await self.get_server_info()  # refreshes self._limits
-            except SeppError as exc:
-                self._log.debug("sepp: cannot fetch server limits for local checks: %s", exc)
-            return self._limits
-
-    def _note_rejections(self, rejections: list[JobRejection]) -> None:
-        limits = self._limits
-        if limits is not None and any(limits.contradicted_by(r) for r in rejections):
-            # Refetch on the next enqueue, but never more than once per refresh interval.
-            self._limits_refresh_at = min(
-                self._limits_refresh_at, self._limits_fetched_at + _LIMITS_REFRESH_S
-            )
+        return await self._limits.current(deadline)
 
     # -- consuming --------------------------------------------------------------------------
 
@@ -408,7 +495,7 @@ class Client:
         if not response.HasField("lease_expires_at"):
             raise MalformedResponseError("Extend: response has no lease_expires_at")
         expires = self._convert(cv.timestamp_from_pb, response.lease_expires_at, "Extend")
-        ctx._lease.expires_at = expires
+        record_lease_expiry(ctx, expires)
         return expires
 
     # -- operations -------------------------------------------------------------------------
@@ -444,12 +531,15 @@ class Client:
 
     async def get_server_info(self, *, timeout: float | timedelta | None = None) -> ServerInfo:
         with _otel.client_span("sepp.get_server_info", {}):
-            body = await self._call("GetServerInfo", b"", timeout=timeout)
+            return await self._fetch_server_info(timeout)
+
+    async def _fetch_server_info(self, timeout: float | timedelta | None = None) -> ServerInfo:
+        """GetServerInfo without a span (the limits cache fetches with it in the background);
+        every answer refreshes the cached limits."""
+        body = await self._call("GetServerInfo", b"", timeout=timeout)
         msg = _parse(pb.GetServerInfoResponse, body, "GetServerInfo")
         info = self._convert(cv.server_info_from_pb, msg, "GetServerInfo")
-        self._limits = ServerLimits(info, datetime.now(timezone.utc))
-        self._limits_fetched_at = trio.current_time()
-        self._limits_refresh_at = math.inf
+        self._limits.update(info)
         return info
 
     # -- plumbing ---------------------------------------------------------------------------
@@ -535,6 +625,14 @@ def _lease_attributes(ctx: JobContext, **extra: str) -> dict[str, str | int]:
     return out
 
 
+def _left_s(deadline: float) -> float | None:
+    """What is left until `deadline`, as a call's timeout (None: no deadline). Never zero,
+    which is not a valid timeout: a call with no time left fails with DEADLINE_EXCEEDED."""
+    if deadline == math.inf:
+        return None
+    return max(deadline - trio.current_time(), 1e-6)
+
+
 def _all_keyed(requests: Sequence[EnqueueRequest]) -> bool:
     # Without a key on every job, a failure after sending may hide a commit: a retry could
     # duplicate jobs, so only failures known to precede the server's work are retried.
@@ -555,27 +653,6 @@ def _parse(cls: type[M], body: bytes, method: str) -> M:
         return cls.FromString(body)  # type: ignore[attr-defined,no-any-return]
     except Exception as exc:
         raise MalformedResponseError(f"{method}: response does not parse: {exc}") from exc
-
-
-def _ssl_context(
-    tls: bool | ssl.SSLContext | None,
-    tls_ca_cert: bytes | str | os.PathLike[str] | None,
-) -> ssl.SSLContext:
-    if isinstance(tls, ssl.SSLContext):
-        context = tls
-    elif tls_ca_cert is not None:
-        context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
-        try:
-            if isinstance(tls_ca_cert, bytes):
-                context.load_verify_locations(cadata=tls_ca_cert.decode("ascii"))
-            else:
-                context.load_verify_locations(cafile=os.fspath(tls_ca_cert))
-        except (OSError, ssl.SSLError, UnicodeDecodeError, ValueError) as exc:
-            raise ValidationError("tls_ca_cert", f"cannot load the CA certificate: {exc}") from None
-    else:
-        context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
-    context.set_alpn_protocols(["h2"])
-    return context
 
 
 @asynccontextmanager
@@ -605,81 +682,43 @@ async def open(
     `wire_engine` picks the HTTP/2 implementation: None (the default engine, "codec", our
     own) or "h2" (the reference engine, built on the h2 package).
     """
-    parsed = parse_address(address)
-    wants_tls = bool(tls) or tls_ca_cert is not None or tls_domain is not None or parsed.tls is True
-    if parsed.tls is True and tls is False:
-        raise ValidationError("tls", "an https:// address never falls back to plaintext")
-    if parsed.tls is False and wants_tls:
-        raise ValidationError("tls", "TLS options given for an http:// (plaintext) address")
-    if tls_domain is not None:
-        v.utf8_text("tls_domain", tls_domain)
-    connect_s = v.seconds("connect_timeout", connect_timeout)
-    rpc_s = None if rpc_timeout is None else v.seconds("rpc_timeout", rpc_timeout)
-    keepalive_s = (
-        None if keepalive_interval is None else v.seconds("keepalive_interval", keepalive_interval)
+    options = ConnectOptions.parse(
+        address,
+        api_key=api_key,
+        tls=tls,
+        tls_ca_cert=tls_ca_cert,
+        tls_domain=tls_domain,
+        retry_policy=retry_policy,
+        connect_timeout=connect_timeout,
+        rpc_timeout=rpc_timeout,
+        max_receive_message_bytes=max_receive_message_bytes,
+        logger=logger,
+        keepalive_interval=keepalive_interval,
+        keepalive_timeout=keepalive_timeout,
+        enqueue_batching=enqueue_batching,
+        validate_locally=validate_locally,
+        wire_engine=wire_engine,
     )
-    keepalive_timeout_s = v.seconds("keepalive_timeout", keepalive_timeout)
-    if max_receive_message_bytes is None:
-        max_receive = DEFAULT_MAX_RECEIVE_MESSAGE_BYTES
-    else:
-        max_receive = v.whole_number(
-            "max_receive_message_bytes", max_receive_message_bytes, low=1, high=2**32
-        )
-    if enqueue_batching is not None and not isinstance(enqueue_batching, Batching):
-        raise ValidationError("enqueue_batching", "must be a sepp.Batching")
-    if retry_policy is not None and not isinstance(retry_policy, RetryPolicy):
-        raise ValidationError("retry_policy", "must be a sepp.RetryPolicy")
-    if wire_engine is not None and wire_engine not in WIRE_ENGINES:
-        raise ValidationError("wire_engine", f"must be one of {', '.join(WIRE_ENGINES)} or None")
-    log = Log(logger)
-    secret: list[tuple[bytes, bytes]] = []
-    if api_key is not None:
-        key = v.header_safe_api_key(api_key)
-        secret.append((b"authorization", b"Bearer " + key.encode("ascii")))
-        if not wants_tls:
-            log.warning("sepp: an API key is configured without TLS; it travels in plaintext")
-    ssl_context = _ssl_context(tls, tls_ca_cert) if wants_tls else None
-    endpoint = Endpoint(parsed.host, parsed.port, ssl_context, tls_domain)
-    display = f"{parsed.host}:{parsed.port}" if ":" not in parsed.host else endpoint.authority
-
     user_exc: BaseException | None = None
     async with trio.open_nursery() as nursery:
-        channel = Channel(
-            endpoint,
-            nursery,
-            user_agent=USER_AGENT,
-            secret_metadata=secret,
-            connect_timeout=connect_s,
-            max_receive_message_bytes=max_receive,
-            keepalive_interval=keepalive_s,
-            keepalive_timeout=keepalive_timeout_s,
-            wire_engine=wire_engine,
-        )
         client = Client(
-            channel,
-            address=display,
-            rpc_timeout=rpc_s,
-            retry_policy=retry_policy or NO_RETRY,
-            log=log,
+            options.channel(nursery),
+            address=options.address,
+            rpc_timeout=options.rpc_timeout_s,
+            retry_policy=options.retry_policy,
+            log=options.log,
+            nursery=nursery,
+            enqueue_batching=options.enqueue_batching,
+            validate_locally=options.validate_locally,
         )
-        client._validate_locally = bool(validate_locally)
-        if enqueue_batching is not None:
-            client._enable_batching(enqueue_batching, nursery)
         try:
-            try:
-                await channel._ready_connection()
-            except RpcError as exc:
-                raise error_from_status(
-                    exc.code, exc.details, kind=exc.kind, addr=display
-                ) from None
+            await client._connect()
             yield client
         except BaseException as exc:
             # Re-raised below, outside the nursery, so it is not wrapped in an ExceptionGroup.
             user_exc = exc
         finally:
-            if client._batcher is not None:
-                client._batcher.close()
-            await channel.aclose()
+            await client._close()
             nursery.cancel_scope.cancel()
     if user_exc is not None:
         try:

@@ -17,11 +17,10 @@ from ._types import (
     EnqueueAck,
     EnqueueRequest,
     Job,
-    JobContext,
     Payload,
     ServerInfo,
     TraceContext,
-    _Lease,
+    leased_job_context,
 )
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
@@ -213,7 +212,7 @@ def job_from_pb(msg: pb.Job, worker_id: str | None) -> Job:
         raise Malformed(f"job {msg.id} has attempt {msg.attempt}")
     if not msg.HasField("enqueued_at") or not msg.HasField("lease_expires_at"):
         raise Malformed(f"job {msg.id} lacks enqueued_at or lease_expires_at")
-    ctx = JobContext(
+    ctx = leased_job_context(
         id=msg.id,
         queue=msg.queue,
         job_type=msg.job_type,
@@ -224,7 +223,8 @@ def job_from_pb(msg: pb.Job, worker_id: str | None) -> Job:
         enqueued_at=timestamp_from_pb(msg.enqueued_at),
         scheduled_at=timestamp_from_pb(msg.scheduled_at) if msg.HasField("scheduled_at") else None,
         trace_context=_trace_from_pb(msg),
-        _lease=_Lease(timestamp_from_pb(msg.lease_expires_at), worker_id),
+        lease_expires_at=timestamp_from_pb(msg.lease_expires_at),
+        worker_id=worker_id,
     )
     return Job(_payload_from_pb(msg), ctx)
 

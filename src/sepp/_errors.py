@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
+from ._rejections import BatchRejection, JobRejection, describe_job_rejection
 from .wire._failure import FailureKind
 from .wire._status import StatusCode
-
-if TYPE_CHECKING:
-    from ._rejections import JobRejection
-    from ._types import BatchRejection
 
 
 class SeppError(Exception):
@@ -84,8 +81,6 @@ class JobRejectedError(SeppError):
     """`enqueue` of one job was rejected; `rejection` says why."""
 
     def __init__(self, rejection: JobRejection) -> None:
-        from ._rejections import describe_job_rejection
-
         super().__init__(f"job rejected: {describe_job_rejection(rejection)}")
         self.rejection = rejection
 
@@ -94,8 +89,6 @@ class BatchValidationError(SeppError):
     """An atomic enqueue was refused as a whole; `errors` lists each offending job."""
 
     def __init__(self, errors: Sequence[BatchRejection]) -> None:
-        from ._rejections import describe_job_rejection
-
         parts = "; ".join(
             f"#{e.index}: {describe_job_rejection(e.rejection)}" for e in list(errors)[:5]
         )

@@ -1,13 +1,21 @@
 """Local checks of jobs against the server's advertised (global) limits, so a job the server
-would reject costs no round trip. The server keeps the final word: per-queue overrides are
-not advertised."""
+would reject costs no round trip, and the cache those limits are kept in. The server keeps the
+final word: per-queue overrides are not advertised."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta, timezone
 
+import trio
+
 from . import _rejections as rj
+from ._log import Log
 from ._types import EnqueueRequest, ServerInfo
+
+# Refetch at most this often: after a rejection that contradicts the cache, or a failed fetch.
+LIMITS_REFRESH_S = 30.0
 
 # Only reject a schedule this far past the estimated horizon: the server's clock is estimated.
 _SCHEDULE_SLACK = timedelta(seconds=2)
@@ -88,3 +96,80 @@ class ServerLimits:
         }
         expected = limits.get(type(rejection))
         return expected is not None and getattr(rejection, "limit", expected) != expected
+
+
+class LimitsCache:
+    """The server's limits for local checks, never in a call's way.
+
+    `start()` fetches them in the background as soon as the connection is up. A call waits
+    for a fetch in flight at most half of its remaining time, so it keeps the other half to
+    send; past that it goes on without local checks (the server checks anyway). A rejection
+    that contradicts the cache, or a failed fetch, schedules the next fetch at most every
+    30 s. Nothing here raises: without limits the server checks alone.
+    """
+
+    def __init__(self, fetch: Callable[[], Awaitable[ServerInfo]], log: Log) -> None:
+        self._fetch_info = fetch
+        self._log = log
+        self.limits: ServerLimits | None = None
+        self._fetched_at = -math.inf
+        self._stale_at = -math.inf  # trio time from which the cache is refetched
+        self._fetching: trio.Event | None = None  # set when the fetch in flight ends
+        self._nursery: trio.Nursery | None = None
+
+    def start(self, nursery: trio.Nursery) -> None:
+        """Fetch now, in the background; later fetches also run in `nursery`."""
+        self._nursery = nursery
+        self._begin_fetch()
+
+    def update(self, info: ServerInfo) -> None:
+        """Every ServerInfo the client receives refreshes the cache."""
+        self.limits = ServerLimits(info, datetime.now(timezone.utc))
+        self._fetched_at = trio.current_time()
+        self._stale_at = math.inf
+
+    async def current(self, deadline: float) -> ServerLimits | None:
+        """The limits for a call that must be done by `deadline` (trio time; the caller's
+        cancel scopes count too)."""
+        done = self._fetching
+        fetch_here = False
+        if done is None:
+            if trio.current_time() < self._stale_at:
+                return self.limits
+            done = self._begin_fetch()
+            fetch_here = self._nursery is None  # no nursery to fetch in: this call does it
+        now = trio.current_time()
+        deadline = min(deadline, trio.current_effective_deadline())
+        with trio.move_on_at(now + (deadline - now) / 2):
+            if fetch_here:
+                await self._fetch(done)
+            else:
+                await done.wait()
+        return self.limits
+
+    def note_rejections(self, rejections: Sequence[rj.JobRejection]) -> None:
+        limits = self.limits
+        if limits is not None and any(limits.contradicted_by(r) for r in rejections):
+            # Refetch on the next enqueue, but never more than once per refresh interval.
+            self._stale_at = min(self._stale_at, self._fetched_at + LIMITS_REFRESH_S)
+
+    def _begin_fetch(self) -> trio.Event:
+        done = self._fetching = trio.Event()
+        if self._nursery is not None:
+            try:
+                self._nursery.start_soon(self._fetch, done, name="sepp.limits_fetch")
+            except RuntimeError:  # the client is closing: its calls fail anyway
+                self._fetching = None
+                done.set()
+        return done
+
+    async def _fetch(self, done: trio.Event) -> None:
+        try:
+            await self._fetch_info()  # the client hands every ServerInfo to update()
+        except Exception as exc:
+            self._stale_at = trio.current_time() + LIMITS_REFRESH_S
+            self._log.debug("sepp: cannot fetch server limits for local checks: %s", exc)
+        finally:
+            if self._fetching is done:
+                self._fetching = None
+            done.set()

@@ -112,6 +112,14 @@ class UnknownRejection(JobRejection):
     """A rejection reason this client version does not know (or none at all)."""
 
 
+@dataclass(frozen=True, slots=True)
+class BatchRejection:
+    """One offending job of a refused atomic batch."""
+
+    index: int
+    rejection: JobRejection
+
+
 def is_job_rejection(value: object) -> TypeGuard[JobRejection]:
     """True for any rejection value (as found in `enqueue_batch` results)."""
     return isinstance(value, JobRejection)

@@ -8,13 +8,11 @@ import json as _json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, overload
+from typing import Any, ClassVar, Literal, overload
 
 from . import _validate as v
 from ._errors import ValidationError
-
-if TYPE_CHECKING:
-    from ._rejections import JobRejection
+from ._rejections import BatchRejection as BatchRejection  # public as sepp.BatchRejection
 
 CustomValue = v.CustomValue
 JSON_ENCODING = "application/json"
@@ -160,15 +158,9 @@ class EnqueueAck:
     deduplicated: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class BatchRejection:
-    """One offending job of a refused atomic batch."""
-
-    index: int
-    rejection: JobRejection
-
-
 class _Lease:
+    """The one part of a JobContext that changes: the expiry an extend was granted."""
+
     __slots__ = ("expires_at", "worker_id")
 
     def __init__(self, expires_at: datetime, worker_id: str | None) -> None:
@@ -178,7 +170,12 @@ class _Lease:
 
 @dataclass(frozen=True, slots=True, eq=False)
 class JobContext:
-    """Everything about a reserved job but its payload, plus its lease."""
+    """Everything about a reserved job but its payload, plus its lease.
+
+    Every field is fixed except the lease expiry, which `Client.extend` moves: the handler,
+    the worker's lease keeper and your code share one context, so all of them see it. Build
+    one for a handler's unit test with `sepp.testing.job_context()`.
+    """
 
     id: str
     queue: str
@@ -208,6 +205,43 @@ class JobContext:
 
     def __str__(self) -> str:
         return f"{self.job_type}[{self.id}] on {self.queue} ({self.attempt}/{self.max_attempts})"
+
+
+def leased_job_context(
+    *,
+    id: str,
+    queue: str,
+    job_type: str,
+    attempt: int,
+    max_attempts: int,
+    priority: int,
+    custom: Mapping[str, CustomValue],
+    enqueued_at: datetime,
+    scheduled_at: datetime | None,
+    trace_context: TraceContext | None,
+    lease_expires_at: datetime,
+    worker_id: str | None,
+) -> JobContext:
+    """A JobContext for a job leased until `lease_expires_at` (by reserve, or a test)."""
+    lease = _Lease(lease_expires_at, worker_id)
+    return JobContext(
+        id,
+        queue,
+        job_type,
+        attempt,
+        max_attempts,
+        priority,
+        custom,
+        enqueued_at,
+        scheduled_at,
+        trace_context,
+        lease,
+    )
+
+
+def record_lease_expiry(ctx: JobContext, expires_at: datetime) -> None:
+    """Record the expiry an extend was granted: the one change a JobContext sees."""
+    ctx._lease.expires_at = expires_at
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,12 +1,10 @@
-"""Worker: reserve → handle → ack/nack on trio, with bounded concurrency, lease keeping and a
-bounded graceful shutdown. Built only on the Client's public methods."""
+"""Worker: reserve → handle → ack/nack on trio, with bounded concurrency (`_worker_slots`), lease
+keeping (`_lease_keeper`) and a bounded graceful shutdown. Built only on the client calls in
+`_worker_client.WorkerClient`."""
 
 from __future__ import annotations
 
-import collections
-import contextvars
 import enum
-import heapq
 import inspect
 import logging
 import os
@@ -14,13 +12,13 @@ import random
 import secrets
 import socket
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 import trio
 
 from . import _otel
+from . import _outcomes as outcomes
 from . import _validate as v
 from ._errors import (
     AttemptMismatchError,
@@ -30,11 +28,13 @@ from ._errors import (
     UnknownQueuesError,
     ValidationError,
 )
+from ._held_job import HeldJob, Phase
+from ._lease_keeper import LeaseKeeper
 from ._log import Log, LoggerLike
-from ._types import Job, JobContext, Payload, Retry
-
-if TYPE_CHECKING:
-    from ._client import Client
+from ._outcomes import HandlerError as HandlerError  # public as sepp.HandlerError
+from ._types import Job, JobContext, Payload
+from ._worker_client import WorkerClient
+from ._worker_slots import WorkerSlots
 
 Handler = Callable[[Payload | None, JobContext], Awaitable[None]]
 """An async function `(payload, ctx) -> None` that processes one job."""
@@ -52,46 +52,6 @@ EARLY_EMPTY_PAUSE_S = 0.25
 # non-empty queue the server has most likely leased jobs for it already, and cancelling would
 # strand them until their leases expire. Older ones are long-polling an empty queue.
 RESERVE_SETTLE_S = 0.5
-# Unknown job types are nacked with min(2**attempt, this) seconds of delay.
-UNKNOWN_TYPE_MAX_DELAY_S = 60.0
-# Lease keeping: extend once a third of what is left of the granted lease has passed (two
-# thirds still remain), but wait at least the first floor; after a failed extend wait at least
-# the second, so an outage costs a few retries per lease rather than hundreds.
-EXTEND_MIN_WAIT_S = 0.001
-EXTEND_RETRY_MIN_WAIT_S = 0.25
-# Nack reasons are for humans reading dead letters; keep them bounded.
-MAX_REASON_CHARS = 1000
-SHUTDOWN_REASON = "worker shutdown"
-
-
-class HandlerError(Exception):
-    """Raise from a handler to choose how its job is nacked (not a SeppError: user code raises
-    it). Build one with `retry`, `retry_after` or `permanent`."""
-
-    def __init__(self, reason: str, directive: Retry = Retry.DEFAULT) -> None:
-        if not isinstance(directive, Retry):
-            raise ValidationError("directive", "must be a sepp.Retry")
-        super().__init__(reason)
-        self.reason = reason
-        self.directive = directive
-
-    @classmethod
-    def retry(cls, reason: str) -> HandlerError:
-        """Nack with the queue's retry policy."""
-        return cls(reason, Retry.DEFAULT)
-
-    @classmethod
-    def retry_after(cls, reason: str, delay: float | timedelta) -> HandlerError:
-        """Nack so the job comes back after `delay` (seconds or timedelta, ≥ 0)."""
-        return cls(reason, Retry.after(delay))
-
-    @classmethod
-    def permanent(cls, reason: str) -> HandlerError:
-        """Nack straight to the dead-letter store."""
-        return cls(reason, Retry.DEAD_LETTER)
-
-    def __repr__(self) -> str:
-        return f"HandlerError({self.reason!r}, {self.directive!r})"
 
 
 class DuplicateHandlerError(SeppError, ValueError):
@@ -123,72 +83,6 @@ class ShutdownHandle:
         return f"<sepp.ShutdownHandle of {self._worker!r}>"
 
 
-class _Phase(enum.Enum):
-    WAITING = "waiting for a slot"
-    RUNNING = "running"  # holds a slot
-    SETTLING = "settling"
-
-
-@dataclass(frozen=True, slots=True)
-class _Outcome:
-    """What to tell the server about a job: ack (retry None) or nack."""
-
-    retry: Retry | None = None
-    reason: str | None = None
-    label: str = "ack"  # for spans and metrics
-    failure: str | None = None  # set when the handler failed: marks the process span
-
-
-_ACK = _Outcome()
-
-
-class _HeldJob:
-    """A job the worker holds a lease on, from the reserve that returned it until it settles."""
-
-    __slots__ = (
-        "_deadline",
-        "_seen_expiry",
-        "forced",
-        "job",
-        "keeper_scope",
-        "lease_lost",
-        "phase",
-        "scope",
-        "slot_granted",
-    )
-
-    def __init__(self, job: Job) -> None:
-        self.job = job
-        self.phase = _Phase.WAITING
-        self.slot_granted = trio.Event()
-        # Covers the wait for a slot and the handler; lease loss and shutdown cancel it.
-        self.scope = trio.CancelScope()
-        self.lease_lost: str | None = None
-        # Cancels this job's lease keeper (if one was started) once the handler is done.
-        self.keeper_scope = trio.CancelScope()
-        self.forced = False
-        self._seen_expiry: datetime | None = None
-        self._deadline = 0.0
-
-    def lease_deadline(self, now_utc: Callable[[], datetime], cap_s: float) -> float:
-        """The granted expiry as a trio deadline, re-read whenever extend (ours or the
-        handler's) moved it. Capped at `cap_s` from the conversion so a server clock running
-        ahead of ours cannot make us extend late."""
-        expiry = self.job.ctx.lease_expires_at
-        if expiry != self._seen_expiry:
-            left_s = (expiry - now_utc()).total_seconds()
-            self._deadline = trio.current_time() + min(left_s, cap_s)
-            self._seen_expiry = expiry
-        return self._deadline
-
-    def stop(self) -> None:
-        """Shutdown: cancel the handler (or the wait for a slot); the job is nacked unless the
-        handler still returns."""
-        if self.phase is not _Phase.SETTLING:
-            self.forced = True
-            self.scope.cancel()
-
-
 class _RunState(enum.Enum):
     NEW = "new"
     RUNNING = "running"
@@ -201,17 +95,6 @@ def _utc_now() -> datetime:
 
 def _default_worker_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
-
-
-def _reason(text: str) -> str:
-    # Handlers build reasons from arbitrary exceptions: keep them short and valid UTF-8.
-    clipped = text if len(text) <= MAX_REASON_CHARS else text[: MAX_REASON_CHARS - 1] + "…"
-    return clipped.encode("utf-8", "replace").decode("utf-8")
-
-
-def _describe(exc: BaseException) -> str:
-    text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 class Worker:
@@ -231,12 +114,12 @@ class Worker:
     nacked and held jobs return when their leases expire.
 
     Durations are seconds (float) or `timedelta`. The worker needs only the client's public
-    `reserve`, `ack`, `nack` and `extend`.
+    `reserve`, `ack`, `nack` and `extend` (any object with those, typed as `WorkerClient`).
     """
 
     def __init__(
         self,
-        client: Client,
+        client: WorkerClient,
         queues: Sequence[str] | str,
         *,
         lease_duration: float | timedelta = 30.0,
@@ -289,17 +172,13 @@ class Worker:
         self._token: trio.lowlevel.TrioToken | None = None
         self._reserve_scope = trio.CancelScope()
         self._reserve_sent_at: float | None = None
-        self._held: dict[int, _HeldJob] = {}
+        self._held: dict[int, HeldJob] = {}
         self._held_changed = trio.Event()
-        # Lease keeping is deferred: most jobs finish before their first extend is due, so a
-        # keeper task is only started (by one scheduler) for jobs still held by then.
-        self._lease_queue: list[tuple[float, int, _HeldJob, contextvars.Context]] = []
-        self._lease_queue_changed = trio.Event()
-        self._lease_scheduler_scope = trio.CancelScope()
+        self._leases = LeaseKeeper(
+            client, lease_s=self._lease_s, now_utc=self._now_utc, log=self._log
+        )
         self._reserving_ended = False
-        # Slots go to waiting jobs in the order the server returned them (its priority order).
-        self._waiting: collections.deque[_HeldJob] = collections.deque()
-        self._running = 0
+        self._slots = WorkerSlots(self._max_in_flight)
         self._jobs_nursery: trio.Nursery | None = None
         self._metrics = _otel.WorkerMetrics()
 
@@ -393,7 +272,7 @@ class Worker:
         else:
             self._reserve_scope.cancel()
         for held in list(self._held.values()):
-            if held.phase is _Phase.WAITING:
+            if held.phase is Phase.WAITING:
                 held.stop()
         self._signal_held_changed()
 
@@ -419,7 +298,7 @@ class Worker:
             async with trio.open_nursery() as nursery:
                 self._jobs_nursery = nursery
                 if self._auto_extend:
-                    nursery.start_soon(self._lease_scheduler)
+                    nursery.start_soon(self._leases.run, nursery)
                 if self._shutdown_requested:
                     self._begin_shutdown()
                 else:
@@ -428,7 +307,7 @@ class Worker:
                 self._reserving_ended = True  # no job can arrive any more
                 mark_started()
                 await self._drain()
-                self._stop_lease_scheduler_if_idle()
+                self._stop_lease_keeping_if_idle()
         finally:
             self._state = _RunState.DONE
             self._token = None
@@ -525,7 +404,7 @@ class Worker:
                 "sepp: worker %s cannot reserve from %s: %s (failure %d; retrying in %.2fs)",
                 self._worker_id,
                 self._queues,
-                _describe(exc),
+                outcomes.describe(exc),
                 failures,
                 delay,
             )
@@ -533,7 +412,7 @@ class Worker:
             self._log.warning(
                 "sepp: worker %s: reserve failed: %s (failure %d; retrying in %.2fs)",
                 self._worker_id,
-                _describe(exc),
+                outcomes.describe(exc),
                 failures,
                 delay,
             )
@@ -541,7 +420,7 @@ class Worker:
             self._log.error(
                 "sepp: worker %s: reserve raised an unexpected %s (failure %d; retrying in %.2fs)",
                 self._worker_id,
-                _describe(exc),
+                outcomes.describe(exc),
                 failures,
                 delay,
                 exc_info=exc,
@@ -549,34 +428,14 @@ class Worker:
 
     def _dispatch(self, job: Job) -> None:
         assert self._jobs_nursery is not None
-        held = _HeldJob(job)
+        held = HeldJob(job)
         self._held[id(held)] = held
         fn = self._handlers.get(job.ctx.job_type, self._catch_all)
         if fn is not None:
-            self._waiting.append(held)
-            self._grant_slots()
-            if self._shutting_down and held.phase is _Phase.WAITING:
+            self._slots.queue(held)
+            if self._shutting_down and held.phase is Phase.WAITING:
                 held.stop()
         self._jobs_nursery.start_soon(self._process, held, fn, name=f"sepp job {job.ctx}")
-
-    def _grant_slots(self) -> None:
-        while self._running < self._max_in_flight and self._waiting:
-            held = self._waiting.popleft()
-            if held.scope.cancel_called:
-                continue  # returned at shutdown or lease lost while it waited
-            self._running += 1
-            held.phase = _Phase.RUNNING
-            held.slot_granted.set()
-
-    def _release_slot(self, held: _HeldJob) -> None:
-        if held.phase is _Phase.RUNNING:
-            self._running -= 1
-            self._grant_slots()
-        elif held.phase is _Phase.WAITING:
-            try:
-                self._waiting.remove(held)
-            except ValueError:
-                pass
 
     def _signal_held_changed(self) -> None:
         changed, self._held_changed = self._held_changed, trio.Event()
@@ -584,18 +443,18 @@ class Worker:
 
     # -- one job ------------------------------------------------------------------------------
 
-    async def _process(self, held: _HeldJob, fn: Handler | None) -> None:
+    async def _process(self, held: HeldJob, fn: Handler | None) -> None:
         try:
             ctx = held.job.ctx
             # The lease keeper, the handler and the ack/nack all run inside this span, so
             # their own spans nest under it (trio tasks inherit the spawner's context).
             with _otel.process_span(held.job, self._worker_id) as span:
                 if fn is None:
-                    held.phase = _Phase.SETTLING
-                    outcome: _Outcome | None = self._unknown_type(ctx)
+                    held.phase = Phase.SETTLING
+                    outcome: outcomes.Outcome | None = self._unknown_type(ctx)
                 else:
                     if self._auto_extend:
-                        self._schedule_lease_keeper(held)
+                        self._leases.watch(held)
                     try:
                         outcome = await self._run_handler(held, fn)
                     finally:
@@ -611,10 +470,14 @@ class Worker:
         finally:
             del self._held[id(held)]
             self._signal_held_changed()
-            self._stop_lease_scheduler_if_idle()
+            self._stop_lease_keeping_if_idle()
 
-    def _unknown_type(self, ctx: JobContext) -> _Outcome:
-        delay = min(2.0**ctx.attempt, UNKNOWN_TYPE_MAX_DELAY_S)
+    def _stop_lease_keeping_if_idle(self) -> None:
+        if self._reserving_ended and not self._held:
+            self._leases.stop()
+
+    def _unknown_type(self, ctx: JobContext) -> outcomes.Outcome:
+        delay = outcomes.unknown_type_delay_s(ctx)
         known = ", ".join(sorted(self._handlers)) or "none"
         self._log.warning(
             "sepp: worker %s has no handler for job type %r (job %s); returning it in %gs"
@@ -625,10 +488,9 @@ class Worker:
             delay,
             known,
         )
-        reason = _reason(f"no handler registered for job type {ctx.job_type!r} on this worker")
-        return _Outcome(Retry.after(delay), reason, "unknown_type", reason)
+        return outcomes.unknown_type(ctx)
 
-    async def _run_handler(self, held: _HeldJob, fn: Handler) -> _Outcome | None:
+    async def _run_handler(self, held: HeldJob, fn: Handler) -> outcomes.Outcome | None:
         ctx = held.job.ctx
         returned = False
         error: Exception | None = None
@@ -644,32 +506,29 @@ class Worker:
         except Exception as exc:  # the handler's failure is the job's outcome, not ours
             error = exc
         finally:
-            self._release_slot(held)
-            held.phase = _Phase.SETTLING
+            self._slots.release(held)
+            held.phase = Phase.SETTLING
             if started is not None:
                 self._metrics.add("in_flight", -1, attributes)
                 self._metrics.record("duration", trio.current_time() - started, attributes)
         if held.lease_lost is not None:
             return None  # someone else may own the job now; logged by _lose_lease
         if returned:
-            return _ACK
+            return outcomes.ACK
         if held.forced or error is None:
-            return _Outcome(Retry.after(0), SHUTDOWN_REASON, "shutdown")
-        if isinstance(error, HandlerError):
-            label = {"default": "retry", "delay": "retry_after"}.get(
-                error.directive.kind, "permanent"
-            )
-            return _Outcome(error.directive, _reason(error.reason), label, _reason(error.reason))
+            return outcomes.SHUTDOWN
+        requested = outcomes.requested(error)
+        if requested is not None:
+            return requested
         self._log.error(
             "sepp: handler for %s raised %s; nacking with the queue's retry policy",
             ctx,
-            _describe(error),
+            outcomes.describe(error),
             exc_info=error,
         )
-        reason = _reason(f"handler raised {_describe(error)}")
-        return _Outcome(Retry.DEFAULT, reason, "error", reason)
+        return outcomes.failed(error)
 
-    async def _settle(self, ctx: JobContext, outcome: _Outcome) -> None:
+    async def _settle(self, ctx: JobContext, outcome: outcomes.Outcome) -> None:
         verb = "ack" if outcome.retry is None else "nack"
         attributes = {"sepp.queue": ctx.queue, "sepp.job_type": ctx.job_type}
         try:
@@ -702,7 +561,7 @@ class Worker:
                 " redelivered when its lease expires",
                 verb,
                 ctx,
-                _describe(exc),
+                outcomes.describe(exc),
             )
         except Exception as exc:
             self._log.error(
@@ -710,101 +569,9 @@ class Worker:
                 " expires",
                 verb,
                 ctx,
-                _describe(exc),
+                outcomes.describe(exc),
                 exc_info=exc,
             )
-
-    def _first_extend_at(self, held: _HeldJob) -> float:
-        left_s = held.lease_deadline(self._now_utc, self._lease_s) - trio.current_time()
-        return trio.current_time() + max(left_s / 3, min(EXTEND_MIN_WAIT_S, left_s), 0.0)
-
-    def _schedule_lease_keeper(self, held: _HeldJob) -> None:
-        # The context is the job's (its process span is current), so the keeper's extend
-        # spans nest under sepp.process like the handler's.
-        entry = (self._first_extend_at(held), id(held), held, contextvars.copy_context())
-        heapq.heappush(self._lease_queue, entry)
-        if self._lease_queue[0] is entry:
-            changed, self._lease_queue_changed = self._lease_queue_changed, trio.Event()
-            changed.set()
-
-    async def _lease_scheduler(self) -> None:
-        """Starts a job's lease keeper when its first extend falls due, if it is still held."""
-        assert self._jobs_nursery is not None
-        with self._lease_scheduler_scope:
-            while True:
-                changed = self._lease_queue_changed
-                if not self._lease_queue:
-                    await changed.wait()
-                    continue
-                due, _, held, context = self._lease_queue[0]
-                if held.phase is _Phase.SETTLING or held.keeper_scope.cancel_called:
-                    heapq.heappop(self._lease_queue)
-                    continue
-                if trio.current_time() < due:
-                    with trio.move_on_at(due):
-                        await changed.wait()
-                    continue
-                heapq.heappop(self._lease_queue)
-                context.run(self._jobs_nursery.start_soon, self._keep_lease, held, True)
-
-    def _stop_lease_scheduler_if_idle(self) -> None:
-        if self._reserving_ended and not self._held:
-            self._lease_scheduler_scope.cancel()
-
-    async def _keep_lease(self, held: _HeldJob, first_extend_due: bool = False) -> None:
-        """Extend the lease from the granted expiry until cancelled or the lease is lost."""
-        with held.keeper_scope:
-            await self._extend_until_lost(held, first_extend_due)
-
-    async def _extend_until_lost(self, held: _HeldJob, first_extend_due: bool) -> None:
-        ctx = held.job.ctx
-        last_failure: Exception | None = None
-        while True:
-            deadline = held.lease_deadline(self._now_utc, self._lease_s)
-            left_s = deadline - trio.current_time()
-            floor_s = EXTEND_MIN_WAIT_S if last_failure is None else EXTEND_RETRY_MIN_WAIT_S
-            if first_extend_due:
-                first_extend_due = False  # the scheduler already waited the first third
-            else:
-                await trio.sleep(max(left_s / 3, min(floor_s, left_s), 0.0))
-            deadline = held.lease_deadline(self._now_utc, self._lease_s)
-            if trio.current_time() >= deadline:
-                why = "the lease expired" + (
-                    f" (last extend failed: {_describe(last_failure)})" if last_failure else ""
-                )
-                self._lose_lease(held, why)
-                return
-            # An extend still pending at the expiry could not have saved the lease.
-            with trio.move_on_at(deadline) as attempt:
-                try:
-                    await self._client.extend(ctx, self._lease_s)
-                except (JobNotFoundError, AttemptMismatchError) as exc:
-                    self._lose_lease(held, f"extend refused: {_describe(exc)}")
-                    return
-                except Exception as exc:
-                    last_failure = exc
-                    self._log.warning(
-                        "sepp: extending the lease of %s failed: %s; retrying while it lasts",
-                        ctx,
-                        _describe(exc),
-                    )
-                else:
-                    last_failure = None
-            if attempt.cancelled_caught:
-                self._lose_lease(held, "the lease expired while an extend was pending")
-                return
-
-    def _lose_lease(self, held: _HeldJob, why: str) -> None:
-        if held.phase is _Phase.SETTLING or held.lease_lost is not None:
-            return
-        held.lease_lost = why
-        held.scope.cancel()
-        self._log.error(
-            "sepp: lost the lease of %s: %s; cancelling its handler; it is neither acked nor"
-            " nacked (the server redelivers it)",
-            held.job.ctx,
-            why,
-        )
 
 
 def _check_handler(fn: object) -> None:

@@ -27,6 +27,7 @@ from fixtures.h2_server import GRPC_HEADERS, H2Server, ServerCall, frame_message
 from h2.errors import ErrorCodes
 from hpack.hpack import encode_integer as hpack_integer
 from hyperframe.frame import ContinuationFrame, DataFrame, HeadersFrame
+from trio.testing import wait_all_tasks_blocked
 
 import sepp
 from sepp._pb import queue_pb2 as pb
@@ -776,7 +777,7 @@ async def test_window_opened_late_lets_the_request_through() -> None:
 
             nursery.start_soon(enqueue)
             await server.wait_until(lambda: len(server.calls) == 1)
-            await trio.sleep(0.1)
+            await wait_all_tasks_blocked()  # the client sent all it would, the server read it
             assert not server.calls[0].body  # nothing got through a zero window
             await server.calls[0].open_window(1 << 20)
         assert result == [sepp.EnqueueAck("c0-0", False)]

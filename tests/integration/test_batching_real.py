@@ -4,21 +4,11 @@ from __future__ import annotations
 
 import pytest
 import trio
+from fixtures.counting import count_calls
+from trio.testing import wait_all_tasks_blocked
 
 import sepp
 from sepp.testing import SeppServer
-
-
-def count_calls(client: sepp.Client) -> list[str]:
-    calls: list[str] = []
-    original = client._channel.call
-
-    async def counting(method: str, request: bytes, **kw: object) -> bytes:
-        calls.append(method)
-        return await original(method, request, **kw)  # type: ignore[arg-type]
-
-    client._channel.call = counting  # type: ignore[method-assign]
-    return calls
 
 
 async def test_concurrent_enqueues_share_batches_and_keep_own_results(
@@ -50,20 +40,30 @@ async def test_concurrent_enqueues_share_batches_and_keep_own_results(
 
 
 async def test_cancelled_caller_job_is_withdrawn_before_sending(sepp_server: SeppServer) -> None:
-    batching = sepp.Batching(max_batch=100, max_delay=0.3)
-    async with sepp.open(sepp_server.address, enqueue_batching=batching) as client:
+    # Ordered by events, not by racing timeouts: the batch fills (3 live jobs) only after the
+    # cancelled caller's job was withdrawn, long before max_delay.
+    batching = sepp.Batching(max_batch=3, max_delay=5)
+    address = sepp_server.address
+    async with sepp.open(address, enqueue_batching=batching, validate_locally=False) as client:
         kept: list[sepp.EnqueueAck] = []
 
-        async def keep() -> None:
-            kept.append(await client.enqueue("withdraw", "keep"))
+        async def enqueue(job_type: str, task_status: trio.TaskStatus[None]) -> None:
+            task_status.started()
+            kept.append(await client.enqueue("withdraw", job_type))
 
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(keep)
-            with trio.move_on_after(0.05):
-                await client.enqueue("withdraw", "cancelled")
-        assert len(kept) == 1
+            await nursery.start(enqueue, "keep")
+            with trio.CancelScope() as cancelled:
+                async with trio.open_nursery() as doomed:
+                    await doomed.start(enqueue, "cancelled")
+                    await wait_all_tasks_blocked()  # both wait in the batch
+                    cancelled.cancel()
+            await nursery.start(enqueue, "fill-1")
+            await nursery.start(enqueue, "fill-2")  # three live jobs: the batch goes out
+        assert len(kept) == 3
         jobs = await client.reserve("withdraw", max_jobs=10, wait_timeout=0.5)
-        assert jobs is not None and [j.ctx.job_type for j in jobs] == ["keep"]
+        assert jobs is not None
+        assert sorted(j.ctx.job_type for j in jobs) == ["fill-1", "fill-2", "keep"]
 
 
 async def test_whole_batch_failure_raises_typed_error_in_each_caller(
@@ -97,3 +97,19 @@ async def test_batching_options_are_validated() -> None:
         sepp.Batching(max_batch=0)
     with pytest.raises(sepp.ValidationError):
         sepp.Batching(max_delay=-1)
+
+
+@pytest.mark.parametrize("batching", [None, sepp.Batching()], ids=["direct", "batched"])
+async def test_a_closed_client_raises_one_error_with_one_code(
+    batching: sepp.Batching | None, sepp_server: SeppServer
+) -> None:
+    async with sepp.open(sepp_server.address, enqueue_batching=batching) as client:
+        assert (await client.enqueue("closing", "t")).job_id
+    with pytest.raises(sepp.TransportError) as info:
+        await client.enqueue("closing", "t")
+    error = info.value
+    assert (error.code, error.details, str(error)) == (
+        sepp.StatusCode.UNAVAILABLE,
+        "the client is closed",
+        "EnqueueBatch: UNAVAILABLE: the client is closed",
+    )

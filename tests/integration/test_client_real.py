@@ -255,10 +255,12 @@ async def test_nack_default_delay_and_dead_letter() -> None:
         again = await reserve_one(client, "n")
         assert again.id == job.id and again.ctx.attempt == 2
 
-        assert await client.nack(again.ctx, retry=sepp.Retry.after(1.0)) is False
-        assert await client.reserve("n", wait_timeout=0.3) is None
-        later = await reserve_one(client, "n", wait_timeout=5)
+        nacked_at = trio.current_time()
+        assert await client.nack(again.ctx, retry=sepp.Retry.after(1.5)) is False
+        assert await client.reserve("n", wait_timeout=0) is None  # not ready yet
+        later = await reserve_one(client, "n", wait_timeout=10)
         assert later.ctx.attempt == 3
+        assert trio.current_time() - nacked_at >= 1.4  # back only after its delay
 
         # The final attempt: any nack dead-letters.
         assert await client.nack(later.ctx, reason="out of tries") is True

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 
 import pytest
+from fixtures.counting import count_calls
 
 import sepp
 from sepp.testing import sepp_server
@@ -48,14 +49,7 @@ async def test_local_rejections_equal_the_servers() -> None:
             from_server = await remote.enqueue_batch(over_limit_jobs())
         async with sepp.open(server.address) as client:
             await client.get_server_info()  # warm the cache so the count below is exact
-            calls: list[str] = []
-            original = client._channel.call
-
-            async def counting(method: str, request: bytes, **kw: object) -> bytes:
-                calls.append(method)
-                return await original(method, request, **kw)  # type: ignore[arg-type]
-
-            client._channel.call = counting  # type: ignore[method-assign]
+            calls = count_calls(client)
             local = await client.enqueue_batch(over_limit_jobs())
             assert calls == []  # nothing the server would reject was sent
             with pytest.raises(sepp.BatchValidationError) as info:

@@ -1,4 +1,13 @@
-"""The runtime needs no native code: pure-Python protobuf, no grpc, no third-party extension."""
+"""The runtime needs no native code: a full round trip runs in a Python where every extension
+module outside the interpreter's own standard library cannot be imported.
+
+A prelude installs a meta-path finder that refuses any extension module (ExtensionFileLoader)
+not in the interpreter's lib-dynload, as on a platform without wheels for them. After the round
+trip the script reports every extension module loaded and where from; the test asserts none
+came from outside the standard library and that protobuf ran its pure-Python implementation.
+The same script without the finder must report protobuf's upb extension: that proves the
+report sees native code when it is there.
+"""
 
 from __future__ import annotations
 
@@ -6,14 +15,57 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
+import pytest
 import trio
 
 from sepp.testing import SeppServer
 
 SRC = Path(__file__).resolve().parents[2] / "src"
+
+PRELUDE = r"""
+import importlib.abc, importlib.machinery, os, sys, sysconfig
+
+STDLIB_NATIVE = tuple(
+    os.path.realpath(p) + os.sep
+    for p in {
+        sysconfig.get_config_var("DESTSHARED") or "",
+        os.path.join(os.path.dirname(os.__file__), "lib-dynload"),
+    }
+    if p
+)
+REFUSED = []
+
+
+def is_stdlib_native(origin):
+    return os.path.realpath(origin).startswith(STDLIB_NATIVE)
+
+
+class RefuseForeignNativeCode(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        if isinstance(spec.loader, importlib.machinery.ExtensionFileLoader) and not (
+            is_stdlib_native(spec.origin)
+        ):
+            REFUSED.append(name)
+            raise ModuleNotFoundError(f"native extension refused: {spec.origin}", name=name)
+        return spec
+
+
+if os.environ.get("SEPP_TEST_REFUSE_NATIVE") == "1":
+    sys.meta_path.insert(0, RefuseForeignNativeCode())
+"""
+
 SCRIPT = r"""
-import importlib.machinery, json, sys, sysconfig
+import importlib.machinery, json, sys
 import trio, sepp
 from google.protobuf.internal import api_implementation
 
@@ -25,37 +77,65 @@ async def main(address):
         return ack.job_id == jobs[0].id
 
 ok = trio.run(main, sys.argv[1])
-stdlib = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib")}
-suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
-native = sorted(
-    name for name, mod in list(sys.modules.items())
-    if (getattr(mod, "__file__", None) or "").endswith(suffixes)
-    and not any(mod.__file__.startswith(p) for p in stdlib)
-)
+native = {
+    name: module.__spec__.origin
+    for name, module in list(sys.modules.items())
+    if isinstance(getattr(getattr(module, "__spec__", None), "loader", None),
+                  importlib.machinery.ExtensionFileLoader)
+}
 print(json.dumps({
     "ok": ok,
     "protobuf": api_implementation.Type(),
     "grpc": sorted(n for n in sys.modules if n == "grpc" or n.startswith("grpc.")),
-    "native": native,
+    "stdlib_native": sorted(n for n, origin in native.items() if is_stdlib_native(origin)),
+    "foreign_native": sorted(n for n, origin in native.items() if not is_stdlib_native(origin)),
+    "refused": sorted(REFUSED),
 }))
 """
 
 
-async def test_round_trip_with_pure_python_protobuf_loads_no_native_code(
-    sepp_server: SeppServer,
-) -> None:
-    src = SRC
-    env = {
+async def round_trip(address: str, **env: str) -> dict[str, Any]:
+    """Run the round trip in a fresh interpreter (this checkout's sources); its report."""
+    environ = {
         **os.environ,
-        "PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION": "python",
-        "PYTHONPATH": os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")]),
+        "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]),
     }
+    environ.pop("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION", None)
+    environ.update(env)
     with trio.fail_after(60):
         out = await trio.run_process(
-            [sys.executable, "-c", SCRIPT, sepp_server.address],
-            env=env,
+            [sys.executable, "-c", PRELUDE + SCRIPT, address],
+            env=environ,
             capture_stdout=True,
             capture_stderr=True,
+            check=False,
         )
-    report = json.loads(out.stdout.decode().strip().splitlines()[-1])
-    assert report == {"ok": True, "protobuf": "python", "grpc": [], "native": []}, out.stderr
+    assert out.returncode == 0, out.stderr.decode()
+    report: dict[str, Any] = json.loads(out.stdout.decode().strip().splitlines()[-1])
+    return report
+
+
+@pytest.mark.parametrize(
+    "env",
+    [{}, {"PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION": "python"}],
+    ids=["no-wheels", "python-requested"],
+)
+async def test_round_trip_loads_no_native_code_outside_the_standard_library(
+    env: dict[str, str], sepp_server: SeppServer
+) -> None:
+    report = await round_trip(sepp_server.address, SEPP_TEST_REFUSE_NATIVE="1", **env)
+    assert report["ok"] is True
+    assert report["protobuf"] == "python"
+    assert report["grpc"] == []
+    assert report["foreign_native"] == []
+    # protobuf probes its upb extension even when told to use pure Python; it was refused.
+    assert "google._upb._message" in report["refused"]
+    assert report["stdlib_native"], "the standard library's own extensions load as usual"
+
+
+async def test_the_report_sees_native_code_when_it_is_loaded(sepp_server: SeppServer) -> None:
+    report = await round_trip(sepp_server.address)  # no guard: protobuf picks upb
+    assert report["ok"] is True
+    assert report["protobuf"] == "upb"
+    assert "google._upb._message" in report["foreign_native"]
+    assert report["refused"] == []

@@ -174,17 +174,22 @@ async def test_https_address_never_falls_back_to_plaintext() -> None:
             pass
 
 
-async def test_client_calls_validate_before_io() -> None:
-    # A client whose channel would fail any call: validation must raise first.
+class Exploding:
+    async def call(self, *args: object, **kwargs: object) -> bytes:
+        raise AssertionError("no I/O may happen for invalid input")
+
+
+def exploding_client() -> sepp.Client:
+    """A client whose channel would fail any call: validation must raise first."""
     from sepp._client import Client
     from sepp._log import Log
     from sepp._retry import NO_RETRY
 
-    class Exploding:
-        async def call(self, *args: object, **kwargs: object) -> bytes:
-            raise AssertionError("no I/O may happen for invalid input")
+    return Client(Exploding(), address="x", rpc_timeout=1, retry_policy=NO_RETRY, log=Log(None))  # type: ignore[arg-type]
 
-    client = Client(Exploding(), address="x", rpc_timeout=1, retry_policy=NO_RETRY, log=Log(None))  # type: ignore[arg-type]
+
+async def test_client_calls_validate_before_io() -> None:
+    client = exploding_client()
     bad_calls = [
         lambda: client.enqueue_batch([]),
         lambda: client.enqueue_atomic([]),
@@ -208,3 +213,14 @@ async def test_client_calls_validate_before_io() -> None:
         sepp.RetryPolicy(max_attempts=0)
     with pytest.raises(sepp.ValidationError):
         sepp.RetryPolicy(multiplier=0.5)
+
+
+async def test_enqueue_refuses_a_request_mixed_with_job_fields_before_io() -> None:
+    client = exploding_client()
+    request = R("q", "t")
+    with pytest.raises(TypeError, match=r"not both \(got an EnqueueRequest and priority\)"):
+        await client.enqueue(request, priority=9)  # type: ignore[call-overload]
+    with pytest.raises(TypeError, match="job_type, payload, custom"):
+        await client.enqueue(  # type: ignore[call-overload]
+            request, "t", payload=sepp.Payload.text("x"), custom={}
+        )

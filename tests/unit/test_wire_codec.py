@@ -14,7 +14,7 @@ from test_wire_connection import OK_HEADERS, Pair
 
 from sepp.wire import CallFinished, CodecGrpcConnection
 from sepp.wire._codec import _HeaderBlocks
-from sepp.wire._engine import DEFAULT_CONNECTION_WINDOW, DEFAULT_STREAM_WINDOW
+from sepp.wire._constants import DEFAULT_CONNECTION_WINDOW, DEFAULT_STREAM_WINDOW
 from sepp.wire._framing import encode_message
 from sepp.wire._status import StatusCode
 

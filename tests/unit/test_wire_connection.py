@@ -44,7 +44,7 @@ from sepp.wire import (
     _engine,
     connection_class,
 )
-from sepp.wire._engine import (
+from sepp.wire._constants import (
     DEFAULT_CONNECTION_WINDOW,
     DEFAULT_MAX_FRAME_SIZE,
     DEFAULT_STREAM_WINDOW,

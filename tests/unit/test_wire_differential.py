@@ -42,7 +42,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from sepp.wire import CallFinished, connection_class
-from sepp.wire._engine import DEFAULT_MAX_FRAME_SIZE, GrpcConnection
+from sepp.wire._constants import DEFAULT_MAX_FRAME_SIZE
+from sepp.wire._engine import GrpcConnection
 from sepp.wire._framing import encode_message
 from sepp.wire._status import StatusCode
 

@@ -26,7 +26,7 @@ from sepp import HandlerError, Retry, StatusCode
 def make_worker(fake: FakeClient, **options: Any) -> sepp.Worker:
     options.setdefault("queues", ["q"])
     options.setdefault("logger", RecordingLogger())
-    return sepp.Worker(fake, _wall_clock=fake.now, **options)  # type: ignore[arg-type]
+    return sepp.Worker(fake, _wall_clock=fake.now, **options)
 
 
 def log_of(worker: sepp.Worker) -> RecordingLogger:
@@ -75,13 +75,13 @@ def transport_error() -> sepp.TransportError:
 def test_constructor_rejects_bad_settings(options: dict[str, Any], field: str) -> None:
     options.setdefault("queues", ["q"])
     with pytest.raises(sepp.ValidationError) as info:
-        sepp.Worker(FakeClient(), **options)  # type: ignore[arg-type]
+        sepp.Worker(FakeClient(), **options)
     assert info.value.field == field
 
 
 def test_constructor_accepts_timedeltas_zero_grace_and_a_single_queue_name() -> None:
     worker = sepp.Worker(
-        FakeClient(),  # type: ignore[arg-type]
+        FakeClient(),
         "emails",  # queues may also be given positionally, as one name
         lease_duration=timedelta(seconds=45),
         wait_timeout=timedelta(milliseconds=500),
@@ -97,12 +97,12 @@ def test_constructor_accepts_timedeltas_zero_grace_and_a_single_queue_name() -> 
 
 
 def test_default_worker_id_is_host_pid_random() -> None:
-    first = sepp.Worker(FakeClient(), queues=["q"])  # type: ignore[arg-type]
-    second = sepp.Worker(FakeClient(), queues=["q"])  # type: ignore[arg-type]
+    first = sepp.Worker(FakeClient(), queues=["q"])
+    second = sepp.Worker(FakeClient(), queues=["q"])
     pattern = rf"{re.escape(socket.gethostname())}-{os.getpid()}-[0-9a-f]{{8}}"
     assert re.fullmatch(pattern, first.worker_id)
     assert first.worker_id != second.worker_id
-    assert sepp.Worker(FakeClient(), queues=["q"], worker_id="w-1").worker_id == "w-1"  # type: ignore[arg-type]
+    assert sepp.Worker(FakeClient(), queues=["q"], worker_id="w-1").worker_id == "w-1"
 
 
 def test_registration_forms_and_duplicates() -> None:
@@ -392,6 +392,94 @@ async def test_handler_errors_map_to_their_nack(
     assert fake.acks == []
     ((call),) = [c for c in fake.nacks if c.job_id == job_id]
     assert (call.retry, call.reason, call.attempt, call.error) == (retry, reason, 1, None)
+
+
+async def _raise(error: BaseException) -> None:
+    raise error
+
+
+async def _raise_in_children(*errors: BaseException | tuple[BaseException, ...]) -> None:
+    """Each error raised by its own child task, all at once (a tuple: a nested nursery)."""
+    async with trio.open_nursery() as nursery:
+        for error in errors:
+            if isinstance(error, tuple):
+                nursery.start_soon(_raise_in_children, *error)
+            else:
+                nursery.start_soon(_raise, error)
+
+
+@pytest.mark.parametrize(
+    ("raised", "retry", "reason"),
+    [
+        ((HandlerError.permanent("bad input"),), Retry.DEAD_LETTER, "bad input"),
+        # Equally strong: either reason (a group's order is the order the children failed in).
+        ((HandlerError.retry("one"), HandlerError.retry("two")), Retry.DEFAULT, {"one", "two"}),
+        (
+            (
+                HandlerError.retry_after("short", 1),
+                HandlerError.retry_after("long", timedelta(minutes=1)),
+                HandlerError.retry("plain"),
+            ),
+            Retry.after(60),
+            "long",
+        ),
+        (
+            (HandlerError.retry_after("later", 3), HandlerError.permanent("never")),
+            Retry.DEAD_LETTER,
+            "never",
+        ),
+        (
+            ((HandlerError.permanent("deep"),), HandlerError.retry_after("outer", 9)),
+            Retry.DEAD_LETTER,
+            "deep",
+        ),
+    ],
+)
+async def test_handler_errors_from_a_handlers_nursery_take_the_strongest_outcome(
+    raised: tuple[BaseException | tuple[BaseException, ...], ...],
+    retry: Retry,
+    reason: str | set[str],
+    autojump_clock: MockClock,
+) -> None:
+    fake = FakeClient()
+    worker = make_worker(fake)
+
+    @worker.handler("work")
+    async def work(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
+        await _raise_in_children(*raised)
+
+    fake.add()
+    async with running(worker):
+        await trio.sleep(1)
+    assert fake.acks == []
+    ((call),) = fake.nacks
+    assert (call.retry, call.error) == (retry, None)
+    assert call.reason in reason if isinstance(reason, set) else call.reason == reason
+    assert log_of(worker).at("error") == []  # a HandlerError is a choice, not a crash
+
+
+async def test_a_group_with_another_exception_is_a_failure_naming_every_leaf(
+    caplog: pytest.LogCaptureFixture, autojump_clock: MockClock
+) -> None:
+    fake = FakeClient()
+    worker = make_worker(fake, logger=logging.getLogger("test.worker"))
+
+    @worker.handler("work")
+    async def work(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
+        await _raise_in_children(HandlerError.permanent("p"), (ValueError("boom"),))
+
+    fake.add()
+    with caplog.at_level(logging.ERROR, logger="test.worker"):
+        async with running(worker):
+            await trio.sleep(1)
+    ((call),) = fake.nacks
+    leaves = {"HandlerError: p; ValueError: boom", "ValueError: boom; HandlerError: p"}
+    assert call.retry == Retry.DEFAULT
+    assert call.reason in {f"handler raised ExceptionGroup ({names})" for names in leaves}
+    (record,) = caplog.records
+    assert record.exc_info is not None
+    assert type(record.exc_info[1]).__name__ == "ExceptionGroup"
+    assert any(names in record.getMessage() for names in leaves)
 
 
 async def test_return_acks_once(autojump_clock: MockClock) -> None:

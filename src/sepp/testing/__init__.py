@@ -17,9 +17,17 @@ the cache filled by ``scripts/ensure-sepp-server.sh``, then ``PATH``).  The
 pinned release is :data:`SEPP_SERVER_VERSION`; install it with
 ``cargo install sepp --version 0.1.1 --locked``.
 
-This module needs only the standard library and trio.
+Unit-test a handler without a server by calling it with a context built by
+:func:`job_context` (a fake client's ``extend`` can move its lease with
+:func:`set_lease_expires_at`)::
+
+    from sepp.testing import job_context
+
+    async def test_send_welcome() -> None:
+        await send_welcome(sepp.Payload.json({"user": 42}), job_context("send_welcome"))
 """
 
+from ._jobs import job_context, set_lease_expires_at
 from ._server import (
     INSTALL_COMMAND,
     SEPP_SERVER_VERSION,
@@ -41,7 +49,9 @@ __all__ = [
     "SeppServerNotFound",
     "SeppServerStartError",
     "find_sepp_binary",
+    "job_context",
     "sepp_cache_binary_path",
     "sepp_server",
+    "set_lease_expires_at",
     "toml_dumps",
 ]

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 from hpack import Decoder
 from hpack.exceptions import OversizedHeaderListError
 
-from ._engine import (
+from ._constants import (
     DEFAULT_CONNECTION_WINDOW,
     DEFAULT_MAX_FRAME_SIZE,
     DEFAULT_MAX_HEADER_LIST_SIZE,

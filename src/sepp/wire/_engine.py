@@ -1,4 +1,4 @@
-"""The two HTTP/2 engines behind one interface, and the settings they share.
+"""The two HTTP/2 engines behind one interface.
 
 `codec` (`_codec.py`) is our purpose-built client codec and the default. `h2`
 (`_h2_engine.py`) runs on the h2 state machine: the reference that tests check the codec
@@ -11,20 +11,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Literal, Protocol
 
+from ._constants import DEFAULT_CONNECTION_WINDOW, DEFAULT_STREAM_WINDOW, Header
 from ._events import CallFinished, Event
 
-Header = tuple[bytes, bytes]
 WireEngine = Literal["codec", "h2"]
 WIRE_ENGINES: tuple[WireEngine, ...] = ("codec", "h2")
 DEFAULT_WIRE_ENGINE: WireEngine = "codec"
-
-# Big windows: a 16 MiB Reserve response must not wait on WINDOW_UPDATE round trips.
-DEFAULT_STREAM_WINDOW = 16 * 1024 * 1024
-DEFAULT_CONNECTION_WINDOW = 64 * 1024 * 1024
-DEFAULT_MAX_FRAME_SIZE = 1024 * 1024
-DEFAULT_MAX_HEADER_LIST_SIZE = 64 * 1024
-MAX_STREAM_ID = 2**31 - 1
-SERVICE_PATH = b"/sepp.v1.QueueService/"
 
 
 class GrpcConnection(Protocol):

@@ -15,7 +15,7 @@ import h2.settings
 from h2.errors import ErrorCodes
 from hpack import NeverIndexedHeaderTuple
 
-from ._engine import (
+from ._constants import (
     DEFAULT_CONNECTION_WINDOW,
     DEFAULT_MAX_FRAME_SIZE,
     DEFAULT_MAX_HEADER_LIST_SIZE,

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import trio
 
 from . import _engine
-from ._engine import GrpcConnection, Header, WireEngine, connection_class
+from ._constants import Header
+from ._engine import GrpcConnection, WireEngine, connection_class
 from ._events import (
     CallFinished,
     ConnectionBroken,

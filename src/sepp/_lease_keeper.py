@@ -1,0 +1,141 @@
+"""Lease keeping for a Worker's running jobs: extend before expiry, cancel on loss."""
+
+from __future__ import annotations
+
+import contextvars
+import heapq
+from collections.abc import Callable
+from datetime import datetime
+
+import trio
+
+from ._errors import AttemptMismatchError, JobNotFoundError
+from ._held_job import HeldJob, Phase
+from ._log import Log
+from ._outcomes import describe
+from ._worker_client import WorkerClient
+
+# Extend once a third of what is left of the granted lease has passed (two thirds still
+# remain), but wait at least the first floor; after a failed extend wait at least the second,
+# so an outage costs a few retries per lease rather than hundreds.
+EXTEND_MIN_WAIT_S = 0.001
+EXTEND_RETRY_MIN_WAIT_S = 0.25
+
+
+class LeaseKeeper:
+    """Extends each watched job's lease from the *granted* expiry until the job settles;
+    when the lease is lost (refused, or expired without a successful extend) it cancels the
+    job's handler and marks it `lease_lost`, so it is neither acked nor nacked.
+
+    Keeping is deferred: most jobs finish before their first extend is due, so `run()` (one
+    task) starts a keeper task only for jobs still held by then.
+    """
+
+    def __init__(
+        self,
+        client: WorkerClient,
+        *,
+        lease_s: float,
+        now_utc: Callable[[], datetime],
+        log: Log,
+    ) -> None:
+        self._client = client
+        self._lease_s = lease_s
+        self._now_utc = now_utc
+        self._log = log
+        self._due: list[tuple[float, int, HeldJob, contextvars.Context]] = []
+        self._due_changed = trio.Event()
+        self._scope = trio.CancelScope()
+
+    def watch(self, held: HeldJob) -> None:
+        """Keep `held`'s lease from its first extend on; call from the job's own task."""
+        # The context is the job's (its process span is current), so the keeper's extend
+        # spans nest under sepp.process like the handler's.
+        entry = (self._first_extend_at(held), id(held), held, contextvars.copy_context())
+        heapq.heappush(self._due, entry)
+        if self._due[0] is entry:
+            changed, self._due_changed = self._due_changed, trio.Event()
+            changed.set()
+
+    def stop(self) -> None:
+        """End `run()`; keepers already started end with their jobs."""
+        self._scope.cancel()
+
+    async def run(self, nursery: trio.Nursery) -> None:
+        """Starts a job's keeper in `nursery` when its first extend falls due, if it is still
+        held. Runs until `stop()`."""
+        with self._scope:
+            while True:
+                changed = self._due_changed
+                if not self._due:
+                    await changed.wait()
+                    continue
+                due, _, held, context = self._due[0]
+                if held.phase is Phase.SETTLING or held.keeper_scope.cancel_called:
+                    heapq.heappop(self._due)
+                    continue
+                if trio.current_time() < due:
+                    with trio.move_on_at(due):
+                        await changed.wait()
+                    continue
+                heapq.heappop(self._due)
+                context.run(nursery.start_soon, self._keep_lease, held, True)
+
+    def _first_extend_at(self, held: HeldJob) -> float:
+        left_s = held.lease_deadline(self._now_utc, self._lease_s) - trio.current_time()
+        return trio.current_time() + max(left_s / 3, min(EXTEND_MIN_WAIT_S, left_s), 0.0)
+
+    async def _keep_lease(self, held: HeldJob, first_extend_due: bool = False) -> None:
+        """Extend the lease from the granted expiry until cancelled or the lease is lost."""
+        with held.keeper_scope:
+            await self._extend_until_lost(held, first_extend_due)
+
+    async def _extend_until_lost(self, held: HeldJob, first_extend_due: bool) -> None:
+        ctx = held.job.ctx
+        last_failure: Exception | None = None
+        while True:
+            deadline = held.lease_deadline(self._now_utc, self._lease_s)
+            left_s = deadline - trio.current_time()
+            floor_s = EXTEND_MIN_WAIT_S if last_failure is None else EXTEND_RETRY_MIN_WAIT_S
+            if first_extend_due:
+                first_extend_due = False  # the scheduler already waited the first third
+            else:
+                await trio.sleep(max(left_s / 3, min(floor_s, left_s), 0.0))
+            deadline = held.lease_deadline(self._now_utc, self._lease_s)
+            if trio.current_time() >= deadline:
+                why = "the lease expired" + (
+                    f" (last extend failed: {describe(last_failure)})" if last_failure else ""
+                )
+                self._lose_lease(held, why)
+                return
+            # An extend still pending at the expiry could not have saved the lease.
+            with trio.move_on_at(deadline) as attempt:
+                try:
+                    await self._client.extend(ctx, self._lease_s)
+                except (JobNotFoundError, AttemptMismatchError) as exc:
+                    self._lose_lease(held, f"extend refused: {describe(exc)}")
+                    return
+                except Exception as exc:
+                    last_failure = exc
+                    self._log.warning(
+                        "sepp: extending the lease of %s failed: %s; retrying while it lasts",
+                        ctx,
+                        describe(exc),
+                    )
+                else:
+                    last_failure = None
+            if attempt.cancelled_caught:
+                self._lose_lease(held, "the lease expired while an extend was pending")
+                return
+
+    def _lose_lease(self, held: HeldJob, why: str) -> None:
+        if held.phase is Phase.SETTLING or held.lease_lost is not None:
+            return
+        held.lease_lost = why
+        held.scope.cancel()
+        self._log.error(
+            "sepp: lost the lease of %s: %s; cancelling its handler; it is neither acked nor"
+            " nacked (the server redelivers it)",
+            held.job.ctx,
+            why,
+        )

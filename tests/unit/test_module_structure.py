@@ -1,0 +1,86 @@
+"""The package's own import graph: no cycles, not even through TYPE_CHECKING or lazy imports."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(SRC).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _is_module(name: str) -> bool:
+    base = SRC.joinpath(*name.split("."))
+    return base.with_suffix(".py").exists() or (base / "__init__.py").exists()
+
+
+def import_graph() -> dict[str, set[str]]:
+    """sepp module → the sepp modules it imports anywhere (top level, functions, TYPE_CHECKING)."""
+    graph: dict[str, set[str]] = {}
+    for path in (SRC / "sepp").rglob("*.py"):
+        if "_pb" in path.parts:
+            continue  # generated code
+        name = _module_name(path)
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        edges: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    target = ".".join([*base, *([node.module] if node.module else [])])
+                else:
+                    target = node.module or ""
+                if target.split(".")[0] != "sepp":
+                    continue
+                for alias in node.names:
+                    sub = f"{target}.{alias.name}"
+                    edges.add(sub if _is_module(sub) else target)
+            elif isinstance(node, ast.Import):
+                edges.update(a.name for a in node.names if a.name.split(".")[0] == "sepp")
+        graph[name] = edges - {name}
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle, as the modules along it, or None."""
+    done: set[str] = set()
+
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        if node in path:
+            return [*path[path.index(node) :], node]
+        if node in done:
+            return None
+        for target in sorted(graph.get(node, ())):
+            cycle = visit(target, [*path, node])
+            if cycle is not None:
+                return cycle
+        done.add(node)
+        return None
+
+    for start in sorted(graph):
+        cycle = visit(start, [])
+        if cycle is not None:
+            return cycle
+    return None
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_the_import_graph_is_read_from_the_sources() -> None:
+    graph = import_graph()
+    assert "sepp._errors" in graph["sepp._validate"]  # a plain relative import
+    assert "sepp._convert" in graph["sepp._client"]  # `from . import _convert as cv`
+    assert "sepp.wire._status" in graph["sepp._errors"]  # a relative import of a subpackage
+
+
+def test_sepp_modules_import_each_other_without_cycles() -> None:
+    graph = import_graph()
+    graph.pop("sepp")  # the package namespace imports everything; nothing imports it back
+    assert find_cycle(graph) is None
