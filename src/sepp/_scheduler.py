@@ -41,6 +41,7 @@ CLOCK_RETRY_S = 30.0
 # [0.5, 1.0) of the step so schedulers do not retry in lockstep.
 BACKOFF_INITIAL_S = 1.0
 BACKOFF_CAP_S = 30.0
+MIN_SLEEP_S = 0.001
 
 
 class SchedulerClient(Protocol):
@@ -309,7 +310,9 @@ class Scheduler:
                 await self._refresh_clock()
             self._plan()
             await self._enqueue_due()
-            await trio.sleep_until(self._next_wake())
+            # Never spin: a wake-up computed in the past (time passed during the enqueues, or
+            # a rounding of the clock mapping) waits a millisecond.
+            await trio.sleep_until(max(self._next_wake(), trio.current_time() + MIN_SLEEP_S))
 
     def _next_wake(self) -> float:
         assert self._clock is not None
