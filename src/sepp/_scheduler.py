@@ -84,17 +84,18 @@ class _Track:
         self.entry = entry
         self._upcoming: Iterator[datetime] = entry.rule.occurrences(after)
         self.next_occurrence = next(self._upcoming, None)
-        self.pending = list(overdue)  # ascending
+        # Ascending (planned in order); a dict so that settling one is O(1).
+        self.pending = dict.fromkeys(overdue)
         self.failures: dict[datetime, int] = {}
         self.retry_at: dict[datetime, float] = {}
 
     def plan_until(self, horizon: datetime) -> None:
         while self.next_occurrence is not None and self.next_occurrence <= horizon:
-            self.pending.append(self.next_occurrence)
+            self.pending[self.next_occurrence] = None
             self.next_occurrence = next(self._upcoming, None)
 
     def forget(self, occurrence: datetime) -> None:
-        self.pending.remove(occurrence)
+        del self.pending[occurrence]
         self.failures.pop(occurrence, None)
         self.retry_at.pop(occurrence, None)
 
@@ -292,7 +293,7 @@ class Scheduler:
             for occurrence in dropped:
                 track.forget(occurrence)
             if dropped:
-                self._log.error(
+                self._log.warning(
                     "sepp: scheduler: %d occurrence(s) of %r from %s to %s could not be enqueued"
                     " in time and are dropped (missed=%r)",
                     len(dropped),

@@ -261,7 +261,7 @@ async def test_dropped_occurrences_are_logged(autojump_clock: MockClock) -> None
     fake.enqueue_error = lambda r: unavailable() if trio.current_time() < 60 else None
     log = RecordingLogger()
     await run_for(sepp.Scheduler(fake, every(10), lookahead=2, grace=0, logger=log), 80)
-    dropped = [m for m in log.at("error") if "dropped" in m]
+    dropped = [m for m in log.at("warning") if "dropped" in m]
     assert dropped and all("missed='latest'" in m for m in dropped)
     assert log.matching("enqueue works again after")
     assert any("UNAVAILABLE" in m for m in log.at("warning"))
@@ -319,7 +319,7 @@ async def test_a_refused_entry_does_not_hold_back_the_others(autojump_clock: Moc
         assert all(at(fake.server_seconds(t)) <= occurrence + timedelta(seconds=5) for t in tries)
         assert all(0.5 <= gap <= 2**i for i, gap in enumerate(gaps_between(tries)))
     assert any("unknown queue" in m.lower() and "'bad'" in m for m in log.at("error"))
-    assert any("dropped (missed='skip')" in m for m in log.at("error"))
+    assert any("dropped (missed='skip')" in m for m in log.at("warning"))
 
 
 # -- starting and stopping ---------------------------------------------------------------------
