@@ -136,7 +136,9 @@ class Scheduler:
         logger: LoggerLike | None = None,
     ) -> None:
         if not isinstance(schedule, Schedule):
-            raise ValidationError("schedule", f"must be a sepp.Schedule, got {type(schedule)}")
+            raise ValidationError(
+                "schedule", f"must be a sepp.Schedule, got {type(schedule).__name__}"
+            )
         if not len(schedule):
             raise ValidationError("schedule", "has no entries")
         if missed not in MISSED_POLICIES:
