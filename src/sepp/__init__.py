@@ -41,6 +41,8 @@ from ._rejections import UnknownRejection as UnknownRejection
 from ._rejections import describe_job_rejection as describe_job_rejection
 from ._rejections import is_job_rejection as is_job_rejection
 from ._retry import RetryPolicy as RetryPolicy
+from ._schedule import Schedule as Schedule
+from ._scheduler import Scheduler as Scheduler
 from ._types import BatchRejection as BatchRejection
 from ._types import DeadLetterCause as DeadLetterCause
 from ._types import DeadLetterRecord as DeadLetterRecord
@@ -101,7 +103,9 @@ __all__ = [
     "QueueNameTooLong",
     "Retry",
     "RetryPolicy",
+    "Schedule",
     "ScheduledTooFar",
+    "Scheduler",
     "SeppError",
     "ServerInfo",
     "ServerInternalError",
