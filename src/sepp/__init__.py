@@ -41,6 +41,7 @@ from ._rejections import UnknownRejection as UnknownRejection
 from ._rejections import describe_job_rejection as describe_job_rejection
 from ._rejections import is_job_rejection as is_job_rejection
 from ._retry import RetryPolicy as RetryPolicy
+from ._router import Router as Router
 from ._types import BatchRejection as BatchRejection
 from ._types import DeadLetterCause as DeadLetterCause
 from ._types import DeadLetterRecord as DeadLetterRecord
@@ -101,6 +102,7 @@ __all__ = [
     "QueueNameTooLong",
     "Retry",
     "RetryPolicy",
+    "Router",
     "ScheduledTooFar",
     "SeppError",
     "ServerInfo",

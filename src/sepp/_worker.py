@@ -35,6 +35,7 @@ from ._types import Job, JobContext, Payload, Retry
 
 if TYPE_CHECKING:
     from ._client import Client
+    from ._router import Router
 
 Handler = Callable[[Payload | None, JobContext], Awaitable[None]]
 """An async function `(payload, ctx) -> None` that processes one job."""
@@ -231,7 +232,7 @@ class Worker:
     nacked and held jobs return when their leases expire.
 
     Durations are seconds (float) or `timedelta`. The worker needs only the client's public
-    `reserve`, `ack`, `nack` and `extend`.
+    `reserve`, `ack`, `nack` and `extend`. `handlers` registers a `sepp.Router`'s handlers.
     """
 
     def __init__(
@@ -248,6 +249,7 @@ class Worker:
         shutdown_timeout: float | timedelta = 30.0,
         reserve_error_backoff: float | timedelta = 1.0,
         logger: LoggerLike | None = None,
+        handlers: Router | None = None,
         _wall_clock: Callable[[], datetime] | None = None,
     ) -> None:
         names = [queues] if isinstance(queues, str) else list(queues)
@@ -280,12 +282,16 @@ class Worker:
 
         self._handlers: dict[str, Handler] = {}
         self._catch_all: Handler | None = None
+        if handlers is not None:
+            self._take_router(handlers)
 
         self._state = _RunState.NEW
         # Set from any thread or signal handler; read by run() when it starts.
         self._shutdown_requested = False
         self._shutting_down = False
         self._shutdown_began_at = 0.0
+        # The grace period of shutdown; cancelled early by _end_grace_period.
+        self._grace_scope = trio.CancelScope()
         self._token: trio.lowlevel.TrioToken | None = None
         self._reserve_scope = trio.CancelScope()
         self._reserve_sent_at: float | None = None
@@ -339,6 +345,16 @@ class Worker:
         self._catch_all = fn
         return fn
 
+    def _take_router(self, router: Router) -> None:
+        from ._router import Router  # _router imports this module
+
+        if not isinstance(router, Router):
+            raise ValidationError("handlers", f"must be a sepp.Router, got {type(router).__name__}")
+        for job_type, fn in router._handlers.items():
+            self.handle(job_type, fn)
+        if router._catch_all is not None:
+            self.catch_all(router._catch_all)
+
     # -- state --------------------------------------------------------------------------------
 
     @property
@@ -379,6 +395,12 @@ class Worker:
             token.run_sync_soon(self._begin_shutdown, idempotent=True)
         except trio.RunFinishedError:
             pass
+
+    def _end_grace_period(self) -> None:
+        """Shut down without waiting for running handlers: cancel them and nack their jobs,
+        as when `shutdown_timeout` passes (the command line's second signal). From a task."""
+        self._request_shutdown(from_task=True)
+        self._grace_scope.cancel()
 
     def _begin_shutdown(self) -> None:
         """In the run's thread: stop reserving, return jobs that have not started."""
@@ -444,7 +466,8 @@ class Worker:
                 len(self._held),
             )
         # The grace runs from the shutdown request, not from when reserving stopped.
-        with trio.move_on_at(self._shutdown_began_at + self._shutdown_timeout_s):
+        self._grace_scope.deadline = self._shutdown_began_at + self._shutdown_timeout_s
+        with self._grace_scope:
             while self._held:
                 await self._held_changed.wait()
         if self._held:
