@@ -116,7 +116,14 @@ async def _drain_into(
         if not records:
             break
         # Written (and fsynced) before the next drain: these are gone from the server.
-        await trio.to_thread.run_sync(sink.write, records)
+        try:
+            await trio.to_thread.run_sync(sink.write, records)
+        except OSError as exc:
+            progress.clear()
+            raise CliError(
+                f"writing to {where} failed: {exc}; up to {len(records)} record(s) just"
+                " drained from the server may be lost"
+            ) from exc
         progress.update(f"{len(sink.records)} drained")
     progress.clear()
     if not sink.records and not info.dead_letter_retention_enabled:

@@ -4,6 +4,7 @@ line on stderr and an exit status."""
 from __future__ import annotations
 
 import logging
+import os
 import re
 import sys
 import traceback
@@ -56,11 +57,22 @@ def _single(exc: BaseException) -> BaseException:
         exc = inner[0]
 
 
+def _silence_stdout() -> None:
+    # Python flushes stdout at exit; into a closed pipe that prints its own traceback.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
 def report_failure(exc: BaseException, label: str, *, debug: bool) -> int:
     """One line on stderr (after the traceback with `debug`); returns the exit status."""
     if isinstance(exc, KeyboardInterrupt):
         note(f"{label}: interrupted")
         return EXIT_INTERRUPTED
+    if isinstance(exc, BrokenPipeError) or isinstance(exc.__cause__, BrokenPipeError):
+        _silence_stdout()
+        if isinstance(exc, BrokenPipeError):
+            return EXIT_FAILURE  # the reader left (`| head`): nothing to say
     if debug:
         traceback.print_exception(type(exc), exc, exc.__traceback__)
     if isinstance(exc, CliError):
