@@ -471,10 +471,12 @@ class Worker:
             while self._held:
                 await self._held_changed.wait()
         if self._held:
+            early = trio.current_time() < self._grace_scope.deadline
+            why = "told to stop now" if early else "shutdown_timeout passed"
             self._log.warning(
-                "sepp: worker %s: shutdown_timeout passed; cancelling %d job(s) and returning"
-                " them to the queue",
+                "sepp: worker %s: %s; cancelling %d job(s) and returning them to the queue",
                 self._worker_id,
+                why,
                 len(self._held),
             )
             for held in list(self._held.values()):

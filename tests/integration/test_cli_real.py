@@ -683,7 +683,7 @@ async def test_a_second_signal_stops_at_once_and_returns_the_jobs_to_the_queue(
         running.send(signal.SIGINT)
         status = await running.wait(timeout_s=20)  # not the 600 s shutdown timeout
     assert status == 0, running.out
-    assert "SIGINT again: stopping now; cancelling 3 job(s)" in running.text("stderr")
+    assert "SIGINT, a second signal: stopping now; cancelling 3 job(s)" in running.text("stderr")
     # Nacked for immediate retry, not left to their 30 s leases: they are back at once.
     jobs = await client.reserve("work", lease_duration=30, wait_timeout=0, max_jobs=10) or []
     assert sorted(job.id for job in jobs) == sorted(ids)

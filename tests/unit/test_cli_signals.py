@@ -109,6 +109,9 @@ async def test_ending_the_grace_period_cancels_handlers_and_nacks_their_jobs_now
         (slow, 2, Retry.after(0), "worker shutdown")
     ]
     assert worker.in_flight == 0 and fake.leased == []
+    log = worker._log._target
+    assert isinstance(log, RecordingLogger)
+    assert log.matching("told to stop now; cancelling 1 job(s)")
 
 
 async def test_ending_the_grace_period_first_shuts_down_at_once(
@@ -128,3 +131,23 @@ async def test_ending_the_grace_period_first_shuts_down_at_once(
         worker._end_grace_period()
     assert trio.current_time() == 1 and worker.is_shutdown
     assert [(c.job_id, c.at, c.reason) for c in fake.nacks] == [(job, 1, "worker shutdown")]
+
+
+async def test_without_it_the_grace_period_runs_out_as_before(autojump_clock: MockClock) -> None:
+    fake = FakeClient()
+    worker = make_worker(fake)
+    job = fake.add()
+
+    @worker.handler("work")
+    async def work(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
+        await trio.sleep(100)
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(worker.run)
+        await trio.sleep(1)
+        worker.shutdown()
+    assert trio.current_time() == 31
+    assert [(c.job_id, c.at, c.reason) for c in fake.nacks] == [(job, 31, "worker shutdown")]
+    log = worker._log._target
+    assert isinstance(log, RecordingLogger)
+    assert log.matching("shutdown_timeout passed; cancelling 1 job(s)")

@@ -83,7 +83,7 @@ async def run(args: argparse.Namespace) -> int:
 
         def graceful(sig: signal.Signals) -> None:
             log.info(
-                "%s: shutting down; waiting up to %gs for %d job(s) (send it again to stop now)",
+                "%s: shutting down; waiting up to %gs for %d job(s) (a second signal stops now)",
                 sig.name,
                 args.shutdown_timeout,
                 worker.in_flight,
@@ -92,7 +92,7 @@ async def run(args: argparse.Namespace) -> int:
 
         def immediate(sig: signal.Signals) -> None:
             log.warning(
-                "%s again: stopping now; cancelling %d job(s) and returning them to the queue",
+                "%s, a second signal: stopping now; cancelling %d job(s) and returning them",
                 sig.name,
                 worker.in_flight,
             )
