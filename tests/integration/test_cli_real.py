@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -251,9 +252,12 @@ async def test_usage_errors_exit_2_with_one_clear_message(args: list[str], fragm
 
 
 async def test_an_unreachable_server_is_one_line_and_exit_1_and_debug_adds_the_traceback(
-    sepp_server: SeppServer,
+    sepp_server: SeppServer, tmp_path: Path
 ) -> None:
     await sepp_server.stop()
+    replay = await cli(sepp_server.address, "dead-letters", "replay", cwd=tmp_path)
+    assert_one_line_failure(replay, 1, "sepp-trio dead-letters replay: cannot connect to")
+    assert saved_files(tmp_path) == []  # nothing drained: no file left behind
     done = await cli(sepp_server.address, "--connect-timeout", "2", "info")
     assert_one_line_failure(done, 1, f"sepp-trio info: cannot connect to {sepp_server.address}")
     debug = await cli(sepp_server.address, "--debug", "info")
@@ -448,6 +452,34 @@ async def test_enqueue_file_reports_invalid_and_rejected_lines_by_number(tmp_pat
         async with sepp.open(server.address) as client:
             jobs = await reserve_all(client, "known", 2)
         assert sorted(job.ctx.job_type for job in jobs) == ["a", "f"]
+
+
+async def test_enqueue_file_streams_stdin_and_says_what_was_sent_when_the_server_dies(
+    tmp_path: Path,
+) -> None:
+    lines = job_lines(200).splitlines(keepends=True)
+    async with sepp_server(config()) as server:
+        async with spawn(server.address, "enqueue-file", "-") as running:
+            assert running.process.stdin is not None
+            await running.process.stdin.send_all("".join(lines[:100]).encode())
+            async with sepp.open(server.address) as client:
+                assert len(await reserve_all(client, "bulk", 100)) == 100  # sent as they came
+            await server.stop(kill=True)
+            await running.process.stdin.send_all("".join(lines[100:]).encode())
+            await running.process.stdin.aclose()
+            status = await running.wait()
+    assert status == 1
+    assert running.text("stdout") == "100 enqueued, 0 deduplicated, 0 rejected, 0 invalid\n"
+    (message,) = running.text("stderr").splitlines()
+    # The second write may reach the command in more than one read, hence `last`.
+    found = re.fullmatch(
+        r"sepp-trio enqueue-file: sending lines 101-(\d+) failed: .+\. Lines before 101 were"
+        r" handled as counted on stdout; lines 101-(\d+) may or may not have been enqueued;"
+        r" nothing after line (\d+) was sent",
+        message,
+    )
+    assert found is not None, message
+    assert len(set(found.groups())) == 1 and 101 < int(found[1]) <= 200
 
 
 async def test_enqueue_file_shows_progress_only_on_a_terminal(

@@ -109,10 +109,9 @@ async def _drain_into(
             records = await client.drain_dead_letters(args.queue, max=want)
         except sepp.SeppError as exc:
             progress.clear()
-            raise CliError(
-                f"draining failed after {len(sink.records)} record(s), all written to {where}:"
-                f" {exc}"
-            ) from exc
+            so_far = len(sink.records)
+            kept = f" after {so_far} record(s), all written to {where}" if so_far else ""
+            raise CliError(f"draining failed{kept}: {exc}") from exc
         if not records:
             break
         # Written (and fsynced) before the next drain: these are gone from the server.
@@ -251,7 +250,7 @@ async def _replay(
 async def _pause_if_testing() -> None:
     if os.environ.get(_PAUSE_BEFORE_REPLAY_ENV):
         note("paused before re-enqueueing")
-        await trio.to_thread.run_sync(sys.stdin.readline)
+        await trio.to_thread.run_sync(sys.stdin.readline, abandon_on_cancel=True)
 
 
 async def run_replay(args: argparse.Namespace) -> int:
@@ -263,15 +262,18 @@ async def run_replay(args: argparse.Namespace) -> int:
             return await _replay(client, records, args.from_file, drained=False)
 
     path = args.save or _default_save_path()
-    file = await trio.to_thread.run_sync(_create_new, path)
-    with file:
-        sink = _RecordSink(file, durable=True)
-        async with open_client(args) as client:
-            await _drain_into(client, args, sink, path)
-            await trio.to_thread.run_sync(_fsync_directory, path)
+    async with open_client(args) as client:
+        file = await trio.to_thread.run_sync(_create_new, path)
+        with file:
+            sink = _RecordSink(file, durable=True)
+            try:
+                await _drain_into(client, args, sink, path)
+            finally:
+                if not sink.records:  # nothing drained (or a failure first): no empty file
+                    os.remove(path)
             if not sink.records:
-                os.remove(path)
                 print("replayed 0 dead letters: there were none", flush=True)
                 return EXIT_OK
+            await trio.to_thread.run_sync(_fsync_directory, path)
             await _pause_if_testing()
             return await _replay(client, sink.records, path, drained=True)

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import sys
 from dataclasses import dataclass
-from typing import BinaryIO
 
 import trio
 
@@ -31,7 +31,7 @@ JOB_KEYS = (
 # A chunk also ends before it passes this many bytes of input, well under the server's
 # 16 MiB message cap, whatever max_enqueue_batch allows.
 MAX_CHUNK_BYTES = 4 * 1024 * 1024
-READ_HINT_BYTES = 1024 * 1024
+READ_BYTES = 1024 * 1024
 FALLBACK_MAX_BATCH = 256
 
 
@@ -167,22 +167,27 @@ class _Loader:
         self.progress.update(f"{self.lines_read} lines read: {self.tally}")
 
 
-def _open_source(path: str) -> BinaryIO:
-    return sys.stdin.buffer if path == "-" else open(path, "rb")
+def _open_source(path: str) -> io.BufferedReader:
+    if path == "-":
+        return open(sys.stdin.fileno(), "rb", closefd=False)
+    return open(path, "rb")
 
 
-async def _load(loader: _Loader, source: BinaryIO) -> None:
+async def _load(loader: _Loader, source: io.BufferedReader) -> None:
     line_number = 0
+    partial = b""
     while True:
-        # File I/O in a worker thread: a slow pipe on stdin must not stall the connection.
-        lines = await trio.to_thread.run_sync(source.readlines, READ_HINT_BYTES)
-        if not lines:
-            break
+        # In a worker thread, so the connection's tasks keep running; read1 returns what is
+        # there, so lines from a slow producer on stdin go out as they come.
+        data = await trio.to_thread.run_sync(source.read1, READ_BYTES, abandon_on_cancel=True)
+        *lines, partial = (partial + data).split(b"\n") if data else (partial, b"")
         for raw in lines:
             line_number += 1
             loader.lines_read = line_number
             await loader.add(line_number, raw)
-    await loader.flush()
+        await loader.flush()
+        if not data:
+            return
 
 
 async def run(args: argparse.Namespace) -> int:
@@ -193,8 +198,7 @@ async def run(args: argparse.Namespace) -> int:
             loader = _Loader(client, info.max_enqueue_batch or FALLBACK_MAX_BATCH)
             await _load(loader, source)
     finally:
-        if source is not sys.stdin.buffer:
-            source.close()
+        source.close()
     loader.progress.clear()
     print(loader.tally, flush=True)
     return EXIT_FAILURE if loader.tally.rejected or loader.tally.invalid else EXIT_OK
