@@ -668,15 +668,21 @@ def app_dir(tmp_path: Path) -> Path:
     return tmp_path
 
 
+@asynccontextmanager
+async def worker(
+    server: SeppServer, app_dir: Path, target: str, *, shutdown_timeout: float
+) -> AsyncIterator[Running]:
+    """`sepp-trio worker TARGET --queue work` run from `app_dir`, once it is reserving."""
+    args = ("worker", target, "--queue", "work", "--shutdown-timeout", str(shutdown_timeout))
+    async with spawn(server.address, *args, cwd=app_dir) as running:
+        await running.wait_for("reserving from work")
+        yield running
+
+
 async def test_worker_processes_jobs_and_sigterm_lets_the_running_job_finish(
     sepp_server: SeppServer, client: sepp.Client, app_dir: Path
 ) -> None:
-    async with spawn(
-        sepp_server.address,
-        *("worker", "jobs_app:make_router", "--queue", "work", "--shutdown-timeout", "30"),
-        cwd=app_dir,
-    ) as running:
-        await running.wait_for("reserving from work")
+    async with worker(sepp_server, app_dir, "jobs_app:make_router", shutdown_timeout=30) as running:
         for n in range(20):
             await client.enqueue("work", "work", payload=sepp.Payload.json({"n": n}))
         await running.wait_for("done ", "stdout", count=20)
@@ -702,12 +708,7 @@ async def test_worker_processes_jobs_and_sigterm_lets_the_running_job_finish(
 async def test_a_second_signal_stops_at_once_and_returns_the_jobs_to_the_queue(
     sepp_server: SeppServer, client: sepp.Client, app_dir: Path
 ) -> None:
-    async with spawn(
-        sepp_server.address,
-        *("worker", "jobs_app:router", "--queue", "work", "--shutdown-timeout", "600"),
-        cwd=app_dir,
-    ) as running:
-        await running.wait_for("reserving from work")
+    async with worker(sepp_server, app_dir, "jobs_app:router", shutdown_timeout=600) as running:
         ids = [(await client.enqueue("work", "block")).job_id for _ in range(3)]
         await running.wait_for("started", "stdout", count=3)
         running.send(signal.SIGTERM)

@@ -114,8 +114,15 @@ async def test_ending_the_grace_period_cancels_handlers_and_nacks_their_jobs_now
     assert log.matching("told to stop now; cancelling 1 job(s)")
 
 
+@pytest.mark.parametrize(
+    ("stop_now", "ended_at", "logged"),
+    [
+        (True, 1, "told to stop now; cancelling 1 job(s)"),
+        (False, 31, "shutdown_timeout passed; cancelling 1 job(s)"),  # as before: the grace
+    ],
+)
 async def test_ending_the_grace_period_first_shuts_down_at_once(
-    autojump_clock: MockClock,
+    autojump_clock: MockClock, stop_now: bool, ended_at: float, logged: str
 ) -> None:
     fake = FakeClient()
     worker = make_worker(fake)
@@ -128,26 +135,12 @@ async def test_ending_the_grace_period_first_shuts_down_at_once(
     async with trio.open_nursery() as nursery:
         await nursery.start(worker.run)
         await trio.sleep(1)
-        worker._end_grace_period()
-    assert trio.current_time() == 1 and worker.is_shutdown
-    assert [(c.job_id, c.at, c.reason) for c in fake.nacks] == [(job, 1, "worker shutdown")]
-
-
-async def test_without_it_the_grace_period_runs_out_as_before(autojump_clock: MockClock) -> None:
-    fake = FakeClient()
-    worker = make_worker(fake)
-    job = fake.add()
-
-    @worker.handler("work")
-    async def work(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
-        await trio.sleep(100)
-
-    async with trio.open_nursery() as nursery:
-        await nursery.start(worker.run)
-        await trio.sleep(1)
-        worker.shutdown()
-    assert trio.current_time() == 31
-    assert [(c.job_id, c.at, c.reason) for c in fake.nacks] == [(job, 31, "worker shutdown")]
+        if stop_now:
+            worker._end_grace_period()
+        else:
+            worker.shutdown()
+    assert trio.current_time() == ended_at and worker.is_shutdown
+    assert [(c.job_id, c.at, c.reason) for c in fake.nacks] == [(job, ended_at, "worker shutdown")]
     log = worker._log._target
     assert isinstance(log, RecordingLogger)
-    assert log.matching("shutdown_timeout passed; cancelling 1 job(s)")
+    assert log.matching(logged)
