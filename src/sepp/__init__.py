@@ -41,6 +41,9 @@ from ._rejections import UnknownRejection as UnknownRejection
 from ._rejections import describe_job_rejection as describe_job_rejection
 from ._rejections import is_job_rejection as is_job_rejection
 from ._retry import RetryPolicy as RetryPolicy
+from ._router import DuplicateHandlerError as DuplicateHandlerError
+from ._router import Handler as Handler
+from ._router import Router as Router
 from ._schedule import Schedule as Schedule
 from ._scheduler import Scheduler as Scheduler
 from ._types import BatchRejection as BatchRejection
@@ -55,8 +58,6 @@ from ._types import Retry as Retry
 from ._types import ServerInfo as ServerInfo
 from ._types import TraceContext as TraceContext
 from ._version import __version__ as __version__
-from ._worker import DuplicateHandlerError as DuplicateHandlerError
-from ._worker import Handler as Handler
 from ._worker import HandlerError as HandlerError
 from ._worker import ShutdownHandle as ShutdownHandle
 from ._worker import Worker as Worker
@@ -103,6 +104,7 @@ __all__ = [
     "QueueNameTooLong",
     "Retry",
     "RetryPolicy",
+    "Router",
     "Schedule",
     "ScheduledTooFar",
     "Scheduler",

@@ -5,15 +5,13 @@ keeping (`_lease_keeper`) and a bounded graceful shutdown. Built only on the cli
 from __future__ import annotations
 
 import enum
-import inspect
 import logging
 import os
 import random
 import secrets
 import socket
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta, timezone
-from typing import TypeVar
 
 import trio
 
@@ -32,14 +30,12 @@ from ._held_job import HeldJob, Phase
 from ._lease_keeper import LeaseKeeper
 from ._log import Log, LoggerLike
 from ._outcomes import HandlerError as HandlerError  # public as sepp.HandlerError
-from ._types import Job, JobContext, Payload
+from ._router import DuplicateHandlerError as DuplicateHandlerError  # public as sepp.*
+from ._router import H, Router
+from ._router import Handler as Handler  # public as sepp.Handler
+from ._types import Job, JobContext
 from ._worker_client import WorkerClient
 from ._worker_slots import WorkerSlots
-
-Handler = Callable[[Payload | None, JobContext], Awaitable[None]]
-"""An async function `(payload, ctx) -> None` that processes one job."""
-
-H = TypeVar("H", bound=Handler)
 
 # Reserve failures back off from `reserve_error_backoff`, doubling up to this (or the base,
 # if larger), with each sleep drawn from [0.5, 1.0) of the step so workers do not stampede.
@@ -52,15 +48,6 @@ EARLY_EMPTY_PAUSE_S = 0.25
 # non-empty queue the server has most likely leased jobs for it already, and cancelling would
 # strand them until their leases expire. Older ones are long-polling an empty queue.
 RESERVE_SETTLE_S = 0.5
-
-
-class DuplicateHandlerError(SeppError, ValueError):
-    """A handler is already registered for `job_type` (None: the catch-all)."""
-
-    def __init__(self, job_type: str | None) -> None:
-        what = "a catch-all handler" if job_type is None else f"a handler for {job_type!r}"
-        super().__init__(f"{what} is already registered")
-        self.job_type = job_type
 
 
 class ShutdownHandle:
@@ -115,6 +102,7 @@ class Worker:
 
     Durations are seconds (float) or `timedelta`. The worker needs only the client's public
     `reserve`, `ack`, `nack` and `extend` (any object with those, typed as `WorkerClient`).
+    `handlers` registers a `sepp.Router`'s handlers.
     """
 
     def __init__(
@@ -131,6 +119,7 @@ class Worker:
         shutdown_timeout: float | timedelta = 30.0,
         reserve_error_backoff: float | timedelta = 1.0,
         logger: LoggerLike | None = None,
+        handlers: Router | None = None,
         _wall_clock: Callable[[], datetime] | None = None,
     ) -> None:
         names = [queues] if isinstance(queues, str) else list(queues)
@@ -161,14 +150,21 @@ class Worker:
         self._log = Log(logger if logger is not None else logging.getLogger("sepp.worker"))
         self._now_utc = _wall_clock or _utc_now
 
-        self._handlers: dict[str, Handler] = {}
-        self._catch_all: Handler | None = None
+        self._router = Router()
+        if handlers is not None:
+            if not isinstance(handlers, Router):
+                raise ValidationError(
+                    "handlers", f"must be a sepp.Router, got {type(handlers).__name__}"
+                )
+            self._router.include(handlers)
 
         self._state = _RunState.NEW
         # Set from any thread or signal handler; read by run() when it starts.
         self._shutdown_requested = False
         self._shutting_down = False
         self._shutdown_began_at = 0.0
+        # The grace period of shutdown; cancelled early by _end_grace_period.
+        self._grace_scope = trio.CancelScope()
         self._token: trio.lowlevel.TrioToken | None = None
         self._reserve_scope = trio.CancelScope()
         self._reserve_sent_at: float | None = None
@@ -193,30 +189,16 @@ class Worker:
     def handle(self, job_type: str, fn: Handler) -> Worker:
         """Register `fn` for `job_type`; returns the worker so calls chain. A second
         registration for the same type raises DuplicateHandlerError."""
-        v.utf8_text("job_type", job_type)
-        _check_handler(fn)
-        if job_type in self._handlers:
-            raise DuplicateHandlerError(job_type)
-        self._handlers[job_type] = fn
+        self._router.handle(job_type, fn)
         return self
 
     def handler(self, job_type: str) -> Callable[[H], H]:
         """Decorator form of `handle`."""
-        v.utf8_text("job_type", job_type)
-
-        def register(fn: H) -> H:
-            self.handle(job_type, fn)
-            return fn
-
-        return register
+        return self._router.handler(job_type)
 
     def catch_all(self, fn: H) -> H:
         """Run `fn` for job types without a handler (usable as a decorator). Only one."""
-        _check_handler(fn)
-        if self._catch_all is not None:
-            raise DuplicateHandlerError(None)
-        self._catch_all = fn
-        return fn
+        return self._router.catch_all(fn)
 
     # -- state --------------------------------------------------------------------------------
 
@@ -258,6 +240,12 @@ class Worker:
             token.run_sync_soon(self._begin_shutdown, idempotent=True)
         except trio.RunFinishedError:
             pass
+
+    def _end_grace_period(self) -> None:
+        """Shut down without waiting for running handlers: cancel them and nack their jobs,
+        as when `shutdown_timeout` passes (the command line's second signal). From a task."""
+        self._request_shutdown(from_task=True)
+        self._grace_scope.cancel()
 
     def _begin_shutdown(self) -> None:
         """In the run's thread: stop reserving, return jobs that have not started."""
@@ -323,14 +311,17 @@ class Worker:
                 len(self._held),
             )
         # The grace runs from the shutdown request, not from when reserving stopped.
-        with trio.move_on_at(self._shutdown_began_at + self._shutdown_timeout_s):
+        self._grace_scope.deadline = self._shutdown_began_at + self._shutdown_timeout_s
+        with self._grace_scope:
             while self._held:
                 await self._held_changed.wait()
         if self._held:
+            early = trio.current_time() < self._grace_scope.deadline
+            why = "told to stop now" if early else "shutdown_timeout passed"
             self._log.warning(
-                "sepp: worker %s: shutdown_timeout passed; cancelling %d job(s) and returning"
-                " them to the queue",
+                "sepp: worker %s: %s; cancelling %d job(s) and returning them to the queue",
                 self._worker_id,
+                why,
                 len(self._held),
             )
             for held in list(self._held.values()):
@@ -430,7 +421,7 @@ class Worker:
         assert self._jobs_nursery is not None
         held = HeldJob(job)
         self._held[id(held)] = held
-        fn = self._handlers.get(job.ctx.job_type, self._catch_all)
+        fn = self._router.lookup(job.ctx.job_type)
         if fn is not None:
             self._slots.queue(held)
             if self._shutting_down and held.phase is Phase.WAITING:
@@ -478,7 +469,7 @@ class Worker:
 
     def _unknown_type(self, ctx: JobContext) -> outcomes.Outcome:
         delay = outcomes.unknown_type_delay_s(ctx)
-        known = ", ".join(sorted(self._handlers)) or "none"
+        known = ", ".join(sorted(self._router.job_types)) or "none"
         self._log.warning(
             "sepp: worker %s has no handler for job type %r (job %s); returning it in %gs"
             " (registered: %s)",
@@ -572,15 +563,6 @@ class Worker:
                 outcomes.describe(exc),
                 exc_info=exc,
             )
-
-
-def _check_handler(fn: object) -> None:
-    # A plain `def` would only fail at the first job; refuse it now. (Other callables, e.g.
-    # partials or objects with an async __call__, are trusted.)
-    if inspect.isfunction(fn) and not inspect.iscoroutinefunction(fn):
-        raise ValidationError("handler", f"{fn.__qualname__} must be `async def`")
-    if not callable(fn):
-        raise ValidationError("handler", f"must be an async function, got {type(fn).__name__}")
 
 
 def _current_token() -> trio.lowlevel.TrioToken | None:

@@ -118,12 +118,12 @@ def test_registration_forms_and_duplicates() -> None:
 
     assert c.__name__ == "c"  # the decorator hands the function back
     assert worker.catch_all(a) is a
-    assert set(worker._handlers) == {"a", "b", "c"}
+    assert set(worker._router._handlers) == {"a", "b", "c"}
 
     with pytest.raises(sepp.DuplicateHandlerError) as info:
         worker.handle("a", b)
     assert info.value.job_type == "a"
-    assert worker._handlers["a"] is a  # the first registration stands
+    assert worker._router._handlers["a"] is a  # the first registration stands
     with pytest.raises(sepp.DuplicateHandlerError):
         worker.handler("c")(b)
     with pytest.raises(sepp.DuplicateHandlerError) as info:
@@ -142,7 +142,7 @@ def test_registration_refuses_sync_functions_and_non_callables() -> None:
         worker.handle("x", 42)  # type: ignore[arg-type]
     with pytest.raises(sepp.ValidationError):
         worker.handle("", worker.run)  # type: ignore[arg-type]
-    assert worker._handlers == {}
+    assert worker._router._handlers == {}
 
 
 def test_handler_error_constructors() -> None:

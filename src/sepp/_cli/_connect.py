@@ -1,0 +1,55 @@
+"""Connection options: flags for the address and TLS, `$SEPP_API_KEY` for the key."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from contextlib import AbstractAsyncContextManager
+
+import sepp
+
+from ._values import positive_seconds
+
+ADDRESS_ENV = "SEPP_ADDR"
+API_KEY_ENV = "SEPP_API_KEY"
+DEFAULT_ADDRESS = "127.0.0.1:50051"
+
+
+def add_connection_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(
+        "connection",
+        f"The API key is read only from ${API_KEY_ENV}, never from a flag: the command line"
+        " is visible to every user of the machine.",
+    )
+    group.add_argument(
+        "--address",
+        metavar="ADDR",
+        default=os.environ.get(ADDRESS_ENV) or DEFAULT_ADDRESS,
+        help=f"host:port, http://host:port or https://host:port (default: ${ADDRESS_ENV},"
+        f" else {DEFAULT_ADDRESS})",
+    )
+    group.add_argument("--tls", action="store_true", help="use TLS with the system roots")
+    group.add_argument("--tls-ca-cert", metavar="PATH", help="a private CA (PEM); implies TLS")
+    group.add_argument(
+        "--tls-domain", metavar="NAME", help="verify the server certificate for NAME"
+    )
+    group.add_argument(
+        "--connect-timeout",
+        metavar="S",
+        type=positive_seconds,
+        default=5.0,
+        help="seconds to open a connection (default: 5)",
+    )
+
+
+def open_client(args: argparse.Namespace) -> AbstractAsyncContextManager[sepp.Client]:
+    return sepp.open(
+        args.address,
+        api_key=os.environ.get(API_KEY_ENV) or None,
+        tls=True if args.tls else None,
+        tls_ca_cert=args.tls_ca_cert,
+        tls_domain=args.tls_domain,
+        connect_timeout=args.connect_timeout,
+        logger=logging.getLogger("sepp"),
+    )

@@ -1,0 +1,204 @@
+"""`sepp-trio enqueue-file`: jobs from JSON lines, sent in EnqueueBatch chunks."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import sys
+from dataclasses import dataclass
+
+import trio
+
+import sepp
+
+from ._connect import open_client
+from ._failures import EXIT_FAILURE, EXIT_OK, CliError
+from ._output import Progress
+from ._values import timestamp
+
+JOB_KEYS = (
+    "queue",
+    "job_type",
+    "json",
+    "text",
+    "priority",
+    "max_attempts",
+    "idempotency_key",
+    "custom",
+    "scheduled_at",
+)
+# A chunk also ends before it passes this many bytes of input, well under the server's
+# 16 MiB message cap, whatever max_enqueue_batch allows.
+MAX_CHUNK_BYTES = 4 * 1024 * 1024
+READ_BYTES = 1024 * 1024
+FALLBACK_MAX_BATCH = 256
+
+
+def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = commands.add_parser(
+        "enqueue-file",
+        help="enqueue jobs from a file of JSON lines",
+        description="Enqueue one job per line of FILE (- for stdin), each a JSON object with"
+        ' "queue" and "job_type", and optionally "json" (any JSON value) or "text",'
+        ' "priority", "max_attempts", "idempotency_key", "custom" (an object) and'
+        ' "scheduled_at" (ISO 8601 with an offset). Blank lines are skipped. Jobs go out in'
+        " EnqueueBatch chunks of at most the server's max_enqueue_batch. Invalid and rejected"
+        " lines are reported on stderr with their numbers; the summary goes to stdout. Exit"
+        " status 1 if any line was invalid or rejected.",
+    )
+    parser.add_argument("file", metavar="FILE|-")
+    parser.set_defaults(run=run)
+
+
+class InvalidLine(ValueError):
+    """A line that does not describe a job."""
+
+
+def request_from_line(line: str) -> sepp.EnqueueRequest:
+    try:
+        job = json.loads(line)
+    except ValueError as exc:
+        raise InvalidLine(f"not JSON: {exc}") from None
+    if not isinstance(job, dict):
+        raise InvalidLine(f"expected a JSON object, got {type(job).__name__}")
+    unknown = sorted(set(job) - set(JOB_KEYS))
+    if unknown:
+        raise InvalidLine(f"unknown key(s) {', '.join(map(repr, unknown))}")
+    for key in ("queue", "job_type"):
+        if key not in job:
+            raise InvalidLine(f"{key!r} is required")
+    if "json" in job and "text" in job:
+        raise InvalidLine("give 'json' or 'text', not both")
+    custom = job.get("custom", {})
+    if not isinstance(custom, dict):
+        raise InvalidLine(f"'custom' must be an object, got {type(custom).__name__}")
+    scheduled_at = job.get("scheduled_at")
+    try:
+        if scheduled_at is not None:
+            if not isinstance(scheduled_at, str):
+                raise InvalidLine("'scheduled_at' must be an ISO 8601 string")
+            scheduled_at = timestamp(scheduled_at)
+        payload = None
+        if "json" in job:
+            payload = sepp.Payload.json(job["json"])
+        elif "text" in job:
+            payload = sepp.Payload.text(job["text"])
+        return sepp.EnqueueRequest(
+            job["queue"],
+            job["job_type"],
+            payload=payload,
+            idempotency_key=job.get("idempotency_key"),
+            priority=job.get("priority"),
+            max_attempts=job.get("max_attempts"),
+            custom=custom,
+            scheduled_at=scheduled_at,
+        )
+    except (sepp.ValidationError, argparse.ArgumentTypeError) as exc:
+        raise InvalidLine(str(exc)) from None
+
+
+@dataclass
+class Tally:
+    enqueued: int = 0
+    deduplicated: int = 0
+    rejected: int = 0
+    invalid: int = 0
+
+    def __str__(self) -> str:
+        return (
+            f"{self.enqueued} enqueued, {self.deduplicated} deduplicated,"
+            f" {self.rejected} rejected, {self.invalid} invalid"
+        )
+
+
+class _Loader:
+    """Reads numbered lines, reports bad ones, and sends the rest in chunks."""
+
+    def __init__(self, client: sepp.Client, max_batch: int) -> None:
+        self.client = client
+        self.max_batch = max_batch
+        self.tally = Tally()
+        self.progress = Progress()
+        self.lines_read = 0
+        self._chunk: list[tuple[int, sepp.EnqueueRequest]] = []
+        self._chunk_bytes = 0
+
+    async def add(self, line_number: int, raw: bytes) -> None:
+        if not raw.strip():
+            return
+        try:
+            request = request_from_line(raw.decode("utf-8"))
+        except (InvalidLine, UnicodeDecodeError) as exc:
+            self.tally.invalid += 1
+            self.progress.note(f"line {line_number}: invalid: {exc}")
+            return
+        full = len(self._chunk) >= self.max_batch
+        if self._chunk and (full or self._chunk_bytes + len(raw) > MAX_CHUNK_BYTES):
+            await self.flush()
+        self._chunk.append((line_number, request))
+        self._chunk_bytes += len(raw)
+
+    async def flush(self) -> None:
+        chunk, self._chunk, self._chunk_bytes = self._chunk, [], 0
+        if not chunk:
+            return
+        try:
+            results = await self.client.enqueue_batch([request for _, request in chunk])
+        except sepp.SeppError as exc:
+            self.progress.clear()
+            print(self.tally, flush=True)
+            first, last = chunk[0][0], chunk[-1][0]
+            raise CliError(
+                f"sending lines {first}-{last} failed: {exc}. Lines before {first} were"
+                f" handled as counted on stdout; lines {first}-{last} may or may not have been"
+                f" enqueued; nothing after line {last} was sent"
+            ) from exc
+        for (line_number, _), result in zip(chunk, results, strict=True):
+            if isinstance(result, sepp.EnqueueAck):
+                if result.deduplicated:
+                    self.tally.deduplicated += 1
+                else:
+                    self.tally.enqueued += 1
+            else:
+                self.tally.rejected += 1
+                reason = sepp.describe_job_rejection(result)
+                self.progress.note(f"line {line_number}: rejected: {reason}")
+        self.progress.update(f"{self.lines_read} lines read: {self.tally}")
+
+
+def _open_source(path: str) -> io.BufferedReader:
+    if path == "-":
+        return open(sys.stdin.fileno(), "rb", closefd=False)
+    return open(path, "rb")
+
+
+async def _load(loader: _Loader, source: io.BufferedReader) -> None:
+    line_number = 0
+    partial = b""
+    while True:
+        # In a worker thread, so the connection's tasks keep running; read1 returns what is
+        # there, so lines from a slow producer on stdin go out as they come.
+        data = await trio.to_thread.run_sync(source.read1, READ_BYTES, abandon_on_cancel=True)
+        *lines, partial = (partial + data).split(b"\n") if data else (partial, b"")
+        for raw in lines:
+            line_number += 1
+            loader.lines_read = line_number
+            await loader.add(line_number, raw)
+        await loader.flush()
+        if not data:
+            return
+
+
+async def run(args: argparse.Namespace) -> int:
+    source = await trio.to_thread.run_sync(_open_source, args.file)
+    try:
+        async with open_client(args) as client:
+            info = await client.get_server_info()
+            loader = _Loader(client, info.max_enqueue_batch or FALLBACK_MAX_BATCH)
+            await _load(loader, source)
+    finally:
+        source.close()
+    loader.progress.clear()
+    print(loader.tally, flush=True)
+    return EXIT_FAILURE if loader.tally.rejected or loader.tally.invalid else EXIT_OK

@@ -1,0 +1,90 @@
+"""The entry point: parse, set up logging, run the command under trio, map failures to one
+line on stderr and an exit status."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import sys
+import traceback
+from collections.abc import Sequence
+
+import trio
+
+import sepp
+
+from ._connect import API_KEY_ENV
+from ._failures import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_USAGE, CliError
+from ._output import note
+from ._parser import PROG, build_parser
+
+# Flags someone might try to pass a secret with. Refused before argparse sees them, whose
+# "unrecognized arguments" message would echo the secret back.
+_SECRET_FLAG = re.compile(r"--?(?:api[-_]?key|token|password|secret)(?:=.*)?", re.IGNORECASE)
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run `sepp-trio` with `argv` (default: the process's); returns the exit status."""
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    if any(_SECRET_FLAG.fullmatch(arg) for arg in arguments):
+        note(
+            f"{PROG}: error: the API key is read only from ${API_KEY_ENV}, never from a flag"
+            " (the command line is visible to every user of this machine)"
+        )
+        return EXIT_USAGE
+    try:
+        args = build_parser().parse_args(arguments)
+    except SystemExit as exc:  # --help and --version (0), usage errors (2)
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    level = args.log_level or getattr(args, "default_log_level", "warning")
+    logging.basicConfig(level=level.upper(), stream=sys.stderr, format=LOG_FORMAT)
+    label = " ".join([PROG, args.command, *([args.action] if "action" in args else [])])
+    try:
+        status: int = trio.run(args.run, args)
+    except BaseException as exc:
+        return report_failure(_single(exc), label, debug=args.debug)
+    return status
+
+
+def _single(exc: BaseException) -> BaseException:
+    # Nurseries wrap errors in exception groups; a group of one is that one error.
+    while True:
+        inner = getattr(exc, "exceptions", None)
+        if not (isinstance(inner, tuple) and len(inner) == 1):
+            return exc
+        exc = inner[0]
+
+
+def _silence_stdout() -> None:
+    # Python flushes stdout at exit; into a closed pipe that prints its own traceback.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
+def report_failure(exc: BaseException, label: str, *, debug: bool) -> int:
+    """One line on stderr (after the traceback with `debug`); returns the exit status."""
+    if isinstance(exc, KeyboardInterrupt):
+        note(f"{label}: interrupted")
+        return EXIT_INTERRUPTED
+    if isinstance(exc, BrokenPipeError) or isinstance(exc.__cause__, BrokenPipeError):
+        _silence_stdout()
+        if isinstance(exc, BrokenPipeError):
+            return EXIT_FAILURE  # the reader left (`| head`): nothing to say
+    if debug:
+        traceback.print_exception(type(exc), exc, exc.__traceback__)
+    if isinstance(exc, CliError):
+        status, message = exc.exit_code, str(exc)
+    elif isinstance(exc, sepp.ValidationError):
+        status, message = EXIT_USAGE, str(exc)
+    elif isinstance(exc, sepp.UnauthenticatedError):
+        status, message = EXIT_FAILURE, f"{exc} (check ${API_KEY_ENV})"
+    elif isinstance(exc, (sepp.SeppError, OSError)):
+        status, message = EXIT_FAILURE, str(exc)
+    else:
+        hint = "" if debug else " (run with --debug for the traceback)"
+        status, message = EXIT_FAILURE, f"unexpected {type(exc).__name__}: {exc}{hint}"
+    note(f"{label}: {message}")
+    return status

@@ -1,0 +1,50 @@
+"""The argument parser: global options, then one subcommand per module."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from .._version import __version__
+from . import _dead_letters, _enqueue, _enqueue_file, _info, _worker_command
+from ._connect import add_connection_options
+
+PROG = "sepp-trio"
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+# Each module adds its subparser and sets `run` (an async function of the parsed arguments
+# returning the exit status). A `scheduler MODULE:ATTR` command slots in beside the worker:
+# its own module, sharing _targets.load_target and _signals.run_until_signalled.
+_COMMANDS = (_info, _enqueue, _enqueue_file, _dead_letters, _worker_command)
+
+
+class _Parser(argparse.ArgumentParser):
+    """No abbreviated options (`--a` never guesses): scripts keep working as options are
+    added. Subcommand parsers are of the same class."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog=PROG,
+        description="Operate a sepp job queue server and run workers from the shell.",
+        epilog="Exit status: 0 success, 1 operational failure (server unreachable, rejected,"
+        " refused key), 2 usage error.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    add_connection_options(parser)
+    output = parser.add_argument_group("output")
+    output.add_argument(
+        "--log-level",
+        metavar="LEVEL",
+        choices=LOG_LEVELS,
+        help=f"{', '.join(LOG_LEVELS)} (default: info for worker, else warning); logs go to stderr",
+    )
+    output.add_argument("--debug", action="store_true", help="show the traceback of a failure")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for command in _COMMANDS:
+        command.add_parser(commands)
+    return parser
