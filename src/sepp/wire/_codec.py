@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 from hpack import Decoder
 from hpack.exceptions import OversizedHeaderListError
 
+from ._calls import CallTable
 from ._constants import (
     DEFAULT_CONNECTION_WINDOW,
     DEFAULT_MAX_FRAME_SIZE,
@@ -42,7 +43,6 @@ from ._response import (
     ResponseState,
     finish,
     is_informational,
-    not_http2_reason,
 )
 from ._status import StatusCode, encode_grpc_timeout, status_from_rst
 
@@ -182,7 +182,7 @@ class _HeaderBlocks:
         return fields
 
 
-class CodecGrpcConnection:
+class CodecGrpcConnection(CallTable[_Call]):
     """One HTTP/2 connection carrying many concurrent unary gRPC calls."""
 
     def __init__(
@@ -197,6 +197,7 @@ class CodecGrpcConnection:
         stream_window: int = DEFAULT_STREAM_WINDOW,
         connection_window: int = DEFAULT_CONNECTION_WINDOW,
     ) -> None:
+        super().__init__()
         # The fields before and after :path, which varies by method.
         before_path = [(b":method", b"POST"), (b":scheme", scheme.encode("ascii"))]
         after_path: list[tuple[bytes, bytes, bool]] = [
@@ -217,7 +218,6 @@ class CodecGrpcConnection:
         self._connection_window = connection_window
         self._blocks = _HeaderBlocks(DEFAULT_MAX_HEADER_LIST_SIZE)
 
-        self._calls: dict[int, _Call] = {}
         # Calls whose request body waits for flow-control window, in stream order.
         self._blocked: dict[int, _Call] = {}
         # Streams reset or given up on (oldest first, bounded): their late frames are ignored.
@@ -229,8 +229,6 @@ class CodecGrpcConnection:
         self._send_window = _DEFAULT_WINDOW
         self._peer_initial_window = _DEFAULT_WINDOW
         self._max_outbound_frame = _MIN_FRAME_SIZE
-        self._remote_max_streams: int | None = None
-        self._settings_received = False
         # What we allow the server; credited back in batches, not per DATA frame.
         self._recv_window = connection_window
         self._max_inbound_frame = DEFAULT_MAX_FRAME_SIZE
@@ -239,16 +237,12 @@ class CodecGrpcConnection:
         self._pending: list[bytes] = []
         self._pending_bytes = 0
         self._needed = 0
-        # The server's first bytes, held until a frame header is complete (see receive_data).
-        self._preface: bytearray | None = bytearray()
         # A header block split over CONTINUATION frames: (stream id, END_STREAM) and parts.
         self._continuing: tuple[int, bool] | None = None
         self._block_parts: list[bytes] = []
         self._block_bytes = 0
 
         self._goaway_sent = False
-        self.draining = False
-        self.broken: str | None = None
         self._handlers: tuple[_FrameHandler, ...] = (
             self._on_data,
             self._on_headers,
@@ -287,34 +281,6 @@ class CodecGrpcConnection:
         data = b"".join(out)
         out.clear()
         return data
-
-    @property
-    def active_calls(self) -> int:
-        return len(self._calls)
-
-    @property
-    def remote_settings_received(self) -> bool:
-        """Whether the server's connection preface (its first SETTINGS frame) has arrived."""
-        return self._settings_received
-
-    @property
-    def can_start_call(self) -> bool:
-        """False while the server's MAX_CONCURRENT_STREAMS is reached, or after GOAWAY.
-
-        Until the server's first SETTINGS arrives its limit is unknown, so only one call may be
-        in flight: a server with a low limit would refuse the excess streams.
-        """
-        if self.draining or self.broken is not None:
-            return False
-        limit = self._remote_max_streams
-        if limit is None:
-            return self._settings_received or not self._calls
-        return len(self._calls) < limit
-
-    @property
-    def usable(self) -> bool:
-        """Whether new calls may be placed on this connection (now or once a slot frees)."""
-        return not self.draining and self.broken is None
 
     def start_call(
         self,
@@ -389,28 +355,15 @@ class CodecGrpcConnection:
         """Queue a GOAWAY; the driver sends it and closes the socket."""
         self._send_goaway(NO_ERROR)
 
-    def connection_lost(self, reason: str) -> list[CallFinished]:
-        """The transport died: finish every call with UNAVAILABLE."""
-        if self.broken is None:
-            self.broken = reason
-        return self._fail_all(StatusCode.UNAVAILABLE, reason, FailureKind.CONNECTION)
-
     def receive_data(self, data: bytes) -> list[Event]:
         """Feed bytes from the socket; returns the resulting events in order."""
         if self.broken is not None:
             return []
         if self._preface is not None:
-            self._preface += data
-            if len(self._preface) < FRAME_HEADER_BYTES:
-                return []
-            data, self._preface = bytes(self._preface), None
-            reason = not_http2_reason(data)
-            if reason is not None:
-                self.broken = reason
-                return [
-                    *self._fail_all(StatusCode.UNAVAILABLE, reason, FailureKind.PROTOCOL),
-                    ConnectionBroken(reason),
-                ]
+            first, failed = self._take_preface(data)
+            if first is None:
+                return failed
+            data = first
         if self._pending:
             self._pending.append(data)
             self._pending_bytes += len(data)
@@ -810,10 +763,8 @@ class CodecGrpcConnection:
         out.append(ConnectionBroken(reason))
 
     def _fail_all(self, code: StatusCode, reason: str, kind: FailureKind) -> list[CallFinished]:
-        finished = [CallFinished(sid, code, reason, None, kind) for sid in self._calls]
-        self._calls.clear()
         self._blocked.clear()
-        return finished
+        return super()._fail_all(code, reason, kind)
 
 
 _FrameHandler = Callable[[bytes, int, int, int, int, list[Event]], None]

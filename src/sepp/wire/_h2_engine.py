@@ -15,6 +15,7 @@ import h2.settings
 from h2.errors import ErrorCodes
 from hpack import NeverIndexedHeaderTuple
 
+from ._calls import CallTable
 from ._constants import (
     DEFAULT_CONNECTION_WINDOW,
     DEFAULT_MAX_FRAME_SIZE,
@@ -36,10 +37,8 @@ from ._failure import FailureKind
 from ._framing import FramingError, encode_message
 from ._h2_overrides import PatchedH2Connection
 from ._response import (
-    FRAME_HEADER_BYTES,
     ResponseState,
     finish,
-    not_http2_reason,
 )
 from ._status import StatusCode, encode_grpc_timeout, status_from_rst
 
@@ -54,7 +53,7 @@ class _Call(ResponseState):
         self.outbound = memoryview(body)
 
 
-class H2GrpcConnection:
+class H2GrpcConnection(CallTable[_Call]):
     """One HTTP/2 connection carrying many concurrent unary gRPC calls, on h2."""
 
     def __init__(
@@ -76,7 +75,7 @@ class H2GrpcConnection:
         )
         self._connection_window = connection_window
         self._max_receive = max_receive_message_bytes
-        self._calls: dict[int, _Call] = {}
+        super().__init__()
         self._base_headers: list[Header] = [
             (b":method", b"POST"),
             (b":scheme", scheme.encode("ascii")),
@@ -90,12 +89,6 @@ class H2GrpcConnection:
             *(NeverIndexedHeaderTuple(k, v) for k, v in secret_metadata),
         ]
         self._method_headers: dict[str, list[Header]] = {}
-        self._remote_max_streams: int | None = None
-        self._settings_received = False
-        # The server's first bytes, held until a frame header is complete (see receive_data).
-        self._preface: bytearray | None = bytearray()
-        self.draining = False
-        self.broken: str | None = None
 
     # -- driver API -------------------------------------------------------------------------
 
@@ -108,34 +101,6 @@ class H2GrpcConnection:
 
     def data_to_send(self) -> bytes:
         return self._h2.data_to_send()
-
-    @property
-    def active_calls(self) -> int:
-        return len(self._calls)
-
-    @property
-    def remote_settings_received(self) -> bool:
-        """Whether the server's connection preface (its first SETTINGS frame) has arrived."""
-        return self._settings_received
-
-    @property
-    def can_start_call(self) -> bool:
-        """False while the server's MAX_CONCURRENT_STREAMS is reached, or after GOAWAY.
-
-        Until the server's first SETTINGS arrives its limit is unknown, so only one call may be
-        in flight: a server with a low limit would refuse the excess streams.
-        """
-        if self.draining or self.broken is not None:
-            return False
-        limit = self._remote_max_streams
-        if limit is None:
-            return self._settings_received or not self._calls
-        return len(self._calls) < limit
-
-    @property
-    def usable(self) -> bool:
-        """Whether new calls may be placed on this connection (now or once a slot frees)."""
-        return not self.draining and self.broken is None
 
     def start_call(
         self,
@@ -184,28 +149,15 @@ class H2GrpcConnection:
         except h2.exceptions.ProtocolError:
             pass
 
-    def connection_lost(self, reason: str) -> list[CallFinished]:
-        """The transport died: finish every call with UNAVAILABLE."""
-        if self.broken is None:
-            self.broken = reason
-        return self._fail_all(StatusCode.UNAVAILABLE, reason, FailureKind.CONNECTION)
-
     def receive_data(self, data: bytes) -> list[Event]:
         """Feed bytes from the socket; returns the resulting events in order."""
         if self.broken is not None:
             return []
         if self._preface is not None:
-            self._preface += data
-            if len(self._preface) < FRAME_HEADER_BYTES:
-                return []
-            data, self._preface = bytes(self._preface), None
-            reason = not_http2_reason(data)
-            if reason is not None:
-                self.broken = reason
-                return [
-                    *self._fail_all(StatusCode.UNAVAILABLE, reason, FailureKind.PROTOCOL),
-                    ConnectionBroken(reason),
-                ]
+            first, failed = self._take_preface(data)
+            if first is None:
+                return failed
+            data = first
         events: list[Event] = []
         try:
             for event in self._h2.receive_data(data):
@@ -357,11 +309,6 @@ class H2GrpcConnection:
             self._h2.reset_stream(stream_id, code)
         except (h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError):
             pass  # already closed on the wire; nothing to reset
-
-    def _fail_all(self, code: StatusCode, reason: str, kind: FailureKind) -> list[CallFinished]:
-        finished = [CallFinished(sid, code, reason, None, kind) for sid in self._calls]
-        self._calls.clear()
-        return finished
 
 
 _Handler = Callable[[H2GrpcConnection, Any, list[Event]], None]

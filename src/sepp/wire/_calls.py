@@ -1,0 +1,84 @@
+"""What both engines keep the same way: the calls in flight on a connection, what limits new
+ones, and the first bytes that tell an HTTP/2 server from anything else."""
+
+from __future__ import annotations
+
+from typing import Generic, TypeVar
+
+from ._events import CallFinished, ConnectionBroken, Event
+from ._failure import FailureKind
+from ._response import FRAME_HEADER_BYTES, ResponseState, not_http2_reason
+from ._status import StatusCode
+
+CallT = TypeVar("CallT", bound=ResponseState)
+
+
+class CallTable(Generic[CallT]):
+    """The base of an engine: calls by stream id, the server's stream limit, and the state
+    (draining after GOAWAY, broken) that decides whether new calls may start."""
+
+    def __init__(self) -> None:
+        self._calls: dict[int, CallT] = {}
+        self._remote_max_streams: int | None = None
+        self._settings_received = False
+        # The server's first bytes, held until a frame header is complete (see _take_preface).
+        self._preface: bytearray | None = bytearray()
+        self.draining = False
+        self.broken: str | None = None
+
+    @property
+    def active_calls(self) -> int:
+        return len(self._calls)
+
+    @property
+    def remote_settings_received(self) -> bool:
+        """Whether the server's connection preface (its first SETTINGS frame) has arrived."""
+        return self._settings_received
+
+    @property
+    def can_start_call(self) -> bool:
+        """False while the server's MAX_CONCURRENT_STREAMS is reached, or after GOAWAY.
+
+        Until the server's first SETTINGS arrives its limit is unknown, so only one call may be
+        in flight: a server with a low limit would refuse the excess streams.
+        """
+        if self.draining or self.broken is not None:
+            return False
+        limit = self._remote_max_streams
+        if limit is None:
+            return self._settings_received or not self._calls
+        return len(self._calls) < limit
+
+    @property
+    def usable(self) -> bool:
+        """Whether new calls may be placed on this connection (now or once a slot frees)."""
+        return not self.draining and self.broken is None
+
+    def connection_lost(self, reason: str) -> list[CallFinished]:
+        """The transport died: finish every call with UNAVAILABLE."""
+        if self.broken is None:
+            self.broken = reason
+        return self._fail_all(StatusCode.UNAVAILABLE, reason, FailureKind.CONNECTION)
+
+    def _take_preface(self, data: bytes) -> tuple[bytes | None, list[Event]]:
+        """Hold received bytes until the server's first frame header is complete, and check it
+        is a SETTINGS frame. Returns the bytes to parse (None: not yet, or never), and the
+        events of a connection that turned out not to be HTTP/2."""
+        assert self._preface is not None
+        self._preface += data
+        if len(self._preface) < FRAME_HEADER_BYTES:
+            return None, []
+        data, self._preface = bytes(self._preface), None
+        reason = not_http2_reason(data)
+        if reason is None:
+            return data, []
+        self.broken = reason
+        return None, [
+            *self._fail_all(StatusCode.UNAVAILABLE, reason, FailureKind.PROTOCOL),
+            ConnectionBroken(reason),
+        ]
+
+    def _fail_all(self, code: StatusCode, reason: str, kind: FailureKind) -> list[CallFinished]:
+        finished = [CallFinished(sid, code, reason, None, kind) for sid in self._calls]
+        self._calls.clear()
+        return finished
