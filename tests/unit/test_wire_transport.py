@@ -667,3 +667,57 @@ async def test_aclose_while_connecting_does_not_leave_a_live_connection() -> Non
         ]
         assert not server.calls
         await server.wait_until(lambda: server.connections[0].closed)
+
+
+# -- direct writes and the writer task ------------------------------------------------------------
+
+
+class _QueuedBytes:
+    """A stand-in for the sans-IO engine: just bytes queued for the socket."""
+
+    def __init__(self) -> None:
+        self.queued: list[bytes] = []
+        self.usable = True
+
+    def data_to_send(self) -> bytes:
+        data = b"".join(self.queued)
+        self.queued.clear()
+        return data
+
+    def connection_lost(self, reason: str) -> list[object]:
+        return []
+
+    def close(self) -> None:
+        pass
+
+
+async def test_writes_the_socket_cannot_take_at_once_go_through_the_writer_in_order() -> None:
+    from sepp.wire._transport import _Connection
+
+    ours, theirs = socket.socketpair()
+    stream = trio.SocketStream(trio.socket.from_stdlib_socket(ours))
+    proto = _QueuedBytes()
+    channel = Channel(Endpoint("127.0.0.1", 1), None, user_agent="t", keepalive_interval=None)  # type: ignore[arg-type]
+    conn = _Connection(stream, proto, channel)  # type: ignore[arg-type]
+    assert conn._raw is not None  # plain TCP: the direct path is on
+    chunks = [bytes([i]) * 1_000_000 for i in range(1, 13)]  # 12 MB: far over a socket buffer
+    received = bytearray()
+    with trio.fail_after(GUARD_S):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(conn._writer)
+            for chunk in chunks:
+                proto.queued.append(chunk)
+                conn.flush()
+            assert conn._writing  # the socket filled up: the writer task owns the rest
+            peer = trio.SocketStream(trio.socket.from_stdlib_socket(theirs))
+            while len(received) < sum(map(len, chunks)):
+                received += await peer.receive_some(1 << 20)
+            await trio.testing.wait_all_tasks_blocked()
+            assert not conn._writing  # drained: the next flush writes directly again
+            proto.queued.append(b"tail")
+            conn.flush()
+            assert await peer.receive_some(1 << 20) == b"tail"
+            nursery.cancel_scope.cancel()
+    assert bytes(received) == b"".join(chunks)
+    conn._raw.close()
+    await stream.aclose()

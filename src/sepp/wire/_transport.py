@@ -1,6 +1,7 @@
-"""The trio driver for GrpcConnection: TCP/TLS, one reader, one coalescing writer, keepalive,
-and reconnect-on-next-call. Every socket, ssl, h2 and trio failure is mapped here, once, to
-`RpcError`; background tasks never raise into the caller's code.
+"""The trio driver for GrpcConnection: TCP/TLS, one reader, direct writes with a writer task
+for what the socket cannot take at once, keepalive, call deadlines, and reconnect-on-next-call.
+Every socket, ssl, h2 and trio failure is mapped here, once, to `RpcError`; background tasks
+never raise into the caller's code.
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import socket
 import ssl
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -26,6 +28,7 @@ from ._events import (
 )
 from ._failure import FailureKind
 from ._status import StatusCode
+from ._waiters import Deadlines, Waiter
 
 _RECEIVE_BYTES = 256 * 1024
 _GOAWAY_FLUSH_S = 0.25
@@ -56,21 +59,14 @@ class Endpoint:
         return f"{host}:{self.port}"
 
 
-class _Pending:
-    __slots__ = ("event", "result")
-
-    def __init__(self) -> None:
-        self.event = trio.Event()
-        self.result: CallFinished | None = None
-
-
 class _Connection:
     """One live HTTP/2 connection and the tasks that drive it."""
 
     def __init__(self, stream: trio.abc.Stream, proto: GrpcConnection, channel: Channel) -> None:
         self.stream = stream
         self.proto = proto
-        self.waiters: dict[int, _Pending] = {}
+        self.waiters: dict[int, Waiter] = {}
+        self.deadlines = Deadlines(self._expire)
         self.slots = trio.lowlevel.ParkingLot()
         self.cancel_scope = trio.CancelScope()
         self.dead = False
@@ -79,14 +75,36 @@ class _Connection:
         self.ready = trio.Event()
         self._channel = channel
         self._wake = trio.Event()
+        # Bytes the socket did not take at once; while any wait, only the writer task sends.
+        self._backlog = b""
+        self._writing = False
+        self._raw = _raw_socket(stream)
         self._ping_acks: dict[bytes, trio.Event] = {}
 
     @property
     def usable(self) -> bool:
         return not self.dead and self.proto.usable
 
-    def wake_writer(self) -> None:
-        self._wake.set()
+    def flush(self) -> None:
+        """Send what the connection has queued: straight from the calling task when the socket
+        takes it all at once (no task switch), else through the writer task."""
+        if self._writing or self._raw is None:
+            self._wake.set()
+            return
+        data = self.proto.data_to_send()
+        if not data:
+            return
+        try:
+            sent = self._raw.send(data)
+        except BlockingIOError:
+            sent = 0
+        except OSError as exc:
+            self.die(_describe_io_error(exc))
+            return
+        if sent < len(data):
+            self._backlog = data[sent:]
+            self._writing = True
+            self._wake.set()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         try:
@@ -94,6 +112,7 @@ class _Connection:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._reader)
                     nursery.start_soon(self._writer)
+                    nursery.start_soon(self.deadlines.keep)
                     if self._channel.keepalive_interval is not None:
                         nursery.start_soon(self._keepalive)
                     task_status.started()
@@ -107,12 +126,14 @@ class _Connection:
     async def _close_stream(self) -> None:
         try:
             self.proto.close()
-            data = self.proto.data_to_send()
+            data = self._backlog + self.proto.data_to_send()
             if data:
                 with trio.move_on_after(_GOAWAY_FLUSH_S):
                     await self.stream.send_all(data)
         except Exception:
             pass  # best effort: the socket is going away anyway
+        if self._raw is not None:
+            self._raw.close()
         await trio.aclose_forcefully(self.stream)
 
     def die(self, reason: str) -> None:
@@ -124,26 +145,57 @@ class _Connection:
         self.ready.set()
         for finished in self.proto.connection_lost(reason):
             self._deliver(finished)
-        for pending in self.waiters.values():  # defensive: nothing should be left
-            pending.result = CallFinished(
-                0, StatusCode.UNAVAILABLE, reason, None, FailureKind.CONNECTION
+        for waiter in self.waiters.values():  # defensive: nothing should be left
+            waiter.finish(
+                CallFinished(
+                    waiter.stream_id, StatusCode.UNAVAILABLE, reason, None, FailureKind.CONNECTION
+                )
             )
-            pending.event.set()
         self.waiters.clear()
         self.slots.unpark_all()
         self.cancel_scope.cancel()
         self._channel.forget(self)
 
     def _deliver(self, finished: CallFinished) -> None:
-        pending = self.waiters.pop(finished.stream_id, None)
-        if pending is not None:
-            pending.result = finished
-            pending.event.set()
+        waiter = self.waiters.pop(finished.stream_id, None)
+        if waiter is not None:
+            waiter.finish(finished)
+
+    def abandon(self, waiter: Waiter) -> None:
+        """The caller gave up (cancelled, or its deadline passed): reset the stream."""
+        waiter.done = True
+        if self.waiters.pop(waiter.stream_id, None) is not None and not self.dead:
+            self.proto.cancel_call(waiter.stream_id)
+            self.flush()
+            self.slots.unpark_all()
+
+    def _expire(self, waiter: Waiter) -> None:
+        self.abandon(waiter)
+        trio.lowlevel.reschedule(waiter.task)  # result None: its own deadline passed
+
+    async def wait(self, waiter: Waiter) -> CallFinished | None:
+        """Park until the call's result arrives (None: its own deadline passed)."""
+
+        def abort(_: object) -> trio.lowlevel.Abort:
+            # An enclosing cancel scope: stop the call, and let trio raise Cancelled.
+            self.abandon(waiter)
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        await trio.lowlevel.wait_task_rescheduled(abort)
+        return waiter.result
 
     async def _reader(self) -> None:
+        stream = self.stream
+        # Straight to the socket when there is one: SocketStream adds a context manager and
+        # a conflict check per read.
+        receive = stream.socket.recv if isinstance(stream, trio.SocketStream) else None
+        data: bytes | bytearray
         try:
             while True:
-                data = await self.stream.receive_some(_RECEIVE_BYTES)
+                if receive is not None:
+                    data = await receive(_RECEIVE_BYTES)
+                else:
+                    data = await stream.receive_some(_RECEIVE_BYTES)
                 if not data:
                     self.die("connection closed by the server")
                     return
@@ -168,7 +220,7 @@ class _Connection:
                 if self.proto.draining and self.proto.active_calls == 0:
                     self.die("connection drained after GOAWAY")
                     return
-                self._wake.set()
+                self.flush()
         except Exception as exc:
             self.die(_describe_io_error(exc))
 
@@ -177,9 +229,14 @@ class _Connection:
             while True:
                 await self._wake.wait()
                 self._wake = trio.Event()
-                data = self.proto.data_to_send()
-                if data:
+                while True:
+                    data = self._backlog + self.proto.data_to_send()
+                    self._backlog = b""
+                    if not data:
+                        break
+                    self._writing = True
                     await self.stream.send_all(data)
+                self._writing = False
         except Exception as exc:
             self.die(_describe_io_error(exc))
 
@@ -197,12 +254,26 @@ class _Connection:
             except Exception as exc:
                 self.die(f"cannot send keepalive ping: {exc!r}")
                 return
-            self._wake.set()
+            self.flush()
             with trio.move_on_after(timeout):
                 await ack.wait()
             if not ack.is_set():
                 self.die(f"keepalive ping not answered within {timeout:g}s")
                 return
+
+
+def _raw_socket(stream: trio.abc.Stream) -> socket.socket | None:
+    """A non-blocking stdlib twin of a plain TCP stream's socket, for sending without a task
+    switch; None for TLS (and anything else), which always goes through the writer task."""
+    if not isinstance(stream, trio.SocketStream):
+        return None
+    sock = stream.socket
+    try:
+        raw = socket.fromfd(sock.fileno(), sock.family, sock.type, sock.proto)
+        raw.setblocking(False)
+    except OSError:
+        return None
+    return raw
 
 
 def _describe_io_error(exc: BaseException) -> str:
@@ -268,57 +339,49 @@ class Channel:
         `timeout` bounds this call; the caller's own trio deadline also applies, and the
         smaller of the two is sent as grpc-timeout. Cancellation resets the stream.
         """
-        own_deadline = trio.current_time() + timeout if timeout is not None else math.inf
-        pending: _Pending | None = None
-        conn: _Connection | None = None
-        stream_id = 0
-        with trio.move_on_at(own_deadline) as scope:
-            try:
-                conn = await self._ready_connection()
-                while not conn.proto.can_start_call:
-                    if not conn.usable:
-                        conn = await self._ready_connection()
-                        continue
-                    await conn.slots.park()
-                deadline = min(own_deadline, trio.current_effective_deadline())
-                remaining = deadline - trio.current_time() if deadline != math.inf else None
-                try:
-                    stream_id = conn.proto.start_call(
-                        method, request, timeout=remaining, metadata=metadata
-                    )
-                except Exception as exc:
-                    conn.die(f"cannot start a call: {exc!r}")
-                    raise RpcError(
-                        StatusCode.UNAVAILABLE, conn_reason(exc), FailureKind.CONNECTION
-                    ) from exc
-                pending = _Pending()
-                conn.waiters[stream_id] = pending
-                conn.wake_writer()
-                await pending.event.wait()
-            except BaseException:
-                if pending is not None and pending.result is None and conn is not None:
-                    self._abandon(conn, stream_id)
-                raise
-        if pending is None or pending.result is None:
-            if pending is not None and conn is not None:
-                self._abandon(conn, stream_id)
-            assert scope.cancelled_caught
-            raise RpcError(
-                StatusCode.DEADLINE_EXCEEDED,
-                f"deadline exceeded after {timeout:g}s" if timeout is not None else "deadline",
-                FailureKind.DEADLINE,
+        now = trio.current_time()
+        own_deadline = now + timeout if timeout is not None else math.inf
+        conn = self._current
+        if conn is None or not conn.usable or not conn.proto.can_start_call:
+            conn = await self._wait_for_slot(own_deadline, timeout)
+            now = trio.current_time()
+        else:
+            await trio.lowlevel.checkpoint_if_cancelled()
+        deadline = min(own_deadline, trio.current_effective_deadline())
+        try:
+            stream_id = conn.proto.start_call(
+                method,
+                request,
+                timeout=deadline - now if deadline != math.inf else None,
+                metadata=metadata,
             )
-        result = pending.result
+        except Exception as exc:
+            conn.die(f"cannot start a call: {exc!r}")
+            raise RpcError(
+                StatusCode.UNAVAILABLE, conn_reason(exc), FailureKind.CONNECTION
+            ) from exc
+        waiter = Waiter(stream_id, own_deadline)
+        conn.waiters[stream_id] = waiter
+        conn.deadlines.add(waiter, len(conn.waiters))
+        conn.flush()
+        result = await conn.wait(waiter)
+        if result is None:
+            raise _deadline_exceeded(timeout)
         if result.code is StatusCode.OK and result.body is not None:
             return result.body
         raise RpcError(result.code, result.details, result.error_kind)
 
-    def _abandon(self, conn: _Connection, stream_id: int) -> None:
-        conn.waiters.pop(stream_id, None)
-        if not conn.dead:
-            conn.proto.cancel_call(stream_id)
-            conn.wake_writer()
-            conn.slots.unpark_all()
+    async def _wait_for_slot(self, own_deadline: float, timeout: float | None) -> _Connection:
+        """The slow path: connect, or wait for a stream slot, within the call's deadline."""
+        with trio.move_on_at(own_deadline):
+            conn = await self._ready_connection()
+            while not conn.proto.can_start_call:
+                if not conn.usable:
+                    conn = await self._ready_connection()
+                    continue
+                await conn.slots.park()
+            return conn
+        raise _deadline_exceeded(timeout)
 
     async def _ready_connection(self) -> _Connection:
         conn = self._current
@@ -423,6 +486,14 @@ class Channel:
             conn.die("the client is closed")
         self._all.clear()
         self._current = None
+
+
+def _deadline_exceeded(timeout: float | None) -> RpcError:
+    return RpcError(
+        StatusCode.DEADLINE_EXCEEDED,
+        f"deadline exceeded after {timeout:g}s" if timeout is not None else "deadline",
+        FailureKind.DEADLINE,
+    )
 
 
 def conn_reason(exc: BaseException) -> str:
