@@ -199,9 +199,37 @@ class Client:
             if isinstance(result, JobRejection):
                 self._limits.note_rejections([result])
         else:
-            (result,) = await self._enqueue_checked([request], timeout)
+            result = await self._enqueue_one(request, timeout)
         if isinstance(result, JobRejection):
             raise JobRejectedError(result)
+        return result
+
+    async def _enqueue_one(
+        self, request: EnqueueRequest, timeout: float | timedelta | None
+    ) -> EnqueueAck | JobRejection:
+        """One job: the common case, as one EnqueueBatch call without the batch machinery."""
+        timeout_s = self._timeout_s(timeout)
+        if self._validate_locally:
+            if self._limits.fresh:
+                limits = self._limits.limits
+            else:  # the first calls, or a refresh: never wait past the call's deadline
+                deadline = math.inf if timeout_s is None else trio.current_time() + timeout_s
+                limits = await self._limits.current(deadline)
+                timeout_s = _left_s(deadline)
+            local = limits.check(request) if limits is not None else None
+            if local is not None:
+                return local
+        with _otel.client_span("sepp.enqueue", _batch_attributes((request,))) as span:
+            body = await self._call_s(
+                "EnqueueBatch",
+                cv.enqueue_batch_to_pb((request,), span.trace_context),
+                timeout_s,
+                ambiguous_retry_safe=request.idempotency_key is not None,
+            )
+            result = self._convert(cv.single_result_from_pb, body, "EnqueueBatch")
+            _record_results(span, (result,))
+        if isinstance(result, JobRejection):
+            self._limits.note_rejections((result,))
         return result
 
     async def _enqueue_via_batcher(
@@ -361,11 +389,7 @@ class Client:
         """One EnqueueBatch call in its own sepp.enqueue span."""
         with _otel.client_span("sepp.enqueue", _batch_attributes(requests)) as span:
             results = await self._enqueue_batch_rpc(requests, timeout, span.trace_context)
-            rejected = sum(isinstance(r, JobRejection) for r in results)
-            span.set("sepp.accepted", len(results) - rejected)
-            span.set("sepp.rejected", rejected)
-            if len(results) == 1 and not rejected:
-                span.set("sepp.job_id", results[0].job_id)  # type: ignore[union-attr]
+            _record_results(span, results)
             return results
 
     def _deadline(self, timeout: float | timedelta | None) -> float:
@@ -544,6 +568,10 @@ class Client:
 
     # -- plumbing ---------------------------------------------------------------------------
 
+    def _timeout_s(self, timeout: float | timedelta | None) -> float | None:
+        """A call's timeout in seconds: its own, else rpc_timeout (None: no limit)."""
+        return self._rpc_timeout if timeout is None else v.seconds("timeout", timeout)
+
     async def _call(
         self,
         method: str,
@@ -554,17 +582,38 @@ class Client:
         kind: CallKind = "generic",
         ambiguous_retry_safe: bool = True,
     ) -> bytes:
-        if timeout is None:
-            timeout_s = self._rpc_timeout
-        else:
-            timeout_s = v.seconds("timeout", timeout)
+        return await self._call_s(
+            method,
+            request,
+            self._timeout_s(timeout),
+            retryable=retryable,
+            kind=kind,
+            ambiguous_retry_safe=ambiguous_retry_safe,
+        )
 
+    async def _call_s(
+        self,
+        method: str,
+        request: bytes,
+        timeout_s: float | None,
+        *,
+        retryable: frozenset[StatusCode] = RETRYABLE,
+        kind: CallKind = "generic",
+        ambiguous_retry_safe: bool = True,
+    ) -> bytes:
+        """One call (with the retry policy's retries), its failure mapped to a SeppError."""
         metadata = _otel.outgoing_headers() if _otel.AVAILABLE else ()
-
-        async def attempt() -> bytes:
-            return await self._channel.call(method, request, timeout=timeout_s, metadata=metadata)
-
         try:
+            if self._retry_policy.max_attempts == 1:  # the default: no retry loop to set up
+                return await self._channel.call(
+                    method, request, timeout=timeout_s, metadata=metadata
+                )
+
+            async def attempt() -> bytes:
+                return await self._channel.call(
+                    method, request, timeout=timeout_s, metadata=metadata
+                )
+
             return await call_with_retry(
                 self._retry_policy,
                 attempt,
@@ -631,6 +680,18 @@ def _left_s(deadline: float) -> float | None:
     if deadline == math.inf:
         return None
     return max(deadline - trio.current_time(), 1e-6)
+
+
+def _record_results(
+    span: _otel.NoopSpan | _otel.OtelSpan, results: Sequence[EnqueueAck | JobRejection]
+) -> None:
+    if not _otel.AVAILABLE:
+        return
+    rejected = sum(isinstance(r, JobRejection) for r in results)
+    span.set("sepp.accepted", len(results) - rejected)
+    span.set("sepp.rejected", rejected)
+    if len(results) == 1 and isinstance(results[0], EnqueueAck):
+        span.set("sepp.job_id", results[0].job_id)
 
 
 def _all_keyed(requests: Sequence[EnqueueRequest]) -> bool:

@@ -190,16 +190,24 @@ def batch_results_from_pb(body: bytes, expected: int) -> list[EnqueueAck | rj.Jo
     msg = pb.EnqueueBatchResponse.FromString(body)
     if len(msg.results) != expected:
         raise Malformed(f"expected {expected} results, got {len(msg.results)}")
-    out: list[EnqueueAck | rj.JobRejection] = []
-    for result in msg.results:
-        which = result.WhichOneof("outcome")
-        if which == "success":
-            out.append(ack_from_pb(result.success))
-        elif which == "rejection":
-            out.append(rejection_from_pb(result.rejection))
-        else:
-            raise Malformed("a job result has neither success nor rejection")
-    return out
+    return [_job_result(result) for result in msg.results]
+
+
+def single_result_from_pb(body: bytes) -> EnqueueAck | rj.JobRejection:
+    """The one result of an EnqueueBatch of one job."""
+    results = pb.EnqueueBatchResponse.FromString(body).results
+    if len(results) != 1:
+        raise Malformed(f"expected 1 result, got {len(results)}")
+    return _job_result(results[0])
+
+
+def _job_result(result: pb.JobResult) -> EnqueueAck | rj.JobRejection:
+    which = result.WhichOneof("outcome")
+    if which == "success":
+        return ack_from_pb(result.success)
+    if which == "rejection":
+        return rejection_from_pb(result.rejection)
+    raise Malformed("a job result has neither success nor rejection")
 
 
 def job_from_pb(msg: pb.Job, worker_id: str | None) -> Job:

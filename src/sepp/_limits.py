@@ -22,7 +22,7 @@ _SCHEDULE_SLACK = timedelta(seconds=2)
 
 
 def _utf8_len(text: str) -> int:
-    return len(text.encode("utf-8"))
+    return len(text) if text.isascii() else len(text.encode("utf-8"))
 
 
 def custom_map_bytes(request: EnqueueRequest) -> int:
@@ -127,6 +127,12 @@ class LimitsCache:
         self.limits = ServerLimits(info, datetime.now(timezone.utc))
         self._fetched_at = trio.current_time()
         self._stale_at = math.inf
+
+    @property
+    def fresh(self) -> bool:
+        """Whether `limits` can be used now, without waiting for (or starting) a fetch."""
+        stale_at = self._stale_at
+        return self._fetching is None and (stale_at == math.inf or trio.current_time() < stale_at)
 
     async def current(self, deadline: float) -> ServerLimits | None:
         """The limits for a call that must be done by `deadline` (trio time; the caller's

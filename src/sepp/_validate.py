@@ -16,6 +16,8 @@ CustomValue = str | int | float | bool
 
 
 def utf8_text(field: str, value: object, *, allow_empty: bool = False) -> str:
+    if type(value) is str and value.isascii() and value:
+        return value  # the common case, checked in O(1)
     if not isinstance(value, str):
         raise ValidationError(field, f"must be a str, got {type(value).__name__}")
     if not value and not allow_empty:
@@ -67,29 +69,38 @@ def aware_datetime(field: str, value: object) -> datetime:
 
 
 def custom_map(field: str, value: object) -> dict[str, CustomValue]:
-    if not isinstance(value, Mapping):
+    if type(value) is not dict and not isinstance(value, Mapping):
         raise ValidationError(field, f"must be a mapping, got {type(value).__name__}")
     out: dict[str, CustomValue] = {}
     for key, item in value.items():
-        if not isinstance(key, str) or not key:
-            raise ValidationError(field, f"keys must be non-empty str, got {key!r}")
-        utf8_text(f"{field}[{key!r}]", key)
-        where = f"{field}[{key!r}]"
-        if isinstance(item, bool):
-            out[key] = item
-        elif isinstance(item, int):
+        if type(key) is not str or not key.isascii() or not key:
+            if not isinstance(key, str) or not key:
+                raise ValidationError(field, f"keys must be non-empty str, got {key!r}")
+            utf8_text(f"{field}[{key!r}]", key)
+        kind = type(item)
+        if kind is str:
+            if not item.isascii():
+                utf8_text(f"{field}[{key!r}]", item, allow_empty=True)
+        elif kind is int:
             if not INT64_MIN <= item <= INT64_MAX:
-                raise ValidationError(where, f"int {item} is outside the int64 range")
-            out[key] = item
-        elif isinstance(item, float):
-            out[key] = item
-        elif isinstance(item, str):
-            out[key] = utf8_text(where, item, allow_empty=True)
-        else:
-            raise ValidationError(
-                where, f"must be str, int, float or bool, got {type(item).__name__}"
-            )
+                raise ValidationError(f"{field}[{key!r}]", f"int {item} is outside the int64 range")
+        elif kind is not bool and kind is not float:
+            item = _custom_value(f"{field}[{key!r}]", item)
+        out[key] = item
     return out
+
+
+def _custom_value(where: str, item: object) -> CustomValue:
+    """A custom value of a subclass of the allowed types, or a refusal."""
+    if isinstance(item, (bool, float)):
+        return item
+    if isinstance(item, int):
+        if not INT64_MIN <= item <= INT64_MAX:
+            raise ValidationError(where, f"int {item} is outside the int64 range")
+        return item
+    if isinstance(item, str):
+        return utf8_text(where, item, allow_empty=True)
+    raise ValidationError(where, f"must be str, int, float or bool, got {type(item).__name__}")
 
 
 def header_safe_api_key(value: object) -> str:
