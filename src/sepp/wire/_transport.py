@@ -85,10 +85,11 @@ class _Connection:
     def usable(self) -> bool:
         return not self.dead and self.proto.usable
 
-    def flush(self) -> None:
+    def flush(self, *, direct: bool = True) -> None:
         """Send what the connection has queued: straight from the calling task when the socket
-        takes it all at once (no task switch), else through the writer task."""
-        if self._writing or self._raw is None:
+        takes it all at once (no task switch), else through the writer task. With `direct`
+        False the writer sends it: calls started together then share one write."""
+        if self._writing or self._raw is None or not direct:
             self._wake.set()
             return
         data = self.proto.data_to_send()
@@ -361,9 +362,12 @@ class Channel:
                 StatusCode.UNAVAILABLE, conn_reason(exc), FailureKind.CONNECTION
             ) from exc
         waiter = Waiter(stream_id, own_deadline)
-        conn.waiters[stream_id] = waiter
-        conn.deadlines.add(waiter, len(conn.waiters))
-        conn.flush()
+        waiters = conn.waiters
+        waiters[stream_id] = waiter
+        conn.deadlines.add(waiter, len(waiters))
+        # A lone call writes at once; with others in flight, calls starting in the same
+        # scheduler pass (typically woken by one read) share the writer task's next write.
+        conn.flush(direct=len(waiters) == 1)
         result = await conn.wait(waiter)
         if result is None:
             raise _deadline_exceeded(timeout)
