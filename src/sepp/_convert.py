@@ -197,7 +197,7 @@ def single_result_from_pb(body: bytes) -> EnqueueAck | rj.JobRejection:
     """The one result of an EnqueueBatch of one job."""
     results = pb.EnqueueBatchResponse.FromString(body).results
     if len(results) != 1:
-        raise Malformed(f"expected 1 result, got {len(results)}")
+        raise Malformed(f"expected 1 results, got {len(results)}")
     return _job_result(results[0])
 
 
