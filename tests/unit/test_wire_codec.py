@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import h2.events
 import hpack
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_wire_connection import OK_HEADERS, Pair
 
-from sepp.wire import CallFinished, CodecGrpcConnection
-from sepp.wire._codec import _HeaderBlocks
+from sepp.wire import CallFinished, CodecGrpcConnection, ConnectionBroken
+from sepp.wire._codec import _HeaderBlocks, frame
 from sepp.wire._constants import DEFAULT_CONNECTION_WINDOW, DEFAULT_STREAM_WINDOW
 from sepp.wire._framing import encode_message
 from sepp.wire._status import StatusCode
@@ -197,3 +198,50 @@ def test_a_call_finishes_once_per_stream_even_with_cached_blocks() -> None:
     events = pair.to_client()
     finished = [e for e in events if isinstance(e, CallFinished)]
     assert [(e.stream_id, e.body) for e in finished] == [(s, b"r%d" % s) for s in sids]
+
+
+# -- connection errors name their cause in the GOAWAY ----------------------------------------------
+
+
+def _goaway_code(data: bytes) -> int | None:
+    pos = 0
+    while pos + 9 <= len(data):
+        length = int.from_bytes(data[pos : pos + 3], "big")
+        if data[pos + 3] == 0x7:
+            return int.from_bytes(data[pos + 13 : pos + 17], "big")
+        pos += 9 + length
+    return None
+
+
+@pytest.mark.parametrize(
+    ("frames", "code"),
+    [
+        (b"\x00\x00\x01\x00\x00\x00\x00\x00\x00x", 0x1),  # DATA on stream 0: PROTOCOL_ERROR
+        (b"\x00\x00\x02\x01\x05\x00\x00\x00\x01\xff\xff", 0x9),  # bad HPACK: COMPRESSION_ERROR
+        (b"\x00\x00\x03\x06\x00\x00\x00\x00\x00abc", 0x6),  # a 3-byte PING: FRAME_SIZE_ERROR
+        (b"\x00\x00\x04\x08\x00\x00\x00\x00\x00\x7f\xff\xff\xff", 0x3),  # window overflow
+        (b"\x00\x00\x00\x05\x04\x00\x00\x00\x01", 0x1),  # PUSH_PROMISE: PROTOCOL_ERROR
+        (b"\x00\x00\x02\x09\x04\x00\x00\x00\x01ab", 0x1),  # stray CONTINUATION
+        (b"\x00\x00\x00\x00\x00\x00\x00\x00\x03", 0x5),  # DATA after stream 3 ended
+    ],
+)
+def test_a_connection_error_sends_goaway_with_its_code(frames: bytes, code: int) -> None:
+    pair = Pair()
+    a, b = pair.call(), pair.call()
+    pair.respond(b)  # stream 3 ended by the server
+    pair.to_server()
+    pair.client.data_to_send()
+    events = pair.client.receive_data(frames)
+    assert isinstance(events[-1], ConnectionBroken)
+    assert [e.stream_id for e in events if isinstance(e, CallFinished)] == [a]
+    assert _goaway_code(pair.client.data_to_send()) == code
+
+
+def test_an_oversized_header_list_is_enhance_your_calm() -> None:
+    pair = Pair()
+    pair.call()
+    big = hpack.Encoder().encode([(b"x-big", b"v" * (70 * 1024))], huffman=False)
+    frames = frame(0x1, 0x4, 1, big[: 1024 * 1024])
+    events = pair.client.receive_data(frames)
+    assert isinstance(events[-1], ConnectionBroken)
+    assert _goaway_code(pair.client.data_to_send()) == 0xB
