@@ -96,10 +96,14 @@ def _custom_from_pb(custom: Mapping[str, pb.PrimitiveValue]) -> dict[str, Custom
 
 
 def _payload_from_pb(msg: pb.Job) -> Payload | None:
-    if not msg.HasField("payload") or not msg.payload.data:
+    if not msg.HasField("payload"):
+        return None
+    payload = msg.payload
+    data = payload.data
+    if not data:
         return None
     # The server requires an encoding; tolerate a missing one rather than drop the job.
-    return Payload(msg.payload.data, msg.payload.encoding or "application/octet-stream")
+    return Payload(data, payload.encoding or "application/octet-stream")
 
 
 def _trace_from_pb(msg: pb.Job) -> TraceContext | None:
@@ -212,24 +216,31 @@ def _job_result(result: pb.JobResult) -> EnqueueAck | rj.JobRejection:
 
 def job_from_pb(msg: pb.Job, worker_id: str | None) -> Job:
     """Build a Job; raises Malformed when a field a worker relies on is missing or invalid."""
-    if not msg.id or not msg.job_type:
+    # Each field is read once: every read of a protobuf field builds a Python object.
+    job_id = msg.id
+    job_type = msg.job_type
+    priority = msg.priority
+    attempt = msg.attempt
+    if not job_id or not job_type:
         raise Malformed("job without id or job_type")
-    if msg.priority > 9:
-        raise Malformed(f"job {msg.id} has priority {msg.priority}")
-    if msg.attempt < 1:
-        raise Malformed(f"job {msg.id} has attempt {msg.attempt}")
-    if not msg.HasField("enqueued_at") or not msg.HasField("lease_expires_at"):
-        raise Malformed(f"job {msg.id} lacks enqueued_at or lease_expires_at")
+    if priority > 9:
+        raise Malformed(f"job {job_id} has priority {priority}")
+    if attempt < 1:
+        raise Malformed(f"job {job_id} has attempt {attempt}")
+    has = msg.HasField
+    if not has("enqueued_at") or not has("lease_expires_at"):
+        raise Malformed(f"job {job_id} lacks enqueued_at or lease_expires_at")
+    custom = msg.custom
     ctx = leased_job_context(
-        id=msg.id,
+        id=job_id,
         queue=msg.queue,
-        job_type=msg.job_type,
-        attempt=msg.attempt,
+        job_type=job_type,
+        attempt=attempt,
         max_attempts=msg.max_attempts,
-        priority=msg.priority,
-        custom=_custom_from_pb(msg.custom),
+        priority=priority,
+        custom=_custom_from_pb(custom) if custom else {},
         enqueued_at=timestamp_from_pb(msg.enqueued_at),
-        scheduled_at=timestamp_from_pb(msg.scheduled_at) if msg.HasField("scheduled_at") else None,
+        scheduled_at=timestamp_from_pb(msg.scheduled_at) if has("scheduled_at") else None,
         trace_context=_trace_from_pb(msg),
         lease_expires_at=timestamp_from_pb(msg.lease_expires_at),
         worker_id=worker_id,
