@@ -64,6 +64,21 @@ def submitter(
     return submit
 
 
+async def submit_at(
+    b: EnqueueBatcher, schedule: str | list[tuple[float, str]]
+) -> dict[str, Result | BaseException]:
+    """Start a caller per job type at its trio time (a bare string: all at once); every
+    caller's outcome once all have one."""
+    outcomes: dict[str, Result | BaseException] = {}
+    async with trio.open_nursery() as callers:
+        submit = submitter(b, outcomes)
+        for at, job_type in [(0, t) for t in schedule] if isinstance(schedule, str) else schedule:
+            if at > trio.current_time():  # jobs due together start without a checkpoint between
+                await trio.sleep_until(at)
+            callers.start_soon(submit, job_type)
+    return outcomes
+
+
 CLOSED = error_from_status(
     StatusCode.UNAVAILABLE, "the client is closed", method="EnqueueBatch", kind=FailureKind.CLOSED
 )
@@ -160,13 +175,8 @@ async def test_jobs_ready_together_are_spread_over_the_eager_calls(
     autojump_clock: MockClock,
 ) -> None:
     sender = Sender(latency=1)
-    outcomes: dict[str, Result | BaseException] = {}
-    async with (
-        batcher(sender, max_delay=60, eager_calls=4) as (b, _),
-        trio.open_nursery() as callers,
-    ):
-        for job_type in "abcdefghij":
-            callers.start_soon(submitter(b, outcomes), job_type)
+    async with batcher(sender, max_delay=60, eager_calls=4) as (b, _):
+        outcomes = await submit_at(b, "abcdefghij")
     # Ten jobs, four calls that may start: shares of ceil(10/4), ceil(7/3), ceil(4/2), 2.
     assert [(at, len(types)) for at, types in sender.batches] == [(0, 3), (0, 3), (0, 2), (0, 2)]
     assert sorted(t for _, types in sender.batches for t in types) == list("abcdefghij")
@@ -178,15 +188,8 @@ async def test_jobs_collect_while_eager_calls_are_in_flight_and_go_when_one_fini
     autojump_clock: MockClock,
 ) -> None:
     sender = Sender(latency=1)
-    outcomes: dict[str, Result | BaseException] = {}
-    async with (
-        batcher(sender, max_delay=60, eager_calls=2) as (b, _),
-        trio.open_nursery() as callers,
-    ):
-        submit = submitter(b, outcomes)
-        for at, job_type in [(0, "a"), (0.1, "b"), (0.2, "c"), (0.3, "d")]:
-            await trio.sleep_until(at)
-            callers.start_soon(submit, job_type)
+    async with batcher(sender, max_delay=60, eager_calls=2) as (b, _):
+        outcomes = await submit_at(b, [(0, "a"), (0.1, "b"), (0.2, "c"), (0.3, "d")])
     # "a" and "b" take the two eager calls; "c" and "d" wait for one of them, not max_delay.
     assert sender.batches == [(0, ["a"]), (0.1, ["b"]), (1, ["c", "d"])]
     assert outcomes == {t: sepp.EnqueueAck(t) for t in "abcd"}
@@ -197,17 +200,9 @@ async def test_while_calls_are_in_flight_a_batch_goes_out_max_delay_after_its_fi
     autojump_clock: MockClock,
 ) -> None:
     sender = Sender(latency=10)
-    outcomes: dict[str, Result | BaseException] = {}
-    async with (
-        batcher(sender, max_delay=0.5, eager_calls=1) as (b, _),
-        trio.open_nursery() as callers,
-    ):
-        submit = submitter(b, outcomes)
-        callers.start_soon(submit, "a")  # goes at once, answered at t=10
-        await trio.sleep(0.2)
-        callers.start_soon(submit, "b")
-        await trio.sleep(0.2)
-        callers.start_soon(submit, "c")
+    async with batcher(sender, max_delay=0.5, eager_calls=1) as (b, _):
+        # "a" goes at once (answered at t=10); "b" and "c" collect until t=0.2+0.5.
+        outcomes = await submit_at(b, [(0, "a"), (0.2, "b"), (0.4, "c")])
     assert sender.batches == [(0, ["a"]), (0.7, ["b", "c"])]
     assert len(outcomes) == 3
 
@@ -216,21 +211,14 @@ async def test_while_calls_are_in_flight_a_full_batch_goes_out_at_once(
     autojump_clock: MockClock,
 ) -> None:
     sender = Sender(latency=10)
-    outcomes: dict[str, Result | BaseException] = {}
-    async with (
-        batcher(sender, max_batch=2, max_delay=5, eager_calls=1) as (b, _),
-        trio.open_nursery() as callers,
-    ):
-        submit = submitter(b, outcomes)
-        callers.start_soon(submit, "a")
-        await trio.sleep(1)
-        for job_type in "bcd":
-            callers.start_soon(submit, job_type)
+    async with batcher(sender, max_batch=2, max_delay=5, eager_calls=1) as (b, _):
+        outcomes = await submit_at(b, [(0, "a"), (1, "b"), (1, "c"), (1, "d")])
     assert [(at, len(types)) for at, types in sender.batches] == [
         (0, 1),
         (1, 2),  # full: out at once, beside the call in flight
         (6, 1),  # the third of b, c, d: max_delay after its first job
     ]
+    assert outcomes == {t: sepp.EnqueueAck(t) for t in "abcd"}
 
 
 async def test_busy_producers_keep_eager_calls_in_flight_and_fill_the_batches(
