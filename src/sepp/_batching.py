@@ -29,7 +29,8 @@ class Batching:
     """Send concurrent `enqueue` calls as shared EnqueueBatch requests.
 
     A batch goes out at once while fewer than `eager_calls` of the batcher's EnqueueBatch
-    calls are in flight. Otherwise it collects jobs until one of them finishes, until it holds
+    calls are in flight (jobs ready together are shared out over the calls that may start).
+    Otherwise it collects jobs until one of them finishes, until it holds
     `max_batch` jobs (never more than the server's `max_enqueue_batch`) or would exceed
     `max_batch_bytes`, or until `max_delay` after its first job, whichever comes first.
     `eager_calls=0` always waits for a full batch or `max_delay`. Every caller still gets its
