@@ -425,6 +425,28 @@ def summarise_throughput(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any
     return summary
 
 
+def auto_batched_vs_batch(scenarios: dict[str, Any]) -> dict[str, Any]:
+    """Each sepp-trio driver's auto-batched 64-task enqueue against each other client's
+    enqueue_batch of 100, paired per round (the target compares them in the same run)."""
+    if "enqueue_64_batched" not in scenarios or "enqueue_batch" not in scenarios:
+        return {}
+    batched = scenarios["enqueue_64_batched"]["runs"]
+    batch = scenarios["enqueue_batch"]["runs"]
+    out: dict[str, Any] = {}
+    for mine in (c for c in batched if c.startswith(SEPP_TRIO)):
+        for other in (c for c in batch if not c.startswith(SEPP_TRIO)):
+            per_round = [
+                (a["n"] / a["elapsed_s"]) / (b["n"] / b["elapsed_s"])
+                for a, b in zip(batched[mine], batch[other], strict=False)
+                if "error" not in a and "error" not in b
+            ]
+            out.setdefault(mine, {})[other] = {
+                "throughput": _median(per_round),
+                "throughput_per_round": per_round,
+            }
+    return out
+
+
 def summarise_latency(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     per_client: dict[str, Any] = {}
     for client, rs in runs.items():
@@ -572,6 +594,7 @@ async def run_mode(
                     "summary": summary,
                     "runs": srun,
                 }
+            out["auto_batched_vs_batch"] = auto_batched_vs_batch(out["scenarios"])
         finally:
             for d in drivers:
                 await d.aclose()
@@ -693,6 +716,16 @@ def render_markdown(results: dict[str, Any]) -> str:
                     row.append(_f(s["ratios"].get(o, {}).get("cpu_per_op"), ".2f"))
                 lines.append("| " + " | ".join(row) + " |")
             lines.append("")
+            derived = mres.get("auto_batched_vs_batch", {})
+            for mine, against in derived.items():
+                for other, ratio in against.items():
+                    lines.append(
+                        f"- auto-batched vs {other} enqueue_batch: {mine}'s auto-batched 64-task"
+                        f" enqueue reaches {_f(ratio['throughput'], '.2f')}x {other}'s"
+                        " enqueue_batch of 100 (jobs/s, median of per-round ratios)"
+                    )
+            if derived:
+                lines.append("")
         lat = [(k, v) for k, v in scen.items() if v["kind"] == "latency"]
         for _, v in lat:
             s = v["summary"]

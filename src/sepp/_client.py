@@ -237,6 +237,8 @@ class Client:
     ) -> EnqueueAck | JobRejection:
         """One job through the auto-batcher, in its own sepp.enqueue span."""
         assert self._batcher is not None
+        if timeout is None and not _otel.AVAILABLE:
+            return await self._batcher.submit(request)  # the common case, kept lean
         with _otel.client_span("sepp.enqueue", _batch_attributes([request])) as span:
             trace_context = span.trace_context
             if trace_context is not None and request.trace_context is None:

@@ -41,8 +41,9 @@ async def test_concurrent_enqueues_share_batches_and_keep_own_results(
 
 async def test_cancelled_caller_job_is_withdrawn_before_sending(sepp_server: SeppServer) -> None:
     # Ordered by events, not by racing timeouts: the batch fills (3 live jobs) only after the
-    # cancelled caller's job was withdrawn, long before max_delay.
-    batching = sepp.Batching(max_batch=3, max_delay=5)
+    # cancelled caller's job was withdrawn, long before max_delay. No eager calls, so that the
+    # first job waits in the batch.
+    batching = sepp.Batching(max_batch=3, max_delay=5, eager_calls=0)
     address = sepp_server.address
     async with sepp.open(address, enqueue_batching=batching, validate_locally=False) as client:
         kept: list[sepp.EnqueueAck] = []
@@ -64,6 +65,16 @@ async def test_cancelled_caller_job_is_withdrawn_before_sending(sepp_server: Sep
         jobs = await client.reserve("withdraw", max_jobs=10, wait_timeout=0.5)
         assert jobs is not None
         assert sorted(j.ctx.job_type for j in jobs) == ["fill-1", "fill-2", "keep"]
+
+
+async def test_a_lone_enqueue_does_not_wait_for_max_delay(sepp_server: SeppServer) -> None:
+    batching = sepp.Batching(max_delay=3600)
+    async with sepp.open(sepp_server.address, enqueue_batching=batching) as client:
+        calls = count_calls(client)
+        with trio.fail_after(60):  # far below max_delay: the job went out at once
+            for i in range(3):
+                assert (await client.enqueue("lone", "t", custom={"i": i})).job_id
+        assert calls.count("EnqueueBatch") == 3  # one call per job: none waited for another
 
 
 async def test_whole_batch_failure_raises_typed_error_in_each_caller(
@@ -97,6 +108,8 @@ async def test_batching_options_are_validated() -> None:
         sepp.Batching(max_batch=0)
     with pytest.raises(sepp.ValidationError):
         sepp.Batching(max_delay=-1)
+    with pytest.raises(sepp.ValidationError):
+        sepp.Batching(eager_calls=-1)
 
 
 @pytest.mark.parametrize("batching", [None, sepp.Batching()], ids=["direct", "batched"])
