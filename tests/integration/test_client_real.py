@@ -451,8 +451,10 @@ async def test_cancelled_call_leaves_connection_healthy(client: sepp.Client) -> 
     with trio.move_on_after(0.3) as scope:
         await client.reserve("cancel", wait_timeout=10)
     assert scope.cancelled_caught
-    await client.enqueue("cancel", "t")
-    job = await reserve_one(client, "cancel")
+    # Another queue: the server may not have seen the reset yet, and would hand a job on the
+    # cancelled reserve's queue to that reserve.
+    await client.enqueue("cancel-after", "t")
+    job = await reserve_one(client, "cancel-after")
     await client.ack(job.ctx)
     assert client._channel.connections_opened == 1
 
