@@ -116,12 +116,14 @@ def _trace_from_pb(msg: pb.Job) -> TraceContext | None:
 # -- requests -------------------------------------------------------------------------------
 
 
-def enqueue_request_to_pb(req: EnqueueRequest, out: pb.EnqueueRequest) -> None:
-    out.queue = req.queue
-    out.job_type = req.job_type
-    if req.payload is not None:
-        out.payload.data = req.payload.data
-        out.payload.encoding = req.payload.encoding
+def enqueue_request_to_pb(req: EnqueueRequest, jobs: Any) -> pb.EnqueueRequest:
+    """Append `req` to a repeated EnqueueRequest field; returns the new message."""
+    out = jobs.add(queue=req.queue, job_type=req.job_type)
+    payload = req.payload
+    if payload is not None:
+        out_payload = out.payload
+        out_payload.data = payload.data
+        out_payload.encoding = payload.encoding
     if req.idempotency_key is not None:
         out.idempotency_key = req.idempotency_key
     if req.priority is not None:
@@ -136,13 +138,14 @@ def enqueue_request_to_pb(req: EnqueueRequest, out: pb.EnqueueRequest) -> None:
         _custom_to_pb(req.custom, out.custom)
     if req.scheduled_at is not None:
         timestamp_to_pb(req.scheduled_at, out.scheduled_at)
+    return out  # type: ignore[no-any-return]
 
 
 def enqueue_batch_to_pb(jobs: Iterable[EnqueueRequest], trace: TraceContext | None = None) -> bytes:
     msg = pb.EnqueueBatchRequest()
+    repeated = msg.jobs
     for job in jobs:
-        out = msg.jobs.add()
-        enqueue_request_to_pb(job, out)
+        out = enqueue_request_to_pb(job, repeated)
         if trace is not None and job.trace_context is None:
             out.trace_context.traceparent = trace.traceparent
             if trace.tracestate:
