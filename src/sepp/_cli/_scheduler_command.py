@@ -45,8 +45,8 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--missed",
         choices=MISSED_POLICIES,
         default="latest",
-        help="past occurrences not enqueued yet: only the newest, every one, or none"
-        " (default: latest)",
+        help="past occurrences not enqueued yet: the newest of each entry (latest), every one"
+        " (all), or only those under a minute old (skip); default: latest",
     )
     parser.set_defaults(run=run, default_log_level="info")
 
