@@ -3,13 +3,16 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: test demo gen check-gen lint typecheck bench venv chaos
+.PHONY: test demo docs gen check-gen lint typecheck bench venv chaos
 
 test:            ## set up (venv, deps, sepp server) and run lint, types and every test
 	bash scripts/test.sh
 
 demo:            ## run examples/main.py end to end ($$SEPP_ADDR, or a server started here)
 	bash scripts/demo.sh
+
+docs: venv       ## build the docs site into docs/_build/html (warnings are errors)
+	bash scripts/build-docs.sh
 
 venv:
 	bash scripts/setup-venv.sh
@@ -21,8 +24,8 @@ check-gen: venv  ## fail if the committed generated code differs from a fresh ge
 	bash scripts/check-gen.sh
 
 lint: venv
-	$(VENV)/bin/ruff check src tests examples benchmarks scripts
-	$(VENV)/bin/ruff format --check src tests examples benchmarks scripts
+	$(VENV)/bin/ruff check src tests examples benchmarks scripts docs/conf.py docs/_ext
+	$(VENV)/bin/ruff format --check src tests examples benchmarks scripts docs/conf.py docs/_ext
 
 typecheck: venv
 	$(VENV)/bin/mypy src/sepp

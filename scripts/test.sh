@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The README's test command (`make test`): set up everything on a fresh machine, then run
-# lint, strict typing, the generated-code check, the protobuf and h2 floor checks and every test.
+# lint, strict typing, the generated-code check, the protobuf and h2 floor checks, the docs build
+# and every test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${VENV:-.venv}"
@@ -27,11 +28,14 @@ echo "==> the wire engines on the h2/hpack floor"
 bash scripts/check-h2-floor.sh
 
 echo "==> ruff"
-"$VENV/bin/ruff" check src tests examples benchmarks scripts
-"$VENV/bin/ruff" format --check src tests examples benchmarks scripts
+"$VENV/bin/ruff" check src tests examples benchmarks scripts docs/conf.py docs/_ext
+"$VENV/bin/ruff" format --check src tests examples benchmarks scripts docs/conf.py docs/_ext
 
 echo "==> mypy --strict"
 "$VENV/bin/mypy" src/sepp
+
+echo "==> docs (make docs)"
+bash scripts/build-docs.sh
 
 echo "==> pytest"
 "$VENV/bin/python" -m pytest -p no:cacheprovider "$@"

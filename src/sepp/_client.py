@@ -116,6 +116,7 @@ class Client:
 
     @property
     def address(self) -> str:
+        """The address of the server this client connects to."""
         return self._address
 
     # -- producing --------------------------------------------------------------------------
@@ -556,6 +557,7 @@ class Client:
         return records
 
     async def get_server_info(self, *, timeout: float | timedelta | None = None) -> ServerInfo:
+        """The server's version, clock and global limits."""
         with _otel.client_span("sepp.get_server_info", {}):
             return await self._fetch_server_info(timeout)
 

@@ -20,9 +20,10 @@ from ._version import __version__
 from .wire._engine import WIRE_ENGINES, WireEngine
 from .wire._transport import Channel, Endpoint
 
-# Fits the largest Reserve a default server can send (256 jobs x 1 MiB payloads) with room
-# for the envelope; lower it to bound memory against a misconfigured or hostile server.
 DEFAULT_MAX_RECEIVE_MESSAGE_BYTES = 272 * 1024 * 1024
+"""The default `max_receive_message_bytes` of `sepp.open()`, 272 MiB: it fits the largest
+reserve a default server can send (256 jobs with 1 MiB payloads) and the envelope. Lower it to
+bound memory against a misconfigured or hostile server."""
 USER_AGENT = f"sepp-trio/{__version__}"
 
 

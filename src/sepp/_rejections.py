@@ -19,41 +19,55 @@ class JobRejection:
 
 @dataclass(frozen=True, slots=True)
 class UnknownQueue(JobRejection):
+    """The queue does not exist (the server runs with `strict_queues` and did not declare it)."""
+
     queue: str
 
 
 @dataclass(frozen=True, slots=True)
 class PayloadTooLarge(JobRejection):
+    """The payload is larger than the server's (or the queue's) `max_payload_bytes`."""
+
     limit: int
     actual: int
 
 
 @dataclass(frozen=True, slots=True)
 class EncodingNotAllowed(JobRejection):
+    """The server (or the queue) accepts only the payload encodings in `allowed`."""
+
     encoding: str
     allowed: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True)
 class JobTypeNotAllowed(JobRejection):
+    """The queue accepts only the job types in `allowed`."""
+
     job_type: str
     allowed: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True)
 class CustomEntriesTooMany(JobRejection):
+    """The custom map has more entries than the server allows."""
+
     limit: int
     actual: int
 
 
 @dataclass(frozen=True, slots=True)
 class CustomMapTooLarge(JobRejection):
+    """The custom map's keys and values together are larger than the server allows."""
+
     limit: int
     actual: int
 
 
 @dataclass(frozen=True, slots=True)
 class CustomKeyTooLong(JobRejection):
+    """A custom key is longer than the server allows."""
+
     key: str
     limit: int
     actual: int
@@ -61,49 +75,65 @@ class CustomKeyTooLong(JobRejection):
 
 @dataclass(frozen=True, slots=True)
 class QueueNameTooLong(JobRejection):
+    """The queue name is longer than the server allows."""
+
     limit: int
     actual: int
 
 
 @dataclass(frozen=True, slots=True)
 class JobTypeNameTooLong(JobRejection):
+    """The job type is longer than the server allows."""
+
     limit: int
     actual: int
 
 
 @dataclass(frozen=True, slots=True)
 class IdempotencyKeyTooLong(JobRejection):
+    """The idempotency key is longer than the server allows."""
+
     limit: int
     actual: int
 
 
 @dataclass(frozen=True, slots=True)
 class ScheduledTooFar(JobRejection):
+    """`scheduled_at` is further ahead than the server's `max_schedule_horizon`."""
+
     horizon: timedelta
     actual: datetime | None
 
 
 @dataclass(frozen=True, slots=True)
 class InvalidRequest(JobRejection):
+    """The server found the job malformed; `detail` says how."""
+
     detail: str
 
 
 @dataclass(frozen=True, slots=True)
 class QueueFull(JobRejection):
+    """The queue holds its maximum of `limit` jobs; retryable once it drains."""
+
     queue: str
     limit: int
 
     @property
     def retryable(self) -> bool:
+        """True: the same job may succeed later."""
         return True
 
 
 @dataclass(frozen=True, slots=True)
 class QueueClosing(JobRejection):
+    """The queue is being deleted; retryable once the deletion finishes or is abandoned."""
+
     queue: str
 
     @property
     def retryable(self) -> bool:
+        """True: the same job may succeed later."""
         return True
 
 

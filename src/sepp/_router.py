@@ -94,6 +94,7 @@ class Router:
 
     @property
     def has_catch_all(self) -> bool:
+        """Whether a catch-all handler is registered."""
         return self._catch_all is not None
 
     def __repr__(self) -> str:

@@ -279,6 +279,7 @@ class Schedule:
 
     @property
     def names(self) -> tuple[str, ...]:
+        """The entries' names, in the order they were added."""
         return tuple(self._entries)
 
     def __len__(self) -> int:

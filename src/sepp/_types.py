@@ -75,6 +75,7 @@ class Payload:
     def bytes(
         cls, data: builtins.bytes | bytearray | memoryview, encoding: str = BYTES_ENCODING
     ) -> Payload:
+        """Raw bytes labelled `encoding` (default `application/octet-stream`)."""
         return cls(builtins.bytes(data), encoding)
 
     @classmethod
@@ -201,6 +202,7 @@ class JobContext:
 
     @property
     def is_final_attempt(self) -> bool:
+        """Whether this is the last attempt: a nack now sends the job to the dead letters."""
         return self.attempt >= self.max_attempts
 
     def __str__(self) -> str:
@@ -253,6 +255,7 @@ class Job:
 
     @property
     def id(self) -> str:
+        """The job's id (`ctx.id`)."""
         return self.ctx.id
 
 
@@ -269,6 +272,7 @@ class Retry:
 
     @classmethod
     def after(cls, delay: float | timedelta) -> Retry:
+        """Retry once `delay` (seconds or timedelta, ≥ 0) has passed."""
         seconds = v.seconds("delay", delay, allow_zero=True)
         return cls("delay", timedelta(seconds=seconds))
 
@@ -304,6 +308,10 @@ class ServerInfo:
 
 
 class DeadLetterCause(enum.Enum):
+    """Why a job was dead-lettered: its attempts ran out, a handler rejected it (a nack with
+    `Retry.DEAD_LETTER`), its lease expired on the final attempt, or an administrator moved it.
+    UNSPECIFIED is a value this client does not know."""
+
     UNSPECIFIED = 0
     ATTEMPTS_EXHAUSTED = 1
     REJECTED = 2

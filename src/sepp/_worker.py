@@ -60,10 +60,12 @@ class ShutdownHandle:
         self._worker = worker
 
     def shutdown(self) -> None:
+        """Ask the worker to shut down gracefully (idempotent)."""
         self._worker._request_shutdown(from_task=False)
 
     @property
     def is_shutdown(self) -> bool:
+        """Whether shutdown was requested."""
         return self._worker.is_shutdown
 
     def __repr__(self) -> str:
@@ -204,6 +206,7 @@ class Worker:
 
     @property
     def worker_id(self) -> str:
+        """The id sent with every reserve (given, or made from host, pid and random bits)."""
         return self._worker_id
 
     @property
@@ -224,6 +227,7 @@ class Worker:
         self._request_shutdown(from_task=True)
 
     def shutdown_handle(self) -> ShutdownHandle:
+        """A handle whose `shutdown()` is safe from another thread or a signal handler."""
         return ShutdownHandle(self)
 
     def _request_shutdown(self, *, from_task: bool) -> None:

@@ -241,6 +241,10 @@ async def test_info_prints_every_limit(sepp_server: SeppServer, client: sepp.Cli
         ),
         (["worker", "json", "--queue", "q"], "expected MODULE:ATTR"),
         (["worker", "json:nothing_here", "--queue", "q"], "has no attribute 'nothing_here'"),
+        (["scheduler", "os:sep"], "os:sep is a str, not a sepp.Schedule"),
+        (["scheduler", "sepp:Schedule"], "sepp:Schedule has no entries"),
+        (["scheduler", "sepp:Schedule", "--missed", "never"], "invalid choice: 'never'"),
+        (["scheduler", "sepp:Schedule", "--lookahead", "0"], "must be more than 0 seconds"),
     ],
 )
 @pytest.mark.unit  # refused before any connection: no server needed
@@ -721,6 +725,83 @@ async def test_a_second_signal_stops_at_once_and_returns_the_jobs_to_the_queue(
     jobs = await client.reserve("work", lease_duration=30, wait_timeout=0, max_jobs=10) or []
     assert sorted(job.id for job in jobs) == sorted(ids)
     assert all(job.ctx.attempt == 2 for job in jobs)
+
+
+# -- scheduler --------------------------------------------------------------------------------
+
+SCHEDULE_APP = textwrap.dedent(
+    """
+    import sepp
+
+    schedule = sepp.Schedule().every("tick", 1, "ticks", "tick", priority=4)
+    """
+)
+
+
+@pytest.fixture
+def schedule_dir(tmp_path: Path) -> Path:
+    (tmp_path / "schedule_app.py").write_text(SCHEDULE_APP)
+    return tmp_path
+
+
+async def test_scheduler_waits_for_the_server_then_enqueues_each_occurrence_once(
+    sepp_server: SeppServer, schedule_dir: Path
+) -> None:
+    await sepp_server.stop()  # started alongside the server, before it is up
+    args = ("scheduler", "schedule_app:schedule", "--lookahead", "2")
+    async with spawn(sepp_server.address, *args, cwd=schedule_dir) as running:
+        await running.wait_for("server not reachable yet")
+        await sepp_server.start()
+        await running.wait_for("scheduler enqueueing tick at")
+        async with sepp.open(sepp_server.address) as client:
+            jobs = await reserve_all(client, "ticks", 4)
+            running.send(signal.SIGTERM)
+            status = await running.wait(timeout_s=20)
+            occurrences = [
+                datetime.fromisoformat(job.ctx.custom["sepp.occurrence"].replace("Z", "+00:00"))
+                for job in jobs
+            ]
+            # Each job is one occurrence, scheduled at it, keyed by it.
+            assert len(set(occurrences)) == len(jobs)
+            for job, occurrence in zip(jobs, occurrences, strict=True):
+                assert job.ctx.scheduled_at == occurrence and occurrence.microsecond == 0
+                assert (job.ctx.job_type, job.ctx.priority) == ("tick", 4)
+                assert job.ctx.custom["sepp.schedule"] == "tick"
+            key = f"sepp-schedule:tick:{jobs[0].ctx.custom['sepp.occurrence']}"
+            again = await client.enqueue("ticks", "tick", idempotency_key=key)
+            assert again.deduplicated and again.job_id == jobs[0].id
+    assert status == 0, running.out
+    stderr = running.text("stderr")
+    assert "SIGTERM: stopping the scheduler" in stderr and "scheduler stopped" in stderr
+    assert "Traceback" not in stderr and "ERROR" not in stderr
+
+
+async def test_scheduler_stops_at_once_on_a_signal_while_the_server_is_down(
+    schedule_dir: Path,
+) -> None:
+    args = ("scheduler", "schedule_app:schedule")
+    async with spawn(UNUSED_ADDRESS, *args, cwd=schedule_dir) as running:
+        await running.wait_for("server not reachable yet", count=2)
+        running.send(signal.SIGINT)
+        status = await running.wait(timeout_s=20)
+    assert status == 0, running.out
+    stderr = running.text("stderr")
+    assert "failure 2); retrying in" in stderr
+    assert "SIGINT: stopping the scheduler" in stderr and "scheduler stopped" in stderr
+    assert "Traceback" not in stderr
+
+
+@pytest.mark.unit  # refused before any connection: no server needed
+async def test_scheduler_settings_are_checked_before_connecting(schedule_dir: Path) -> None:
+    done = await cli(
+        UNUSED_ADDRESS,
+        "scheduler",
+        "schedule_app:schedule",
+        "--lookahead",
+        "9999999",
+        cwd=schedule_dir,
+    )
+    assert_one_line_failure(done, 2, "lookahead:", "beyond the server's default schedule horizon")
 
 
 # -- the API key --------------------------------------------------------------------------------

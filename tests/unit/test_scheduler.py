@@ -3,28 +3,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from collections.abc import Sequence
+from datetime import datetime, timedelta
 from itertools import pairwise
 
 import pytest
 import trio
 from fixtures.fake_client import RecordingLogger
+from fixtures.fake_scheduler_server import FAKE_EPOCH, FakeServer, at
 from trio.testing import MockClock
 
 import sepp
-from sepp import EnqueueAck, EnqueueRequest, ServerInfo, StatusCode
+from sepp import StatusCode
 
 pytestmark = pytest.mark.fixture  # counted with the tests that run against a scripted fake
-
-UTC = timezone.utc
-FAKE_EPOCH = datetime(2030, 1, 1, tzinfo=UTC)  # a multiple of every interval used here
-
-
-def at(seconds: float) -> datetime:
-    """The server time `seconds` after FAKE_EPOCH."""
-    return FAKE_EPOCH + timedelta(seconds=seconds)
 
 
 def gaps_between(times: Sequence[float]) -> list[float]:
@@ -33,92 +25,6 @@ def gaps_between(times: Sequence[float]) -> list[float]:
 
 def unavailable() -> sepp.TransportError:
     return sepp.TransportError("UNAVAILABLE: connection refused", code=StatusCode.UNAVAILABLE)
-
-
-@dataclass
-class EnqueueCall:
-    at: float  # trio time
-    request: EnqueueRequest
-    error: BaseException | None = None
-    deduplicated: bool | None = None
-
-
-class FakeServer:
-    """Just enough of a sepp server for a Scheduler: keyed enqueues and server info."""
-
-    def __init__(
-        self,
-        offset_s: float = 0.0,
-        *,
-        max_idempotency_key_bytes: int = 256,
-        max_schedule_horizon: timedelta = timedelta(days=30),
-    ) -> None:
-        self.offset_s = offset_s
-        self.max_key = max_idempotency_key_bytes
-        self.horizon = max_schedule_horizon
-        self.jobs: dict[str, EnqueueRequest] = {}
-        self.calls: list[EnqueueCall] = []
-        self.info_calls: list[float] = []
-        self.enqueue_error: Callable[[EnqueueRequest], BaseException | None] = lambda r: None
-        self.info_error: Callable[[], BaseException | None] = lambda: None
-
-    def now(self) -> datetime:
-        return at(self.offset_s + trio.current_time())
-
-    def server_seconds(self, trio_time: float) -> float:
-        return trio_time + self.offset_s
-
-    async def get_server_info(self) -> ServerInfo:
-        await trio.lowlevel.checkpoint()
-        self.info_calls.append(trio.current_time())
-        error = self.info_error()
-        if error is not None:
-            raise error
-        return ServerInfo(
-            server_version="fake",
-            supported_protocol_versions=("v1",),
-            server_time=self.now(),
-            restricts_encodings=False,
-            allowed_encodings=(),
-            max_payload_bytes=1 << 20,
-            max_custom_entries=64,
-            max_custom_total_bytes=16384,
-            max_custom_key_bytes=256,
-            max_queue_name_bytes=512,
-            max_job_type_bytes=256,
-            max_idempotency_key_bytes=self.max_key,
-            max_schedule_horizon=self.horizon,
-            max_enqueue_batch=256,
-            max_reserve_batch=256,
-            max_reserve_queues=32,
-            max_wait_timeout=timedelta(minutes=5),
-            max_lease_duration=timedelta(minutes=5),
-            strict_queues=False,
-            dead_letter_retention_enabled=False,
-        )
-
-    async def enqueue(self, request: EnqueueRequest, /) -> EnqueueAck:
-        await trio.lowlevel.checkpoint()
-        call = EnqueueCall(trio.current_time(), request)
-        self.calls.append(call)
-        error = self.enqueue_error(request)
-        if error is not None:
-            call.error = error
-            raise error
-        assert request.idempotency_key is not None
-        call.deduplicated = request.idempotency_key in self.jobs
-        self.jobs.setdefault(request.idempotency_key, request)
-        return EnqueueAck(f"job {request.idempotency_key}", call.deduplicated)
-
-    def occurrences(self, queue: str | None = None) -> list[datetime]:
-        return sorted(
-            r.scheduled_at
-            for r in self.jobs.values()
-            if r.scheduled_at is not None and queue in (None, r.queue)
-        )
-
-    def succeeded(self) -> list[EnqueueCall]:
-        return [c for c in self.calls if c.error is None]
 
 
 def every(seconds: float, name: str = "tick", queue: str = "q") -> sepp.Schedule:

@@ -6,16 +6,23 @@ import argparse
 from typing import Any
 
 from .._version import __version__
-from . import _dead_letters, _enqueue, _enqueue_file, _info, _worker_command
+from . import (
+    _dead_letters,
+    _enqueue,
+    _enqueue_file,
+    _info,
+    _scheduler_command,
+    _worker_command,
+)
 from ._connect import add_connection_options
 
 PROG = "sepp-trio"
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 # Each module adds its subparser and sets `run` (an async function of the parsed arguments
-# returning the exit status). A `scheduler MODULE:ATTR` command slots in beside the worker:
-# its own module, sharing _targets.load_target and _signals.run_until_signalled.
-_COMMANDS = (_info, _enqueue, _enqueue_file, _dead_letters, _worker_command)
+# returning the exit status). The two services (worker, scheduler) share _targets.load_target
+# and _signals.run_until_signalled.
+_COMMANDS = (_info, _enqueue, _enqueue_file, _dead_letters, _worker_command, _scheduler_command)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -30,7 +37,8 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog=PROG,
-        description="Operate a sepp job queue server and run workers from the shell.",
+        description="Operate a sepp job queue server and run workers and schedulers from the"
+        " shell.",
         epilog="Exit status: 0 success, 1 operational failure (server unreachable, rejected,"
         " refused key), 2 usage error.",
     )
@@ -41,7 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--log-level",
         metavar="LEVEL",
         choices=LOG_LEVELS,
-        help=f"{', '.join(LOG_LEVELS)} (default: info for worker, else warning); logs go to stderr",
+        help=f"{', '.join(LOG_LEVELS)} (default: info for worker and scheduler, else"
+        " warning); logs go to stderr",
     )
     output.add_argument("--debug", action="store_true", help="show the traceback of a failure")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)

@@ -1,6 +1,6 @@
 """Running a long-lived command until SIGINT/SIGTERM, with escalation on repeated signals.
 
-Shared by the commands that run a service (`worker`; a `scheduler` would use it the same way).
+Shared by the commands that run a service (`worker`, `scheduler`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Loading `MODULE:ATTR` targets (a worker's Router) from the user's code."""
+"""Loading `MODULE:ATTR` targets (a worker's Router, a scheduler's Schedule)."""
 
 from __future__ import annotations
 
