@@ -594,6 +594,7 @@ async def test_replay_saves_the_records_then_enqueues_them_as_new_jobs(
     assert await client.reserve("billing", lease_duration=1, wait_timeout=0) is None
 
     nothing = await cli(sepp_server.address, "dead-letters", "replay", cwd=tmp_path)
+    assert nothing.returncode == 0, nothing
     assert nothing.stdout_lines == ["replayed 0 dead letters: there were none"]
     assert saved_files(tmp_path) == [saved]  # no empty file left behind
 
