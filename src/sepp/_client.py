@@ -31,7 +31,6 @@ from ._limits import LimitsCache, ServerLimits
 from ._log import Log, LoggerLike
 from ._options import DEFAULT_MAX_RECEIVE_MESSAGE_BYTES as DEFAULT_MAX_RECEIVE_MESSAGE_BYTES
 from ._options import ConnectOptions
-from ._pb import queue_pb2 as pb
 from ._rejections import BatchRejection, JobRejection
 from ._retry import RETRYABLE, RetryPolicy, call_with_retry
 from ._types import (
@@ -53,6 +52,11 @@ from .wire._transport import Channel, RpcError
 
 if TYPE_CHECKING:
     from ._errors import CallKind
+    from ._pb import queue_pb2 as pb
+else:  # protobuf loads with the first call, not with `import sepp`
+    from ._lazy import lazy_module
+
+    pb = lazy_module("sepp._pb.queue_pb2")
 
 T = TypeVar("T")
 

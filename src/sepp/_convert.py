@@ -4,12 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta, timezone
-from typing import Any
-
-from google.protobuf import duration_pb2, timestamp_pb2
+from typing import TYPE_CHECKING, Any
 
 from . import _rejections as rj
-from ._pb import queue_pb2 as pb
+from ._lazy import lazy_module
 from ._types import (
     CustomValue,
     DeadLetterCause,
@@ -22,6 +20,13 @@ from ._types import (
     TraceContext,
     leased_job_context,
 )
+
+if TYPE_CHECKING:
+    from google.protobuf import duration_pb2, timestamp_pb2
+
+    from ._pb import queue_pb2 as pb
+else:  # protobuf loads with the first call, not with `import sepp`
+    pb = lazy_module("sepp._pb.queue_pb2")
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 

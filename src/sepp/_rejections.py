@@ -1,10 +1,27 @@
-"""Per-job enqueue rejections: values, not errors. One class per server reason."""
+"""Per-job enqueue rejections: values, not errors. One class per server reason; those live in
+`_rejection_reasons.py`, imported when first used (PEP 562 `__getattr__` below)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta
-from typing import TypeGuard
+from typing import TYPE_CHECKING, TypeGuard
+
+if TYPE_CHECKING:
+    from ._rejection_reasons import CustomEntriesTooMany as CustomEntriesTooMany
+    from ._rejection_reasons import CustomKeyTooLong as CustomKeyTooLong
+    from ._rejection_reasons import CustomMapTooLarge as CustomMapTooLarge
+    from ._rejection_reasons import EncodingNotAllowed as EncodingNotAllowed
+    from ._rejection_reasons import IdempotencyKeyTooLong as IdempotencyKeyTooLong
+    from ._rejection_reasons import InvalidRequest as InvalidRequest
+    from ._rejection_reasons import JobTypeNameTooLong as JobTypeNameTooLong
+    from ._rejection_reasons import JobTypeNotAllowed as JobTypeNotAllowed
+    from ._rejection_reasons import PayloadTooLarge as PayloadTooLarge
+    from ._rejection_reasons import QueueClosing as QueueClosing
+    from ._rejection_reasons import QueueFull as QueueFull
+    from ._rejection_reasons import QueueNameTooLong as QueueNameTooLong
+    from ._rejection_reasons import ScheduledTooFar as ScheduledTooFar
+    from ._rejection_reasons import UnknownQueue as UnknownQueue
+    from ._rejection_reasons import UnknownRejection as UnknownRejection
 
 
 @dataclass(frozen=True, slots=True)
@@ -15,101 +32,6 @@ class JobRejection:
     def retryable(self) -> bool:
         """Whether the same job may succeed later unchanged (QueueFull, QueueClosing)."""
         return False
-
-
-@dataclass(frozen=True, slots=True)
-class UnknownQueue(JobRejection):
-    queue: str
-
-
-@dataclass(frozen=True, slots=True)
-class PayloadTooLarge(JobRejection):
-    limit: int
-    actual: int
-
-
-@dataclass(frozen=True, slots=True)
-class EncodingNotAllowed(JobRejection):
-    encoding: str
-    allowed: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class JobTypeNotAllowed(JobRejection):
-    job_type: str
-    allowed: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class CustomEntriesTooMany(JobRejection):
-    limit: int
-    actual: int
-
-
-@dataclass(frozen=True, slots=True)
-class CustomMapTooLarge(JobRejection):
-    limit: int
-    actual: int
-
-
-@dataclass(frozen=True, slots=True)
-class CustomKeyTooLong(JobRejection):
-    key: str
-    limit: int
-    actual: int
-
-
-@dataclass(frozen=True, slots=True)
-class QueueNameTooLong(JobRejection):
-    limit: int
-    actual: int
-
-
-@dataclass(frozen=True, slots=True)
-class JobTypeNameTooLong(JobRejection):
-    limit: int
-    actual: int
-
-
-@dataclass(frozen=True, slots=True)
-class IdempotencyKeyTooLong(JobRejection):
-    limit: int
-    actual: int
-
-
-@dataclass(frozen=True, slots=True)
-class ScheduledTooFar(JobRejection):
-    horizon: timedelta
-    actual: datetime | None
-
-
-@dataclass(frozen=True, slots=True)
-class InvalidRequest(JobRejection):
-    detail: str
-
-
-@dataclass(frozen=True, slots=True)
-class QueueFull(JobRejection):
-    queue: str
-    limit: int
-
-    @property
-    def retryable(self) -> bool:
-        return True
-
-
-@dataclass(frozen=True, slots=True)
-class QueueClosing(JobRejection):
-    queue: str
-
-    @property
-    def retryable(self) -> bool:
-        return True
-
-
-@dataclass(frozen=True, slots=True)
-class UnknownRejection(JobRejection):
-    """A rejection reason this client version does not know (or none at all)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,34 +49,38 @@ def is_job_rejection(value: object) -> TypeGuard[JobRejection]:
 
 def describe_job_rejection(rejection: JobRejection) -> str:
     """A one-line, human-readable explanation of a rejection."""
-    r = rejection
-    if isinstance(r, UnknownQueue):
-        return f"unknown queue {r.queue!r}"
-    if isinstance(r, PayloadTooLarge):
-        return f"payload of {r.actual} bytes exceeds the {r.limit}-byte limit"
-    if isinstance(r, EncodingNotAllowed):
-        return f"encoding {r.encoding!r} not allowed (allowed: {', '.join(r.allowed) or 'none'})"
-    if isinstance(r, JobTypeNotAllowed):
-        return f"job type {r.job_type!r} not allowed (allowed: {', '.join(r.allowed) or 'none'})"
-    if isinstance(r, CustomEntriesTooMany):
-        return f"{r.actual} custom entries exceed the limit of {r.limit}"
-    if isinstance(r, CustomMapTooLarge):
-        return f"custom map of {r.actual} bytes exceeds the {r.limit}-byte limit"
-    if isinstance(r, CustomKeyTooLong):
-        return f"custom key {r.key!r} of {r.actual} bytes exceeds the {r.limit}-byte limit"
-    if isinstance(r, QueueNameTooLong):
-        return f"queue name of {r.actual} bytes exceeds the {r.limit}-byte limit"
-    if isinstance(r, JobTypeNameTooLong):
-        return f"job type of {r.actual} bytes exceeds the {r.limit}-byte limit"
-    if isinstance(r, IdempotencyKeyTooLong):
-        return f"idempotency key of {r.actual} bytes exceeds the {r.limit}-byte limit"
-    if isinstance(r, ScheduledTooFar):
-        when = r.actual.isoformat() if r.actual is not None else "the requested time"
-        return f"{when} is beyond the scheduling horizon of {r.horizon}"
-    if isinstance(r, InvalidRequest):
-        return f"invalid request: {r.detail}"
-    if isinstance(r, QueueFull):
-        return f"queue {r.queue!r} is full (limit {r.limit})"
-    if isinstance(r, QueueClosing):
-        return f"queue {r.queue!r} is closing"
-    return "rejected for a reason this client does not know"
+    from ._rejection_reasons import describe
+
+    return describe(rejection)
+
+
+_REASONS = frozenset(
+    {
+        "UnknownQueue",
+        "PayloadTooLarge",
+        "EncodingNotAllowed",
+        "JobTypeNotAllowed",
+        "CustomEntriesTooMany",
+        "CustomMapTooLarge",
+        "CustomKeyTooLong",
+        "QueueNameTooLong",
+        "JobTypeNameTooLong",
+        "IdempotencyKeyTooLong",
+        "ScheduledTooFar",
+        "InvalidRequest",
+        "QueueFull",
+        "QueueClosing",
+        "UnknownRejection",
+    }
+)
+
+if not TYPE_CHECKING:
+
+    def __getattr__(name: str) -> object:
+        if name not in _REASONS:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        from . import _rejection_reasons
+
+        value = getattr(_rejection_reasons, name)
+        globals()[name] = value
+        return value
