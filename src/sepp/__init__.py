@@ -25,7 +25,6 @@ from ._errors import UnexpectedStatusError as UnexpectedStatusError
 from ._errors import UnknownQueuesError as UnknownQueuesError
 from ._errors import ValidationError as ValidationError
 from ._rejections import JobRejection as JobRejection
-from ._rejections import describe_job_rejection as describe_job_rejection
 from ._rejections import is_job_rejection as is_job_rejection
 from ._retry import RetryPolicy as RetryPolicy
 from ._types import BatchRejection as BatchRejection
@@ -55,6 +54,7 @@ _LAZY = {
     "ShutdownHandle": "_worker",
     "Worker": "_worker",
     "CustomEntriesTooMany": "_rejection_reasons",
+    "describe_job_rejection": "_rejection_reasons",
     "CustomKeyTooLong": "_rejection_reasons",
     "CustomMapTooLarge": "_rejection_reasons",
     "EncodingNotAllowed": "_rejection_reasons",
@@ -87,6 +87,7 @@ if TYPE_CHECKING:
     from ._rejection_reasons import ScheduledTooFar as ScheduledTooFar
     from ._rejection_reasons import UnknownQueue as UnknownQueue
     from ._rejection_reasons import UnknownRejection as UnknownRejection
+    from ._rejection_reasons import describe_job_rejection as describe_job_rejection
     from ._router import DuplicateHandlerError as DuplicateHandlerError
     from ._router import Handler as Handler
     from ._router import Router as Router

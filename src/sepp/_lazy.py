@@ -13,7 +13,7 @@ class _LazyModule(types.ModuleType):
         # any module attribute costs. A thread racing this sees either a name already copied
         # or this method again, which returns the same value.
         self.__dict__.update(module.__dict__)
-        self.__class__ = types.ModuleType
+        self.__class__ = types.ModuleType  # type: ignore[assignment]
         return getattr(module, name)
 
 
