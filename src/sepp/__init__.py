@@ -54,7 +54,6 @@ _LAZY = {
     "ShutdownHandle": "_worker",
     "Worker": "_worker",
     "CustomEntriesTooMany": "_rejection_reasons",
-    "describe_job_rejection": "_rejection_reasons",
     "CustomKeyTooLong": "_rejection_reasons",
     "CustomMapTooLarge": "_rejection_reasons",
     "EncodingNotAllowed": "_rejection_reasons",
@@ -69,6 +68,7 @@ _LAZY = {
     "ScheduledTooFar": "_rejection_reasons",
     "UnknownQueue": "_rejection_reasons",
     "UnknownRejection": "_rejection_reasons",
+    "describe_job_rejection": "_rejection_reasons",
 }
 
 if TYPE_CHECKING:
