@@ -10,8 +10,8 @@ so the figure is what sepp adds for an application that already uses that librar
 ``idle`` imports sepp, connects to ADDR, makes one GetServerInfo call, lets the connection
 settle, and prints ``{"rss_bytes": ...}`` (VmRSS) plus the RSS measured just before ``import
 sepp`` (``base_rss_bytes``) and ``first_call_s``: the wall time from before ``import sepp``
-until that first call returned (what anything deferred from import to first use costs shows
-up here).
+until that first call returned (the harness subtracts ``import_s``: what is deferred from
+import to first use shows up in the rest).
 
 The same file serves sepp-trio (trio) and sepp-py (asyncio + grpcio): it tells them apart by
 what ``import sepp`` gives (sepp-py has ``SeppClient``). Run sepp-py's interpreter with ``-I``
