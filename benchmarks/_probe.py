@@ -1,12 +1,17 @@
 """Fresh-interpreter probes, run by both clients' interpreters (never imported by the harness).
 
-    python benchmarks/_probe.py import [--no-otel] [--src DIR]
+    python benchmarks/_probe.py import [--after MODULE] [--no-otel] [--src DIR]
     python benchmarks/_probe.py idle ADDR [--no-otel] [--src DIR]
 
-``import`` prints ``{"import_s": ...}``: the wall time of ``import sepp`` in this interpreter.
+``import`` prints ``{"import_s": ..., "import_cpu_s": ...}``: the wall and CPU time of ``import
+sepp`` in this interpreter (CPU time is the steadier figure on a shared machine);
+with ``--after MODULE``, MODULE (the client's event loop library) is imported first, untimed,
+so the figure is what sepp adds for an application that already uses that library.
 ``idle`` imports sepp, connects to ADDR, makes one GetServerInfo call, lets the connection
 settle, and prints ``{"rss_bytes": ...}`` (VmRSS) plus the RSS measured just before ``import
-sepp`` (``base_rss_bytes``).
+sepp`` (``base_rss_bytes``) and ``first_call_s``: the wall time from before ``import sepp``
+until that first call returned (the harness subtracts ``import_s``: what is deferred from
+import to first use shows up in the rest).
 
 The same file serves sepp-trio (trio) and sepp-py (asyncio + grpcio): it tells them apart by
 what ``import sepp`` gives (sepp-py has ``SeppClient``). Run sepp-py's interpreter with ``-I``
@@ -54,17 +59,22 @@ def main() -> int:
         sys.path.insert(0, _ARGS[_ARGS.index("--src") + 1])
 
     what = _ARGS[0]
+    if "--after" in _ARGS:
+        __import__(_ARGS[_ARGS.index("--after") + 1])
     base_rss = _rss_bytes()
     t0 = time.perf_counter()
+    cpu0 = time.process_time()
     import sepp
 
     import_s = time.perf_counter() - t0
+    import_cpu_s = time.process_time() - cpu0
     if what == "import":
-        _emit({"import_s": import_s})
+        _emit({"import_s": import_s, "import_cpu_s": import_cpu_s})
         return 0
     if what != "idle":
         raise SystemExit(f"unknown probe {what!r}")
     addr = _ARGS[1]
+    first_call_s: list[float] = []
     if hasattr(sepp, "SeppClient"):  # sepp-py
         import asyncio
 
@@ -72,6 +82,7 @@ def main() -> int:
             client = await sepp.SeppClient.connect(addr)  # type: ignore[attr-defined]
             try:
                 await client.get_server_info()
+                first_call_s.append(time.perf_counter() - t0)
                 await asyncio.sleep(0.3)
                 return _rss_bytes()
             finally:
@@ -84,11 +95,19 @@ def main() -> int:
         async def idle_trio() -> int:
             async with sepp.open(addr) as client:
                 await client.get_server_info()
+                first_call_s.append(time.perf_counter() - t0)
                 await trio.sleep(0.3)
                 return _rss_bytes()
 
         rss = trio.run(idle_trio)
-    _emit({"rss_bytes": rss, "base_rss_bytes": base_rss, "import_s": import_s})
+    _emit(
+        {
+            "rss_bytes": rss,
+            "base_rss_bytes": base_rss,
+            "import_s": import_s,
+            "first_call_s": first_call_s[0],
+        }
+    )
     return 0
 
 

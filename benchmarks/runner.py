@@ -534,6 +534,8 @@ async def run_mode(
                 "binary": server.binary,
                 "version": _cmd_output([server.binary, "--version"]),
             }
+        if {"import", "rss"} & set(opts.scenarios) and not static:
+            await compile_bytecode(specs[0])
         if "import" in opts.scenarios and "import" not in static:
             static["import"] = await measure_import(specs, opts)
         if "rss" in opts.scenarios and "rss" not in static:
@@ -601,17 +603,47 @@ async def run_mode(
     return out
 
 
+# What an application using each client has imported anyway: its event loop library. grpc,
+# h2, hpack and protobuf are the clients' own dependencies, so they count as the client's cost.
+EVENT_LOOP_MODULE = {SEPP_TRIO: "trio", SEPP_PY: "asyncio"}
+
+
+async def compile_bytecode(spec: ClientSpec) -> None:
+    """Write the checkout's .pyc files, as installing a wheel does. With PYTHONDONTWRITEBYTECODE
+    set, every probe would otherwise compile src/sepp from source, while sepp-py and every
+    installed library have had their bytecode since install."""
+    argv = [spec.driver_argv[0], "-m", "compileall", "-q", str(SRC / "sepp")]
+    await trio.run_process(argv, env=spec.env, capture_stdout=True, capture_stderr=True)
+
+
 async def measure_import(specs: list[ClientSpec], opts: Options) -> dict[str, Any]:
-    log(f"import time: {opts.import_runs} fresh interpreters per client, alternating")
+    log(f"import time: {opts.import_runs} fresh interpreters per client and kind, alternating")
     probes = [s for s in specs if s.probe_argv is not None]
-    samples: dict[str, list[float]] = {s.name: [] for s in probes}
-    for s in probes:  # discarded: compiles bytecode, warms the page cache
-        await run_json(probe_args(s, "import", otel=opts.otel), s.env)
+    # alone: `import sepp` in a bare interpreter; on_top: after EVENT_LOOP_MODULE[client].
+    kinds = ("alone", "on_top")
+    samples: dict[str, dict[str, list[float]]] = {k: {s.name: [] for s in probes} for k in kinds}
+    cpu: dict[str, dict[str, list[float]]] = {k: {s.name: [] for s in probes} for k in kinds}
+
+    def argv(s: ClientSpec, kind: str) -> list[str]:
+        after = ["--after", EVENT_LOOP_MODULE[s.name]] if kind == "on_top" else []
+        return probe_args(s, "import", *after, otel=opts.otel)
+
+    for s in probes:  # discarded: warms the page cache
+        await run_json(argv(s, "alone"), s.env)
     for i in range(opts.import_runs):
-        for s in probes if i % 2 == 0 else probes[::-1]:
-            res = await run_json(probe_args(s, "import", otel=opts.otel), s.env)
-            samples[s.name].append(res["import_s"] * 1000.0)
-    return _static_summary(samples, "ms")
+        for kind in kinds:
+            for s in probes if i % 2 == 0 else probes[::-1]:
+                res = await run_json(argv(s, kind), s.env)
+                samples[kind][s.name].append(res["import_s"] * 1000.0)
+                cpu[kind][s.name].append(res["import_cpu_s"] * 1000.0)
+    out = _static_summary(samples["alone"], "ms")
+    out["on_top"] = _static_summary(samples["on_top"], "ms")
+    for kind, summary in (("alone", out), ("on_top", out["on_top"])):
+        for name, values in cpu[kind].items():
+            summary["clients"][name]["cpu_median"] = _median(values)
+            summary["clients"][name]["cpu_all"] = values
+    out["on_top"]["after"] = {s.name: EVENT_LOOP_MODULE[s.name] for s in probes}
+    return out
 
 
 async def measure_rss(specs: list[ClientSpec], opts: Options, addr: str) -> dict[str, Any]:
@@ -620,14 +652,17 @@ async def measure_rss(specs: list[ClientSpec], opts: Options, addr: str) -> dict
     probes = [s for s in specs if s.probe_argv is not None]
     samples: dict[str, list[float]] = {s.name: [] for s in probes}
     base: dict[str, list[float]] = {s.name: [] for s in probes}
+    after_import: dict[str, list[float]] = {s.name: [] for s in probes}
     for i in range(runs):
         for s in probes if i % 2 == 0 else probes[::-1]:
             res = await run_json(probe_args(s, "idle", addr, otel=opts.otel), s.env)
             samples[s.name].append(res["rss_bytes"] / 2**20)
             base[s.name].append(res["base_rss_bytes"] / 2**20)
+            after_import[s.name].append((res["first_call_s"] - res["import_s"]) * 1000.0)
     out = _static_summary(samples, "MiB")
     for name, values in base.items():
         out["clients"][name]["interpreter_base_mib"] = _median(values)
+    out["first_call"] = _static_summary(after_import, "ms")
     return out
 
 
@@ -751,22 +786,40 @@ def render_markdown(results: dict[str, Any]) -> str:
         head = ["fresh process", *names, "trio/py"]
         lines.append("| " + " | ".join(head) + " |")
         lines.append("|" + "---|" * len(head))
+
+        def static_row(title: str, st: dict[str, Any], key: str = "median") -> None:
+            row = [title]
+            for c in names:
+                cs = st["clients"].get(c, {})
+                cell = _f(cs.get(key), ".1f")
+                if "cpu_median" in cs:
+                    cell += f" ({_f(cs['cpu_median'], '.1f')} CPU)"
+                row.append(cell)
+            row.append(_f(st["ratios"].get(SEPP_PY), ".2f") if key == "median" else "")
+            lines.append("| " + " | ".join(row) + " |")
+
         if "import" in static:
-            st = static["import"]
-            row = ["`import sepp`, ms (median)"]
-            row += [_f(st["clients"].get(c, {}).get("median"), ".1f") for c in names]
-            row.append(_f(st["ratios"].get(SEPP_PY), ".2f"))
-            lines.append("| " + " | ".join(row) + " |")
+            static_row("`import sepp`, ms (median; CPU ms)", static["import"])
+            if "on_top" in static["import"]:
+                after = " / ".join(
+                    f"`{static['import']['on_top']['after'][c]}`"
+                    for c in names
+                    if c in static["import"]["on_top"]["after"]
+                )
+                static_row(
+                    f"`import sepp` after its event loop library ({after}), ms (CPU ms)",
+                    static["import"]["on_top"],
+                )
         if "rss" in static:
-            st = static["rss"]
-            row = ["idle RSS after connecting, MiB"]
-            row += [_f(st["clients"].get(c, {}).get("median"), ".1f") for c in names]
-            row.append(_f(st["ratios"].get(SEPP_PY), ".2f"))
-            lines.append("| " + " | ".join(row) + " |")
-            row = ["(interpreter before `import sepp`, MiB)"]
-            row += [_f(st["clients"].get(c, {}).get("interpreter_base_mib"), ".1f") for c in names]
-            row.append("")
-            lines.append("| " + " | ".join(row) + " |")
+            static_row("idle RSS after connecting, MiB", static["rss"])
+            static_row(
+                "(interpreter before `import sepp`, MiB)", static["rss"], "interpreter_base_mib"
+            )
+            if "first_call" in static["rss"]:
+                static_row(
+                    "connect + first call, after `import sepp`, ms (median of 3)",
+                    static["rss"]["first_call"],
+                )
         lines.append("")
     return "\n".join(lines)
 

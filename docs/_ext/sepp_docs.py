@@ -58,11 +58,20 @@ def attribute_doc(module_name: str, name: str, _depth: int = 0) -> str:
             ):
                 return following.value.value
             return ""
-        if isinstance(node, ast.ImportFrom):
-            for alias in node.names:
-                if (alias.asname or alias.name) == name:
-                    source = _absolute(module_name, node)
-                    return attribute_doc(source, alias.name, _depth + 1)
+    # Re-exports, also those only type checkers see (`sepp/__init__.py` loads some names on
+    # first use and imports them under `if TYPE_CHECKING:`).
+    imports = [node for node in body if isinstance(node, ast.ImportFrom)]
+    imports += [
+        inner
+        for node in body
+        if isinstance(node, ast.If)
+        for inner in node.body
+        if isinstance(inner, ast.ImportFrom)
+    ]
+    for node in imports:
+        for alias in node.names:
+            if (alias.asname or alias.name) == name:
+                return attribute_doc(_absolute(module_name, node), alias.name, _depth + 1)
     return ""
 
 

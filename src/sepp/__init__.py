@@ -1,5 +1,7 @@
 """sepp-trio: a pure-Python, trio-native client for the sepp durable job queue."""
 
+from typing import TYPE_CHECKING
+
 from ._batching import Batching as Batching
 from ._client import DEFAULT_MAX_RECEIVE_MESSAGE_BYTES as DEFAULT_MAX_RECEIVE_MESSAGE_BYTES
 from ._client import Client as Client
@@ -22,30 +24,9 @@ from ._errors import UnauthenticatedError as UnauthenticatedError
 from ._errors import UnexpectedStatusError as UnexpectedStatusError
 from ._errors import UnknownQueuesError as UnknownQueuesError
 from ._errors import ValidationError as ValidationError
-from ._rejections import CustomEntriesTooMany as CustomEntriesTooMany
-from ._rejections import CustomKeyTooLong as CustomKeyTooLong
-from ._rejections import CustomMapTooLarge as CustomMapTooLarge
-from ._rejections import EncodingNotAllowed as EncodingNotAllowed
-from ._rejections import IdempotencyKeyTooLong as IdempotencyKeyTooLong
-from ._rejections import InvalidRequest as InvalidRequest
 from ._rejections import JobRejection as JobRejection
-from ._rejections import JobTypeNameTooLong as JobTypeNameTooLong
-from ._rejections import JobTypeNotAllowed as JobTypeNotAllowed
-from ._rejections import PayloadTooLarge as PayloadTooLarge
-from ._rejections import QueueClosing as QueueClosing
-from ._rejections import QueueFull as QueueFull
-from ._rejections import QueueNameTooLong as QueueNameTooLong
-from ._rejections import ScheduledTooFar as ScheduledTooFar
-from ._rejections import UnknownQueue as UnknownQueue
-from ._rejections import UnknownRejection as UnknownRejection
-from ._rejections import describe_job_rejection as describe_job_rejection
 from ._rejections import is_job_rejection as is_job_rejection
 from ._retry import RetryPolicy as RetryPolicy
-from ._router import DuplicateHandlerError as DuplicateHandlerError
-from ._router import Handler as Handler
-from ._router import Router as Router
-from ._schedule import Schedule as Schedule
-from ._scheduler import Scheduler as Scheduler
 from ._types import BatchRejection as BatchRejection
 from ._types import DeadLetterCause as DeadLetterCause
 from ._types import DeadLetterRecord as DeadLetterRecord
@@ -58,10 +39,63 @@ from ._types import Retry as Retry
 from ._types import ServerInfo as ServerInfo
 from ._types import TraceContext as TraceContext
 from ._version import __version__ as __version__
-from ._worker import HandlerError as HandlerError
-from ._worker import ShutdownHandle as ShutdownHandle
-from ._worker import Worker as Worker
 from .wire._status import StatusCode as StatusCode
+
+# Imported on first use, so that `import sepp` stays cheap for code that only enqueues: the
+# Worker, Router and Scheduler machinery (and zoneinfo, which schedules need), and the
+# rejection reasons (15 dataclasses, created when a rejection first appears).
+_LAZY = {
+    "DuplicateHandlerError": "_router",
+    "Handler": "_router",
+    "Router": "_router",
+    "Schedule": "_schedule",
+    "Scheduler": "_scheduler",
+    "HandlerError": "_worker",
+    "ShutdownHandle": "_worker",
+    "Worker": "_worker",
+    "CustomEntriesTooMany": "_rejection_reasons",
+    "CustomKeyTooLong": "_rejection_reasons",
+    "CustomMapTooLarge": "_rejection_reasons",
+    "EncodingNotAllowed": "_rejection_reasons",
+    "IdempotencyKeyTooLong": "_rejection_reasons",
+    "InvalidRequest": "_rejection_reasons",
+    "JobTypeNameTooLong": "_rejection_reasons",
+    "JobTypeNotAllowed": "_rejection_reasons",
+    "PayloadTooLarge": "_rejection_reasons",
+    "QueueClosing": "_rejection_reasons",
+    "QueueFull": "_rejection_reasons",
+    "QueueNameTooLong": "_rejection_reasons",
+    "ScheduledTooFar": "_rejection_reasons",
+    "UnknownQueue": "_rejection_reasons",
+    "UnknownRejection": "_rejection_reasons",
+    "describe_job_rejection": "_rejection_reasons",
+}
+
+if TYPE_CHECKING:
+    from ._rejection_reasons import CustomEntriesTooMany as CustomEntriesTooMany
+    from ._rejection_reasons import CustomKeyTooLong as CustomKeyTooLong
+    from ._rejection_reasons import CustomMapTooLarge as CustomMapTooLarge
+    from ._rejection_reasons import EncodingNotAllowed as EncodingNotAllowed
+    from ._rejection_reasons import IdempotencyKeyTooLong as IdempotencyKeyTooLong
+    from ._rejection_reasons import InvalidRequest as InvalidRequest
+    from ._rejection_reasons import JobTypeNameTooLong as JobTypeNameTooLong
+    from ._rejection_reasons import JobTypeNotAllowed as JobTypeNotAllowed
+    from ._rejection_reasons import PayloadTooLarge as PayloadTooLarge
+    from ._rejection_reasons import QueueClosing as QueueClosing
+    from ._rejection_reasons import QueueFull as QueueFull
+    from ._rejection_reasons import QueueNameTooLong as QueueNameTooLong
+    from ._rejection_reasons import ScheduledTooFar as ScheduledTooFar
+    from ._rejection_reasons import UnknownQueue as UnknownQueue
+    from ._rejection_reasons import UnknownRejection as UnknownRejection
+    from ._rejection_reasons import describe_job_rejection as describe_job_rejection
+    from ._router import DuplicateHandlerError as DuplicateHandlerError
+    from ._router import Handler as Handler
+    from ._router import Router as Router
+    from ._schedule import Schedule as Schedule
+    from ._scheduler import Scheduler as Scheduler
+    from ._worker import HandlerError as HandlerError
+    from ._worker import ShutdownHandle as ShutdownHandle
+    from ._worker import Worker as Worker
 
 __all__ = [
     "DEFAULT_MAX_RECEIVE_MESSAGE_BYTES",
@@ -127,3 +161,19 @@ __all__ = [
     "is_job_rejection",
     "open",
 ]
+
+
+if not TYPE_CHECKING:  # hidden from type checkers, so a misspelt sepp.X is still an error
+
+    def __getattr__(name: str) -> object:
+        module = _LAZY.get(name)
+        if module is None:
+            raise AttributeError(f"module 'sepp' has no attribute {name!r}")
+        from importlib import import_module
+
+        value = getattr(import_module(f".{module}", __name__), name)
+        globals()[name] = value
+        return value
+
+    def __dir__() -> list[str]:
+        return sorted({*globals(), *_LAZY})

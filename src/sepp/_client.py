@@ -31,7 +31,6 @@ from ._limits import LimitsCache, ServerLimits
 from ._log import Log, LoggerLike
 from ._options import DEFAULT_MAX_RECEIVE_MESSAGE_BYTES as DEFAULT_MAX_RECEIVE_MESSAGE_BYTES
 from ._options import ConnectOptions
-from ._pb import queue_pb2 as pb
 from ._rejections import BatchRejection, JobRejection
 from ._retry import RETRYABLE, RetryPolicy, call_with_retry
 from ._types import (
@@ -53,6 +52,11 @@ from .wire._transport import Channel, RpcError
 
 if TYPE_CHECKING:
     from ._errors import CallKind
+    from ._pb import queue_pb2 as pb
+else:  # protobuf loads when a client connects, not with `import sepp`
+    from ._lazy import lazy_module
+
+    pb = lazy_module("sepp._pb.queue_pb2")
 
 T = TypeVar("T")
 
@@ -96,12 +100,14 @@ class Client:
     async def _connect(self) -> None:
         """Open the first connection (open() fails at once if the server is unreachable)."""
         try:
-            # The wire layer has no public connect yet; this is its one use outside it.
-            await self._channel._ready_connection()
+            await self._channel.connect()
         except RpcError as exc:
             raise error_from_status(
                 exc.code, exc.details, kind=exc.kind, addr=self._address
             ) from None
+        # The message classes are needed by every call: load them now rather than in the
+        # first one (about 25 ms), while the application is still starting up.
+        pb.DESCRIPTOR  # noqa: B018
         if self._validate_locally and self._nursery is not None:
             self._limits.start(self._nursery)  # so the first enqueue need not wait for them
 

@@ -4,12 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from google.protobuf import duration_pb2, timestamp_pb2
-
-from . import _rejections as rj
-from ._pb import queue_pb2 as pb
+from ._lazy import lazy_module
 from ._types import (
     CustomValue,
     DeadLetterCause,
@@ -22,6 +19,15 @@ from ._types import (
     TraceContext,
     leased_job_context,
 )
+
+if TYPE_CHECKING:
+    from google.protobuf import duration_pb2, timestamp_pb2
+
+    from . import _rejection_reasons as rj
+    from ._pb import queue_pb2 as pb
+else:  # protobuf with the first call, the rejection classes with the first rejection
+    pb = lazy_module("sepp._pb.queue_pb2")
+    rj = lazy_module("sepp._rejection_reasons")
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
-from ._rejections import BatchRejection, JobRejection, describe_job_rejection
+from ._rejections import BatchRejection, JobRejection
 from .wire._failure import FailureKind
 from .wire._status import StatusCode
 
@@ -81,6 +81,8 @@ class JobRejectedError(SeppError):
     """`enqueue` of one job was rejected; `rejection` says why."""
 
     def __init__(self, rejection: JobRejection) -> None:
+        from ._rejection_reasons import describe_job_rejection
+
         super().__init__(f"job rejected: {describe_job_rejection(rejection)}")
         self.rejection = rejection
 
@@ -89,6 +91,8 @@ class BatchValidationError(SeppError):
     """An atomic enqueue was refused as a whole; `errors` lists each offending job."""
 
     def __init__(self, errors: Sequence[BatchRejection]) -> None:
+        from ._rejection_reasons import describe_job_rejection
+
         parts = "; ".join(
             f"#{e.index}: {describe_job_rejection(e.rejection)}" for e in list(errors)[:5]
         )

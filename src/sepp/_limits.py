@@ -7,12 +7,18 @@ from __future__ import annotations
 import math
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta, timezone
+from typing import TYPE_CHECKING
 
 import trio
 
-from . import _rejections as rj
+from ._lazy import lazy_module
 from ._log import Log
 from ._types import EnqueueRequest, ServerInfo
+
+if TYPE_CHECKING:
+    from . import _rejection_reasons as rj
+else:  # the rejection classes load with the first rejection
+    rj = lazy_module("sepp._rejection_reasons")
 
 # Refetch at most this often: after a rejection that contradicts the cache, or a failed fetch.
 LIMITS_REFRESH_S = 30.0

@@ -1,5 +1,6 @@
-"""Optional OpenTelemetry glue. opentelemetry-api is imported lazily and, when absent,
-everything here is a shared no-op object: no allocation, no context lookups."""
+"""Optional OpenTelemetry glue. opentelemetry-api is imported on first use (the first span,
+metric or `AVAILABLE` lookup, never by `import sepp`) and, when absent, everything here is a
+shared no-op object: no allocation, no context lookups."""
 
 from __future__ import annotations
 
@@ -13,14 +14,39 @@ from ._version import __version__
 if TYPE_CHECKING:
     from ._types import Job
 
-try:  # the `otel` extra
-    from opentelemetry import metrics as _metrics
-    from opentelemetry import propagate as _propagate
-    from opentelemetry import trace as _trace
-except ImportError:  # pragma: no cover - exercised by a subprocess test
-    AVAILABLE = False
-else:
-    AVAILABLE = True
+# Bound by _load(): the first read of `_otel.AVAILABLE` goes through __getattr__ below.
+AVAILABLE: bool
+_loaded = False
+_metrics: Any = None
+_propagate: Any = None
+_trace: Any = None
+
+
+def _load() -> bool:
+    """Import opentelemetry-api (the `otel` extra) if it is installed; once."""
+    global AVAILABLE, _loaded, _metrics, _propagate, _trace
+    try:
+        from opentelemetry import metrics, propagate, trace
+    except ImportError:  # pragma: no cover - exercised by a subprocess test
+        AVAILABLE = False
+    else:
+        _metrics, _propagate, _trace = metrics, propagate, trace
+        AVAILABLE = True
+    _loaded = True
+    return AVAILABLE
+
+
+def _available() -> bool:
+    return AVAILABLE if _loaded else _load()
+
+
+if not TYPE_CHECKING:
+
+    def __getattr__(name: str) -> object:
+        if name == "AVAILABLE":
+            return _load()
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 Header = tuple[bytes, bytes]
 Attributes = Mapping[str, str | int | float | bool | Sequence[str]]
@@ -91,14 +117,14 @@ class OtelSpan:
 
 
 def client_span(name: str, attributes: Attributes) -> NoopSpan | OtelSpan:
-    if not AVAILABLE:
+    if not _available():
         return NOOP_SPAN
     return OtelSpan(name, _trace.SpanKind.CLIENT, {"messaging.system": "sepp", **attributes})
 
 
 def process_span(job: Job, worker_id: str | None) -> NoopSpan | OtelSpan:
     """The worker's CONSUMER span for one job, linked (not parented) to the job's trace."""
-    if not AVAILABLE:
+    if not _available():
         return NOOP_SPAN
     ctx = job.ctx
     links = []
@@ -123,7 +149,7 @@ def process_span(job: Job, worker_id: str | None) -> NoopSpan | OtelSpan:
 
 def outgoing_headers() -> list[Header]:
     """`traceparent`/`tracestate` for the current context, from the configured propagator."""
-    if not AVAILABLE:
+    if not _available():
         return []
     carrier: dict[str, str] = {}
     _propagate.inject(carrier)
@@ -135,7 +161,7 @@ def outgoing_headers() -> list[Header]:
 
 
 def current_trace_context() -> TraceContext | None:
-    if not AVAILABLE:
+    if not _available():
         return None
     carrier: dict[str, str] = {}
     _propagate.inject(carrier)
@@ -153,7 +179,7 @@ class WorkerMetrics:
         self._instruments: dict[str, Any] = {}
 
     def _get(self, name: str) -> Any:
-        if not AVAILABLE:
+        if not _available():
             return None
         if not self._ready:
             meter = _metrics.get_meter(_INSTRUMENTATION, __version__)

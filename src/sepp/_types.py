@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import builtins
 import enum
-import json as _json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -80,8 +79,10 @@ class Payload:
 
     @classmethod
     def _from_json(cls, value: object) -> Payload:
+        import json  # here, not at the top: it is 10 % of `import sepp`
+
         try:
-            text = _json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+            text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
         except (TypeError, ValueError) as exc:
             raise ValidationError("payload", f"not JSON-serialisable: {exc}") from None
         return cls(text.encode("utf-8"), JSON_ENCODING)
@@ -91,7 +92,9 @@ class Payload:
         return cls(v.utf8_text("payload", value).encode("utf-8"), TEXT_ENCODING)
 
     def _read_json(self) -> Any:
-        return _json.loads(self.data)
+        import json
+
+        return json.loads(self.data)
 
     def _read_text(self) -> str:
         return self.data.decode("utf-8")

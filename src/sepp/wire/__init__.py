@@ -1,7 +1,8 @@
 """gRPC over HTTP/2 for sepp's one service: two sans-IO engines (our codec, the default, and
 h2, the reference) behind one interface, and a trio driver."""
 
-from ._codec import CodecGrpcConnection as CodecGrpcConnection
+from typing import TYPE_CHECKING
+
 from ._engine import DEFAULT_WIRE_ENGINE as DEFAULT_WIRE_ENGINE
 from ._engine import WIRE_ENGINES as WIRE_ENGINES
 from ._engine import GrpcConnection as GrpcConnection
@@ -16,6 +17,9 @@ from ._failure import FailureKind as FailureKind
 from ._framing import MessageDecoder as MessageDecoder
 from ._framing import encode_message as encode_message
 from ._status import StatusCode as StatusCode
+
+if TYPE_CHECKING:
+    from ._codec import CodecGrpcConnection as CodecGrpcConnection
 
 __all__ = [
     "DEFAULT_WIRE_ENGINE",
@@ -34,3 +38,15 @@ __all__ = [
     "connection_class",
     "encode_message",
 ]
+
+
+if not TYPE_CHECKING:
+
+    def __getattr__(name: str) -> object:
+        # The codec (and hpack under it) loads with the first connection: `connection_class`.
+        if name == "CodecGrpcConnection":
+            return connection_class("codec")
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+    def __dir__() -> list[str]:
+        return sorted({*globals(), "CodecGrpcConnection"})

@@ -387,6 +387,10 @@ class Channel:
             return conn
         raise _deadline_exceeded(timeout)
 
+    async def connect(self) -> None:
+        """Open a connection now (calls otherwise connect on first use); raises RpcError."""
+        await self._ready_connection()
+
     async def _ready_connection(self) -> _Connection:
         conn = self._current
         if conn is not None and conn.usable:

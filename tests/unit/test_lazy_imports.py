@@ -1,0 +1,137 @@
+"""`import sepp` loads what opening a client needs and nothing else; the rest loads on first
+use, and every public name still resolves (attribute, `from sepp import *`, `dir()`)."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+import types
+
+import pytest
+
+import sepp
+from sepp._lazy import lazy_module
+
+# Not imported by `import sepp` (none of them is imported by trio either: checked below).
+DEFERRED = (
+    "opentelemetry",  # the `otel` extra, installed in the dev environment
+    "h2",  # the reference wire engine
+    "hyperframe",
+    "hpack",  # the codec's header decoder: with the first connection
+    "google.protobuf",  # the messages: when a client connects
+    "sepp._pb",
+    "sepp.wire._codec",
+    "argparse",  # the command line
+    "sepp._cli",
+    "sepp.testing",
+    "sepp._worker",
+    "sepp._router",
+    "sepp._schedule",
+    "sepp._scheduler",
+    "zoneinfo",
+    "sepp._rejection_reasons",
+    "json",
+)
+
+
+def run_python(code: str) -> object:
+    """Run `code` in a fresh interpreter; it prints one Python literal (repr, not json, which
+    `import sepp` must not import), returned here."""
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    return ast.literal_eval(done.stdout)
+
+
+def imported(*statements: str) -> set[str]:
+    """The modules a fresh interpreter holds after `statements`."""
+    code = "; ".join([*statements, "import sys", "print(sorted(sys.modules))"])
+    result = run_python(code)
+    assert isinstance(result, list)
+    return set(result)
+
+
+def loaded(modules: set[str], name: str) -> bool:
+    return any(m == name or m.startswith(f"{name}.") for m in modules)
+
+
+def test_import_sepp_leaves_the_rest_for_first_use() -> None:
+    trio_alone = imported("import trio")
+    assert not [name for name in DEFERRED if loaded(trio_alone, name)]
+    with_sepp = imported("import sepp")
+    assert "sepp._client" in with_sepp  # opening a client needs no further import
+    assert [name for name in DEFERRED if loaded(with_sepp, name)] == []
+
+
+def test_first_use_loads_what_was_deferred() -> None:
+    modules = imported(
+        "import sepp",
+        "sepp.Worker, sepp.Scheduler, sepp.QueueFull",
+        "sepp.Payload.json(1)",
+        "sepp._otel.AVAILABLE",
+        "sepp._convert.pb.ReserveRequest",
+    )
+    for name in (
+        "sepp._worker",
+        "sepp._scheduler",
+        "sepp._rejection_reasons",
+        "json",
+        "opentelemetry",
+        "sepp._pb.queue_pb2",
+    ):
+        assert loaded(modules, name), name
+
+
+def test_every_public_name_resolves_in_a_fresh_interpreter() -> None:
+    result = run_python(
+        "import sepp; ns = {}; exec('from sepp import *', ns); "
+        "print({'all': sepp.__all__, 'star': sorted(ns), "
+        "'missing': [n for n in sepp.__all__ if getattr(sepp, n, None) is None], "
+        "'dir': dir(sepp)})"
+    )
+    assert isinstance(result, dict)
+    assert result["missing"] == []
+    assert set(result["all"]) <= set(result["star"])
+    assert set(result["all"]) <= set(result["dir"])
+
+
+def test_lazy_names_are_the_defining_modules_objects() -> None:
+    from sepp import _rejection_reasons, _router, _schedule, _scheduler, _worker
+
+    assert sepp.Worker is _worker.Worker
+    assert sepp.HandlerError is _worker.HandlerError
+    assert sepp.Router is _router.Router
+    assert sepp.Schedule is _schedule.Schedule
+    assert sepp.Scheduler is _scheduler.Scheduler
+    assert sepp.QueueFull is _rejection_reasons.QueueFull
+    assert issubclass(sepp.QueueFull, sepp.JobRejection)
+    assert sepp.describe_job_rejection(sepp.QueueClosing("q")) == "queue 'q' is closing"
+
+
+def test_an_unknown_name_is_still_an_attribute_error() -> None:
+    with pytest.raises(AttributeError, match="NoSuchThing"):
+        sepp.NoSuchThing  # type: ignore[attr-defined]  # noqa: B018
+    assert not hasattr(sepp, "Wroker")
+    with pytest.raises(ImportError):
+        from sepp import NoSuchThing  # type: ignore[attr-defined]  # noqa: F401
+
+
+def test_a_lazy_module_imports_on_first_use_then_is_a_plain_module() -> None:
+    result = run_python(
+        "import sys, types; from sepp._lazy import lazy_module; "
+        "m = lazy_module('sepp._rejection_reasons'); "
+        "before = 'sepp._rejection_reasons' in sys.modules; "
+        "cls = m.QueueFull; real = sys.modules['sepp._rejection_reasons']; "
+        "print([before, cls is real.QueueFull, type(m) is types.ModuleType, "
+        "m.UnknownQueue is real.UnknownQueue])"
+    )
+    assert result == [False, True, True, True]
+
+
+def test_a_lazy_module_for_a_missing_module_raises_on_use() -> None:
+    missing = lazy_module("sepp._no_such_module")
+    assert isinstance(missing, types.ModuleType)
+    with pytest.raises(ModuleNotFoundError):
+        missing.anything  # noqa: B018
