@@ -37,10 +37,11 @@ from ._events import (
 )
 from ._failure import FailureKind
 from ._framing import FramingError, encode_message
-from ._hpack import encode_field
+from ._hpack import encode_authority, encode_field
 from ._response import (
     FRAME_HEADER_BYTES,
     ResponseState,
+    encode_authority,
     finish,
     is_informational,
 )
@@ -201,7 +202,7 @@ class CodecGrpcConnection(CallTable[_Call]):
         # The fields before and after :path, which varies by method.
         before_path = [(b":method", b"POST"), (b":scheme", scheme.encode("ascii"))]
         after_path: list[tuple[bytes, bytes, bool]] = [
-            (b":authority", authority.encode("idna"), False),
+            (b":authority", encode_authority(authority), False),
             (b"te", b"trailers", False),
             (b"content-type", b"application/grpc", False),
             (b"user-agent", user_agent.encode("ascii"), False),

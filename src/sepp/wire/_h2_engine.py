@@ -36,8 +36,10 @@ from ._events import (
 from ._failure import FailureKind
 from ._framing import FramingError, encode_message
 from ._h2_overrides import PatchedH2Connection
+from ._hpack import encode_authority
 from ._response import (
     ResponseState,
+    encode_authority,
     finish,
 )
 from ._status import StatusCode, encode_grpc_timeout, status_from_rst
@@ -80,7 +82,7 @@ class H2GrpcConnection(CallTable[_Call]):
             (b":method", b"POST"),
             (b":scheme", scheme.encode("ascii")),
             (b":path", b""),  # replaced per method
-            (b":authority", authority.encode("idna")),
+            (b":authority", encode_authority(authority)),
             (b"te", b"trailers"),
             (b"content-type", b"application/grpc"),
             (b"user-agent", user_agent.encode("ascii")),

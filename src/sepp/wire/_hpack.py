@@ -28,6 +28,11 @@ _NEVER_INDEXED = 0x10  # §6.2.3
 _MAX_CACHED_FIELDS = 512
 
 
+def encode_authority(authority: str) -> bytes:
+    """`:authority` as sent: ASCII as it is (the idna codec costs an import of stringprep)."""
+    return authority.encode("ascii") if authority.isascii() else authority.encode("idna")
+
+
 def encode_integer(value: int, prefix_bits: int, first_byte: int = 0) -> bytes:
     """§5.1 integer representation with an N-bit prefix."""
     limit = (1 << prefix_bits) - 1
