@@ -41,7 +41,6 @@ from ._hpack import encode_authority, encode_field
 from ._response import (
     FRAME_HEADER_BYTES,
     ResponseState,
-    encode_authority,
     finish,
     is_informational,
 )

@@ -39,7 +39,6 @@ from ._h2_overrides import PatchedH2Connection
 from ._hpack import encode_authority
 from ._response import (
     ResponseState,
-    encode_authority,
     finish,
 )
 from ._status import StatusCode, encode_grpc_timeout, status_from_rst
