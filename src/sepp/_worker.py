@@ -449,7 +449,8 @@ class Worker:
                     try:
                         outcome = await self._run_handler(held, fn)
                     finally:
-                        held.keeper_scope.cancel()
+                        if self._auto_extend:
+                            self._leases.release(held)
                 if outcome is None:
                     span.set("sepp.outcome", "lease_lost")
                     span.fail(held.lease_lost or "lease lost")
@@ -489,7 +490,7 @@ class Worker:
         started: float | None = None
         try:
             with held.scope:
-                await held.slot_granted.wait()
+                await held.wait_for_slot()
                 started = trio.current_time()
                 self._metrics.add("in_flight", 1, attributes)
                 await fn(held.job.payload, ctx)

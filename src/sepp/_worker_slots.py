@@ -19,7 +19,7 @@ class WorkerSlots:
         self._running = 0
 
     def queue(self, held: HeldJob) -> None:
-        """Wait for a slot; `held.slot_granted` is set (maybe at once) when one is free."""
+        """Wait for a slot; it is granted (maybe at once) when one is free."""
         self._waiting.append(held)
         self._grant()
 
@@ -40,5 +40,4 @@ class WorkerSlots:
             if held.scope.cancel_called:
                 continue  # returned at shutdown or lease lost while it waited
             self._running += 1
-            held.phase = Phase.RUNNING
-            held.slot_granted.set()
+            held.grant_slot()

@@ -385,7 +385,7 @@ async def test_handler_errors_map_to_their_nack(
         seen.append((payload, ctx.attempt))
         raise raised
 
-    job_id = fake.add(payload=sepp.Payload.text("hi"))
+    job_id = fake.add(payload=sepp.Payload.text("hi"), max_attempts=1)  # no redelivery
     async with running(worker):
         await trio.sleep(1)
     assert seen == [(sepp.Payload.text("hi"), 1)]
@@ -448,7 +448,7 @@ async def test_handler_errors_from_a_handlers_nursery_take_the_strongest_outcome
     async def work(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
         await _raise_in_children(*raised)
 
-    fake.add()
+    fake.add(max_attempts=1)  # a nack on the final attempt is not redelivered
     async with running(worker):
         await trio.sleep(1)
     assert fake.acks == []
@@ -468,7 +468,7 @@ async def test_a_group_with_another_exception_is_a_failure_naming_every_leaf(
     async def work(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
         await _raise_in_children(HandlerError.permanent("p"), (ValueError("boom"),))
 
-    fake.add()
+    fake.add(max_attempts=1)  # a nack on the final attempt is not redelivered
     with caplog.at_level(logging.ERROR, logger="test.worker"):
         async with running(worker):
             await trio.sleep(1)
@@ -507,7 +507,7 @@ async def test_other_exceptions_nack_with_the_default_policy_and_log_a_traceback
     async def work(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
         raise ValueError("boom")
 
-    fake.add()
+    fake.add(max_attempts=1)  # a nack on the final attempt is not redelivered
     with caplog.at_level(logging.ERROR, logger="test.worker"):
         async with running(worker):
             await trio.sleep(1)
@@ -526,7 +526,7 @@ async def test_long_exception_messages_are_clipped_in_the_reason(autojump_clock:
     async def work(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
         raise HandlerError.retry("x" * 5000 + "\udc80")
 
-    fake.add()
+    fake.add(max_attempts=1)  # a nack on the final attempt is not redelivered
     async with running(worker):
         await trio.sleep(1)
     ((call),) = fake.nacks
