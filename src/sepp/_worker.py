@@ -46,7 +46,8 @@ EARLY_EMPTY_THRESHOLD_S = 0.1
 EARLY_EMPTY_PAUSE_S = 0.25
 # A reserve sent less than this long before shutdown is let finish rather than cancelled: on a
 # non-empty queue the server has most likely leased jobs for it already, and cancelling would
-# strand them until their leases expire. Older ones are long-polling an empty queue.
+# strand them until their leases expire. Older ones are long-polling an empty queue, and so is
+# one sent after a reserve that found the queues drained (fewer jobs than it asked for).
 RESERVE_SETTLE_S = 0.5
 
 
@@ -94,8 +95,8 @@ class Worker:
     handler and neither acks nor nacks.
 
     `shutdown()` stops reserving at once (a long-poll is cancelled; a reserve sent under half a
-    second earlier may finish, since the server has most likely leased its jobs already), and
-    returns jobs still waiting for a slot. Running handlers get `shutdown_timeout` seconds; then
+    second earlier may finish, since the server has most likely leased its jobs already, unless
+    the one before it found the queues drained), and returns jobs still waiting for a slot. Running handlers get `shutdown_timeout` seconds; then
     they are cancelled and their jobs nacked for immediate retry. `run()` returns when every
     job it held is settled. Cancelling `run()` itself is the hard stop: nothing is acked or
     nacked and held jobs return when their leases expire.
@@ -168,6 +169,8 @@ class Worker:
         self._token: trio.lowlevel.TrioToken | None = None
         self._reserve_scope = trio.CancelScope()
         self._reserve_sent_at: float | None = None
+        # The last reserve got fewer jobs than it asked for: the pending one is long-polling.
+        self._queues_drained = False
         self._held: dict[int, HeldJob] = {}
         self._held_changed = trio.Event()
         self._leases = LeaseKeeper(
@@ -255,7 +258,11 @@ class Worker:
         self._shutting_down = True
         self._shutdown_began_at = trio.current_time()
         sent_at = self._reserve_sent_at
-        if sent_at is not None and trio.current_time() - sent_at < RESERVE_SETTLE_S:
+        if (
+            sent_at is not None
+            and not self._queues_drained
+            and trio.current_time() - sent_at < RESERVE_SETTLE_S
+        ):
             self._reserve_scope.deadline = sent_at + RESERVE_SETTLE_S
         else:
             self._reserve_scope.cancel()
@@ -350,6 +357,7 @@ class Worker:
                 )
             except Exception as exc:  # the loop must outlive every reserve failure
                 self._reserve_sent_at = None
+                self._queues_drained = False  # unknown again
                 self._metrics.add("reserve_failed", 1, {"sepp.queues": self._queues})
                 failures += 1
                 delay = self._reserve_backoff(failures)
@@ -357,6 +365,7 @@ class Worker:
                 await trio.sleep(delay)
                 continue
             self._reserve_sent_at = None
+            self._queues_drained = len(jobs or ()) < want
             self._metrics.add(
                 "reserve_completed", 1, {"sepp.queues": self._queues, "sepp.jobs": len(jobs or ())}
             )
@@ -373,8 +382,10 @@ class Worker:
                 self._dispatch(job)
             if not self._reserving():
                 return
-            if jobs:
-                # Let the handlers just spawned start before the next reserve is built and sent.
+            if jobs and len(jobs) < want:
+                # The queue had no more: the next reserve will long-poll, so let the handlers
+                # just spawned start first (latency). A full batch means a backlog: ask again
+                # at once (throughput); the handlers start in the next scheduler pass anyway.
                 await trio.lowlevel.checkpoint()
             if not jobs and trio.current_time() - began < early_empty_s:
                 await trio.sleep(EARLY_EMPTY_PAUSE_S)
