@@ -48,6 +48,11 @@ class HeldJob:
         self._seen_expiry: datetime | None = None
         self._deadline = 0.0
 
+    @property
+    def cancelled(self) -> bool:
+        """Whether shutdown or lease loss cancelled `scope` (both set their flag first)."""
+        return self.forced or self.lease_lost is not None
+
     async def wait_for_slot(self) -> None:
         """Return once the job holds a slot; without yielding if it already does (a
         cancellation of `scope` still raises here)."""
@@ -67,11 +72,17 @@ class HeldJob:
         """The granted expiry as a trio deadline, re-read whenever extend (ours or the
         handler's) moved it. Capped at `cap_s` from the conversion so a server clock running
         ahead of ours cannot make us extend late."""
+        if self.job.ctx.lease_expires_at != self._seen_expiry:
+            now = trio.current_time()
+            return self.convert_lease(now_utc(), now, now, cap_s)
+        return self._deadline
+
+    def convert_lease(self, wall: datetime, wall_at: float, now: float, cap_s: float) -> float:
+        """Convert the granted expiry with a wall-clock reading `wall` taken at trio time
+        `wall_at` (≤ `now`, so one reading can serve many jobs); returns `lease_deadline`."""
         expiry = self.job.ctx.lease_expires_at
-        if expiry != self._seen_expiry:
-            left_s = (expiry - now_utc()).total_seconds()
-            self._deadline = trio.current_time() + min(left_s, cap_s)
-            self._seen_expiry = expiry
+        self._deadline = min(wall_at + (expiry - wall).total_seconds(), now + cap_s)
+        self._seen_expiry = expiry
         return self._deadline
 
     def stop(self) -> None:

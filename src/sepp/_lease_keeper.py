@@ -24,6 +24,9 @@ EXTEND_RETRY_MIN_WAIT_S = 0.25
 # Released jobs' heap entries are dropped in a rebuild once they outnumber the watched ones
 # (plus this), which bounds the heap by the jobs held, not by the rate times a third of a lease.
 REBUILD_SLACK = 64
+# Watching a job converts its expiry with a wall-clock reading up to this old (plus the trio
+# time since), rather than reading the wall clock for every job.
+WALL_READING_MAX_AGE_S = 1.0
 
 
 class LeaseKeeper:
@@ -53,6 +56,8 @@ class LeaseKeeper:
         self._due: list[tuple[float, int]] = []
         self._watched: dict[int, tuple[float, HeldJob, contextvars.Context]] = {}
         self._keys = itertools.count()
+        self._wall: datetime | None = None  # a wall-clock reading, taken at trio time _wall_at
+        self._wall_at = 0.0
         self._due_changed = trio.Event()
         self._scope = trio.CancelScope()
 
@@ -62,7 +67,11 @@ class LeaseKeeper:
         # The context is the job's (its process span is current), so the keeper's extend
         # spans nest under sepp.process like the handler's.
         key = held.watch_key = next(self._keys)
-        due = self._first_extend_at(held)
+        now = trio.current_time()
+        if self._wall is None or now - self._wall_at >= WALL_READING_MAX_AGE_S:
+            self._wall, self._wall_at = self._now_utc(), now
+        left_s = held.convert_lease(self._wall, self._wall_at, now, self._lease_s) - now
+        due = now + max(left_s / 3, min(EXTEND_MIN_WAIT_S, left_s), 0.0)
         self._watched[key] = (due, held, contextvars.copy_context())
         heapq.heappush(self._due, (due, key))
         if self._due[0][1] == key:
@@ -107,10 +116,6 @@ class LeaseKeeper:
                 heapq.heappop(self._due)
                 _, held, context = self._watched.pop(key)
                 context.run(nursery.start_soon, self._keep_lease, held)
-
-    def _first_extend_at(self, held: HeldJob) -> float:
-        left_s = held.lease_deadline(self._now_utc, self._lease_s) - trio.current_time()
-        return trio.current_time() + max(left_s / 3, min(EXTEND_MIN_WAIT_S, left_s), 0.0)
 
     async def _keep_lease(self, held: HeldJob) -> None:
         """Extend the lease from the granted expiry until released or the lease is lost."""

@@ -96,10 +96,11 @@ class Worker:
 
     `shutdown()` stops reserving at once (a long-poll is cancelled; a reserve sent under half a
     second earlier may finish, since the server has most likely leased its jobs already, unless
-    the one before it found the queues drained), and returns jobs still waiting for a slot. Running handlers get `shutdown_timeout` seconds; then
-    they are cancelled and their jobs nacked for immediate retry. `run()` returns when every
-    job it held is settled. Cancelling `run()` itself is the hard stop: nothing is acked or
-    nacked and held jobs return when their leases expire.
+    the one before it found the queues drained), and returns jobs still waiting for a slot.
+    Running handlers get `shutdown_timeout` seconds; then they are cancelled and their jobs
+    nacked for immediate retry. `run()` returns when every job it held is settled. Cancelling
+    `run()` itself is the hard stop: nothing is acked or nacked and held jobs return when their
+    leases expire.
 
     Durations are seconds (float) or `timedelta`. The worker needs only the client's public
     `reserve`, `ack`, `nack` and `extend` (any object with those, typed as `WorkerClient`).
@@ -172,7 +173,7 @@ class Worker:
         # The last reserve got fewer jobs than it asked for: the pending one is long-polling.
         self._queues_drained = False
         self._held: dict[int, HeldJob] = {}
-        self._held_changed = trio.Event()
+        self._held_changed = trio.lowlevel.ParkingLot()  # unparked whenever _held shrinks
         self._leases = LeaseKeeper(
             client, lease_s=self._lease_s, now_utc=self._now_utc, log=self._log
         )
@@ -321,7 +322,7 @@ class Worker:
         self._grace_scope.deadline = self._shutdown_began_at + self._shutdown_timeout_s
         with self._grace_scope:
             while self._held:
-                await self._held_changed.wait()
+                await self._held_changed.park()
         if self._held:
             early = trio.current_time() < self._grace_scope.deadline
             why = "told to stop now" if early else "shutdown_timeout passed"
@@ -341,7 +342,7 @@ class Worker:
         while self._reserving():
             # An over-generous server can leave us holding more than max_in_flight.
             while len(self._held) >= self._max_in_flight:
-                await self._held_changed.wait()
+                await self._held_changed.park()
             want = self._max_in_flight - len(self._held)
             if self._max_jobs is not None:
                 want = min(want, self._max_jobs)
@@ -440,8 +441,7 @@ class Worker:
         self._jobs_nursery.start_soon(self._process, held, fn, name=f"sepp job {job.ctx}")
 
     def _signal_held_changed(self) -> None:
-        changed, self._held_changed = self._held_changed, trio.Event()
-        changed.set()
+        self._held_changed.unpark_all()
 
     # -- one job ------------------------------------------------------------------------------
 
@@ -497,13 +497,14 @@ class Worker:
         ctx = held.job.ctx
         returned = False
         error: Exception | None = None
-        attributes = {"sepp.queue": ctx.queue, "sepp.job_type": ctx.job_type}
+        attributes = _job_attributes(ctx) if self._metrics.enabled else None
         started: float | None = None
         try:
             with held.scope:
                 await held.wait_for_slot()
-                started = trio.current_time()
-                self._metrics.add("in_flight", 1, attributes)
+                if attributes is not None:
+                    started = trio.current_time()
+                    self._metrics.add("in_flight", 1, attributes)
                 await fn(held.job.payload, ctx)
                 returned = True
         except Exception as exc:  # the handler's failure is the job's outcome, not ours
@@ -511,7 +512,7 @@ class Worker:
         finally:
             self._slots.release(held)
             held.phase = Phase.SETTLING
-            if started is not None:
+            if attributes is not None and started is not None:
                 self._metrics.add("in_flight", -1, attributes)
                 self._metrics.record("duration", trio.current_time() - started, attributes)
         if held.lease_lost is not None:
@@ -533,14 +534,16 @@ class Worker:
 
     async def _settle(self, ctx: JobContext, outcome: outcomes.Outcome) -> None:
         verb = "ack" if outcome.retry is None else "nack"
-        attributes = {"sepp.queue": ctx.queue, "sepp.job_type": ctx.job_type}
         try:
             if outcome.retry is None:
                 await self._client.ack(ctx)
-                self._metrics.add("processed", 1, attributes)
+                if self._metrics.enabled:
+                    self._metrics.add("processed", 1, _job_attributes(ctx))
             else:
                 await self._client.nack(ctx, reason=outcome.reason, retry=outcome.retry)
-                self._metrics.add("nacked", 1, {**attributes, "sepp.outcome": outcome.label})
+                if self._metrics.enabled:
+                    attributes = {**_job_attributes(ctx), "sepp.outcome": outcome.label}
+                    self._metrics.add("nacked", 1, attributes)
         except JobNotFoundError as exc:
             self._log.warning(
                 "sepp: %s of %s found no lease (%s): it expired and was swept, or an earlier"
@@ -575,6 +578,10 @@ class Worker:
                 outcomes.describe(exc),
                 exc_info=exc,
             )
+
+
+def _job_attributes(ctx: JobContext) -> dict[str, str]:
+    return {"sepp.queue": ctx.queue, "sepp.job_type": ctx.job_type}
 
 
 def _current_token() -> trio.lowlevel.TrioToken | None:

@@ -37,7 +37,7 @@ class WorkerSlots:
     def _grant(self) -> None:
         while self._running < self._max_in_flight and self._waiting:
             held = self._waiting.popleft()
-            if held.scope.cancel_called:
+            if held.cancelled:
                 continue  # returned at shutdown or lease lost while it waited
             self._running += 1
             held.grant_slot()
