@@ -383,10 +383,12 @@ class Worker:
                 self._dispatch(job)
             if not self._reserving():
                 return
-            if jobs and len(jobs) < want:
-                # The queue had no more: the next reserve will long-poll, so let the handlers
-                # just spawned start first (latency). A full batch means a backlog: ask again
-                # at once (throughput); the handlers start in the next scheduler pass anyway.
+            if jobs and self._queues_drained:
+                # The next reserve will long-poll, so let the handlers just spawned start
+                # first (latency): they run in the next scheduler pass, in an order trio
+                # picks, so this task waits for the pass after it. A full batch means a
+                # backlog: ask again at once (throughput); the handlers start meanwhile.
+                await trio.lowlevel.checkpoint()
                 await trio.lowlevel.checkpoint()
             if not jobs and trio.current_time() - began < early_empty_s:
                 await trio.sleep(EARLY_EMPTY_PAUSE_S)
