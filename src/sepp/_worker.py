@@ -433,14 +433,17 @@ class Worker:
 
     def _dispatch(self, job: Job) -> None:
         assert self._jobs_nursery is not None
+        ctx = job.ctx
         held = HeldJob(job)
         self._held[id(held)] = held
-        fn = self._router.lookup(job.ctx.job_type)
+        fn = self._router.lookup(ctx.job_type)
         if fn is not None:
             self._slots.queue(held)
             if self._shutting_down and held.phase is Phase.WAITING:
                 held.stop()
-        self._jobs_nursery.start_soon(self._process, held, fn, name=f"sepp job {job.ctx}")
+        # Type and id name the task well enough, and cost less than str(ctx).
+        name = f"sepp job {ctx.job_type}[{ctx.id}]"
+        self._jobs_nursery.start_soon(self._process, held, fn, name=name)
 
     def _signal_held_changed(self) -> None:
         self._held_changed.unpark_all()
