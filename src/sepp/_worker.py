@@ -170,8 +170,9 @@ class Worker:
         self._token: trio.lowlevel.TrioToken | None = None
         self._reserve_scope = trio.CancelScope()
         self._reserve_sent_at: float | None = None
-        # The last reserve got fewer jobs than it asked for: the pending one is long-polling.
+        # The last reserve found the queues drained, so the pending one is long-polling.
         self._queues_drained = False
+        self._largest_batch = 0  # the most jobs one reserve has returned
         self._held: dict[int, HeldJob] = {}
         self._held_changed = trio.lowlevel.ParkingLot()  # unparked whenever _held shrinks
         self._leases = LeaseKeeper(
@@ -366,9 +367,14 @@ class Worker:
                 await trio.sleep(delay)
                 continue
             self._reserve_sent_at = None
-            self._queues_drained = len(jobs or ()) < want
+            got = len(jobs or ())
+            # Fewer than asked means drained, unless the server caps a batch below what we
+            # ask: so fewer than it has sent at once before, too (when unsure, not drained).
+            short = got < want
+            self._queues_drained = got == 0 or (short and got < self._largest_batch)
+            self._largest_batch = max(self._largest_batch, got)
             self._metrics.add(
-                "reserve_completed", 1, {"sepp.queues": self._queues, "sepp.jobs": len(jobs or ())}
+                "reserve_completed", 1, {"sepp.queues": self._queues, "sepp.jobs": got}
             )
             if failures:
                 self._log.info(
@@ -383,11 +389,11 @@ class Worker:
                 self._dispatch(job)
             if not self._reserving():
                 return
-            if jobs and self._queues_drained:
-                # The next reserve will long-poll, so let the handlers just spawned start
-                # first (latency): they run in the next scheduler pass, in an order trio
-                # picks, so this task waits for the pass after it. A full batch means a
-                # backlog: ask again at once (throughput); the handlers start meanwhile.
+            if jobs and short:
+                # The next reserve will most likely long-poll, so let the handlers just
+                # spawned start first (latency): they run in the next scheduler pass, in an
+                # order trio picks, so this task waits for the pass after it. A full batch
+                # means a backlog: ask again at once (throughput); the handlers start meanwhile.
                 await trio.lowlevel.checkpoint()
                 await trio.lowlevel.checkpoint()
             if not jobs and trio.current_time() - began < early_empty_s:
@@ -446,7 +452,8 @@ class Worker:
         self._jobs_nursery.start_soon(self._process, held, fn, name=name)
 
     def _signal_held_changed(self) -> None:
-        self._held_changed.unpark_all()
+        if self._held_changed:  # anyone parked: mostly nobody, or the reserve loop alone
+            self._held_changed.unpark_all()
 
     # -- one job ------------------------------------------------------------------------------
 

@@ -996,34 +996,46 @@ async def test_shutdown_cancels_at_once_a_reserve_sent_after_the_queues_were_fou
     @worker.handler("work")
     async def work(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None: ...
 
-    fake.add()
+    for _ in range(3):
+        fake.add()
     async with trio.open_nursery() as nursery:
         await nursery.start(worker.run)
-        await trio.sleep(0.1)
+        await trio.sleep(0.05)
+        fake.add()
+        await trio.sleep(0.05)
         worker.shutdown()
-    first, second = fake.reserve_calls
-    assert (first.max_jobs, first.returned) == (5, 1)  # fewer than asked: nothing left
-    assert (second.at, second.cancelled, second.ended_at) == (0, True, 0.1)  # no settle window
-    assert len(fake.acks) == 1
+    first, second, third = fake.reserve_calls
+    assert (first.max_jobs, first.returned) == (5, 3)
+    # Fewer than asked, and fewer than the server sent at once before: the queue was drained.
+    assert (second.returned, second.ended_at) == (1, 0.05)
+    assert second.max_jobs is not None and second.max_jobs > 1
+    assert (third.at, third.cancelled, third.ended_at) == (0.05, True, 0.1)  # no settle window
+    assert len(fake.acks) == 4
 
 
+@pytest.mark.parametrize("max_batch", [None, 2])
 async def test_a_reserve_sent_after_a_full_batch_may_settle_at_shutdown(
-    autojump_clock: MockClock,
+    max_batch: int | None, autojump_clock: MockClock
 ) -> None:
+    # Full: all it asked for, or (max_batch) as many as the server ever sends at once.
     fake = FakeClient()
-    worker = make_worker(fake, max_in_flight=5, max_jobs=1, wait_timeout=30)
+    fake.max_batch = max_batch
+    worker = make_worker(fake, max_in_flight=5, max_jobs=None if max_batch else 2)
 
     @worker.handler("work")
     async def work(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None: ...
 
-    fake.add()
+    for _ in range(4):
+        fake.add()
     async with trio.open_nursery() as nursery:
         await nursery.start(worker.run)
         await trio.sleep(0.1)
         worker.shutdown()
-    first, second = fake.reserve_calls
-    assert (first.max_jobs, first.returned) == (1, 1)  # all it asked for: maybe more behind
-    assert second.cancelled and second.ended_at == pytest.approx(0.5)
+    first, second, third = fake.reserve_calls
+    assert (first.returned, second.returned) == (2, 2)
+    if max_batch is not None:
+        assert second.max_jobs > 2  # fewer than asked, as many as the server sends at once
+    assert third.cancelled and third.ended_at == pytest.approx(0.5)
 
 
 async def test_shutdown_grace_then_cancel_and_nack_for_immediate_retry(
