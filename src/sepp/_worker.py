@@ -47,7 +47,7 @@ EARLY_EMPTY_PAUSE_S = 0.25
 # A reserve sent less than this long before shutdown is let finish rather than cancelled: on a
 # non-empty queue the server has most likely leased jobs for it already, and cancelling would
 # strand them until their leases expire. Older ones are long-polling an empty queue, and so is
-# one sent after a reserve that found the queues drained (fewer jobs than it asked for).
+# one sent after a reserve that found the queues drained (see _reserve_loop).
 RESERVE_SETTLE_S = 0.5
 
 
