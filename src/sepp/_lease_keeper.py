@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextvars
 import heapq
+import itertools
 from collections.abc import Callable
 from datetime import datetime
 
@@ -20,6 +21,12 @@ from ._worker_client import WorkerClient
 # so an outage costs a few retries per lease rather than hundreds.
 EXTEND_MIN_WAIT_S = 0.001
 EXTEND_RETRY_MIN_WAIT_S = 0.25
+# Released jobs' heap entries are dropped in a rebuild once they outnumber the watched ones
+# (plus this), which bounds the heap by the jobs held, not by the rate times a third of a lease.
+REBUILD_SLACK = 64
+# Watching a job converts its expiry with a wall-clock reading up to this old (plus the trio
+# time since), rather than reading the wall clock for every job.
+WALL_READING_MAX_AGE_S = 1.0
 
 
 class LeaseKeeper:
@@ -43,23 +50,51 @@ class LeaseKeeper:
         self._lease_s = lease_s
         self._now_utc = now_utc
         self._log = log
-        self._due: list[tuple[float, int, HeldJob, contextvars.Context]] = []
+        # First extends by time: (due, key). A released job's entry stays until it comes up
+        # or the heap is rebuilt, so releasing is O(1); the job itself is in `_watched` only,
+        # so a settled job (and its payload) is not kept alive by its stale entry.
+        self._due: list[tuple[float, int]] = []
+        self._watched: dict[int, tuple[float, HeldJob, contextvars.Context]] = {}
+        self._keys = itertools.count()
+        self._wall: datetime | None = None  # a wall-clock reading, taken at trio time _wall_at
+        self._wall_at = 0.0
         self._due_changed = trio.Event()
         self._scope = trio.CancelScope()
 
     def watch(self, held: HeldJob) -> None:
-        """Keep `held`'s lease from its first extend on; call from the job's own task."""
+        """Keep `held`'s lease from its first extend on, until `release(held)`; call from the
+        job's own task."""
         # The context is the job's (its process span is current), so the keeper's extend
         # spans nest under sepp.process like the handler's.
-        entry = (self._first_extend_at(held), id(held), held, contextvars.copy_context())
-        heapq.heappush(self._due, entry)
-        if self._due[0] is entry:
-            changed, self._due_changed = self._due_changed, trio.Event()
-            changed.set()
+        key = held.watch_key = next(self._keys)
+        now = trio.current_time()
+        if self._wall is None or now - self._wall_at >= WALL_READING_MAX_AGE_S:
+            self._wall, self._wall_at = self._now_utc(), now
+        left_s = held.convert_lease(self._wall, self._wall_at, now, self._lease_s) - now
+        due = now + max(left_s / 3, min(EXTEND_MIN_WAIT_S, left_s), 0.0)
+        self._watched[key] = (due, held, contextvars.copy_context())
+        heapq.heappush(self._due, (due, key))
+        if self._due[0][1] == key:
+            self._wake()
+
+    def release(self, held: HeldJob) -> None:
+        """The job is settling: no more extends (a keeper already running is cancelled)."""
+        if held.keeper_scope is not None:
+            held.keeper_scope.cancel()
+        if self._watched.pop(held.watch_key, None) is None:
+            return
+        if len(self._due) > 2 * len(self._watched) + REBUILD_SLACK:
+            self._due = [(due, key) for key, (due, _, _) in self._watched.items()]
+            heapq.heapify(self._due)
+            self._wake()
 
     def stop(self) -> None:
         """End `run()`; keepers already started end with their jobs."""
         self._scope.cancel()
+
+    def _wake(self) -> None:
+        changed, self._due_changed = self._due_changed, trio.Event()
+        changed.set()
 
     async def run(self, nursery: trio.Nursery) -> None:
         """Starts a job's keeper in `nursery` when its first extend falls due, if it is still
@@ -70,25 +105,24 @@ class LeaseKeeper:
                 if not self._due:
                     await changed.wait()
                     continue
-                due, _, held, context = self._due[0]
-                if held.phase is Phase.SETTLING or held.keeper_scope.cancel_called:
-                    heapq.heappop(self._due)
+                due, key = self._due[0]
+                if key not in self._watched:
+                    heapq.heappop(self._due)  # released
                     continue
                 if trio.current_time() < due:
                     with trio.move_on_at(due):
                         await changed.wait()
                     continue
                 heapq.heappop(self._due)
-                context.run(nursery.start_soon, self._keep_lease, held, True)
+                _, held, context = self._watched.pop(key)
+                context.run(nursery.start_soon, self._keep_lease, held)
 
-    def _first_extend_at(self, held: HeldJob) -> float:
-        left_s = held.lease_deadline(self._now_utc, self._lease_s) - trio.current_time()
-        return trio.current_time() + max(left_s / 3, min(EXTEND_MIN_WAIT_S, left_s), 0.0)
-
-    async def _keep_lease(self, held: HeldJob, first_extend_due: bool = False) -> None:
-        """Extend the lease from the granted expiry until cancelled or the lease is lost."""
-        with held.keeper_scope:
-            await self._extend_until_lost(held, first_extend_due)
+    async def _keep_lease(self, held: HeldJob) -> None:
+        """Extend the lease from the granted expiry until released or the lease is lost."""
+        if held.phase is Phase.SETTLING:
+            return  # released between being scheduled and starting
+        with trio.CancelScope() as held.keeper_scope:
+            await self._extend_until_lost(held, first_extend_due=True)
 
     async def _extend_until_lost(self, held: HeldJob, first_extend_due: bool) -> None:
         ctx = held.job.ctx

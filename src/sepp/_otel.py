@@ -175,6 +175,8 @@ class WorkerMetrics:
     """The worker's instruments; created lazily so a meter provider set later is honoured."""
 
     def __init__(self) -> None:
+        # False without the otel extra: callers skip building attributes for a no-op.
+        self.enabled = _available()
         self._ready = False
         self._instruments: dict[str, Any] = {}
 

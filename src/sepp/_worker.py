@@ -46,7 +46,8 @@ EARLY_EMPTY_THRESHOLD_S = 0.1
 EARLY_EMPTY_PAUSE_S = 0.25
 # A reserve sent less than this long before shutdown is let finish rather than cancelled: on a
 # non-empty queue the server has most likely leased jobs for it already, and cancelling would
-# strand them until their leases expire. Older ones are long-polling an empty queue.
+# strand them until their leases expire. Older ones are long-polling an empty queue, and so is
+# one sent after a reserve that found the queues drained (see _reserve_loop).
 RESERVE_SETTLE_S = 0.5
 
 
@@ -96,11 +97,12 @@ class Worker:
     handler and neither acks nor nacks.
 
     `shutdown()` stops reserving at once (a long-poll is cancelled; a reserve sent under half a
-    second earlier may finish, since the server has most likely leased its jobs already), and
-    returns jobs still waiting for a slot. Running handlers get `shutdown_timeout` seconds; then
-    they are cancelled and their jobs nacked for immediate retry. `run()` returns when every
-    job it held is settled. Cancelling `run()` itself is the hard stop: nothing is acked or
-    nacked and held jobs return when their leases expire.
+    second earlier may finish, since the server has most likely leased its jobs already, unless
+    the one before it found the queues drained), and returns jobs still waiting for a slot.
+    Running handlers get `shutdown_timeout` seconds; then they are cancelled and their jobs
+    nacked for immediate retry. `run()` returns when every job it held is settled. Cancelling
+    `run()` itself is the hard stop: nothing is acked or nacked and held jobs return when their
+    leases expire.
 
     Durations are seconds (float) or `timedelta`. The worker needs only the client's public
     `reserve`, `ack`, `nack` and `extend` (any object with those, typed as `WorkerClient`).
@@ -170,8 +172,11 @@ class Worker:
         self._token: trio.lowlevel.TrioToken | None = None
         self._reserve_scope = trio.CancelScope()
         self._reserve_sent_at: float | None = None
+        # The last reserve found the queues drained, so the pending one is long-polling.
+        self._queues_drained = False
+        self._largest_batch = 0  # the most jobs one reserve has returned
         self._held: dict[int, HeldJob] = {}
-        self._held_changed = trio.Event()
+        self._held_changed = trio.lowlevel.ParkingLot()  # unparked whenever _held shrinks
         self._leases = LeaseKeeper(
             client, lease_s=self._lease_s, now_utc=self._now_utc, log=self._log
         )
@@ -259,7 +264,11 @@ class Worker:
         self._shutting_down = True
         self._shutdown_began_at = trio.current_time()
         sent_at = self._reserve_sent_at
-        if sent_at is not None and trio.current_time() - sent_at < RESERVE_SETTLE_S:
+        if (
+            sent_at is not None
+            and not self._queues_drained
+            and trio.current_time() - sent_at < RESERVE_SETTLE_S
+        ):
             self._reserve_scope.deadline = sent_at + RESERVE_SETTLE_S
         else:
             self._reserve_scope.cancel()
@@ -318,7 +327,7 @@ class Worker:
         self._grace_scope.deadline = self._shutdown_began_at + self._shutdown_timeout_s
         with self._grace_scope:
             while self._held:
-                await self._held_changed.wait()
+                await self._held_changed.park()
         if self._held:
             early = trio.current_time() < self._grace_scope.deadline
             why = "told to stop now" if early else "shutdown_timeout passed"
@@ -338,7 +347,7 @@ class Worker:
         while self._reserving():
             # An over-generous server can leave us holding more than max_in_flight.
             while len(self._held) >= self._max_in_flight:
-                await self._held_changed.wait()
+                await self._held_changed.park()
             want = self._max_in_flight - len(self._held)
             if self._max_jobs is not None:
                 want = min(want, self._max_jobs)
@@ -354,6 +363,7 @@ class Worker:
                 )
             except Exception as exc:  # the loop must outlive every reserve failure
                 self._reserve_sent_at = None
+                self._queues_drained = False  # unknown again
                 self._metrics.add("reserve_failed", 1, {"sepp.queues": self._queues})
                 failures += 1
                 delay = self._reserve_backoff(failures)
@@ -361,8 +371,14 @@ class Worker:
                 await trio.sleep(delay)
                 continue
             self._reserve_sent_at = None
+            got = len(jobs or ())
+            # Fewer than asked means drained, unless the server caps a batch below what we
+            # ask: so fewer than it has sent at once before, too (when unsure, not drained).
+            short = got < want
+            self._queues_drained = got == 0 or (short and got < self._largest_batch)
+            self._largest_batch = max(self._largest_batch, got)
             self._metrics.add(
-                "reserve_completed", 1, {"sepp.queues": self._queues, "sepp.jobs": len(jobs or ())}
+                "reserve_completed", 1, {"sepp.queues": self._queues, "sepp.jobs": got}
             )
             if failures:
                 self._log.info(
@@ -377,8 +393,12 @@ class Worker:
                 self._dispatch(job)
             if not self._reserving():
                 return
-            if jobs:
-                # Let the handlers just spawned start before the next reserve is built and sent.
+            if jobs and short:
+                # The next reserve will most likely long-poll, so let the handlers just
+                # spawned start first (latency): they run in the next scheduler pass, in an
+                # order trio picks, so this task waits for the pass after it. A full batch
+                # means a backlog: ask again at once (throughput); the handlers start meanwhile.
+                await trio.lowlevel.checkpoint()
                 await trio.lowlevel.checkpoint()
             if not jobs and trio.current_time() - began < early_empty_s:
                 await trio.sleep(EARLY_EMPTY_PAUSE_S)
@@ -423,18 +443,21 @@ class Worker:
 
     def _dispatch(self, job: Job) -> None:
         assert self._jobs_nursery is not None
+        ctx = job.ctx
         held = HeldJob(job)
         self._held[id(held)] = held
-        fn = self._router.lookup(job.ctx.job_type)
+        fn = self._router.lookup(ctx.job_type)
         if fn is not None:
             self._slots.queue(held)
             if self._shutting_down and held.phase is Phase.WAITING:
                 held.stop()
-        self._jobs_nursery.start_soon(self._process, held, fn, name=f"sepp job {job.ctx}")
+        # Type and id name the task well enough, and cost less than str(ctx).
+        name = f"sepp job {ctx.job_type}[{ctx.id}]"
+        self._jobs_nursery.start_soon(self._process, held, fn, name=name)
 
     def _signal_held_changed(self) -> None:
-        changed, self._held_changed = self._held_changed, trio.Event()
-        changed.set()
+        if self._held_changed:  # anyone parked: mostly nobody, or the reserve loop alone
+            self._held_changed.unpark_all()
 
     # -- one job ------------------------------------------------------------------------------
 
@@ -453,7 +476,8 @@ class Worker:
                     try:
                         outcome = await self._run_handler(held, fn)
                     finally:
-                        held.keeper_scope.cancel()
+                        if self._auto_extend:
+                            self._leases.release(held)
                 if outcome is None:
                     span.set("sepp.outcome", "lease_lost")
                     span.fail(held.lease_lost or "lease lost")
@@ -489,13 +513,14 @@ class Worker:
         ctx = held.job.ctx
         returned = False
         error: Exception | None = None
-        attributes = {"sepp.queue": ctx.queue, "sepp.job_type": ctx.job_type}
+        attributes = _job_attributes(ctx) if self._metrics.enabled else None
         started: float | None = None
         try:
             with held.scope:
-                await held.slot_granted.wait()
-                started = trio.current_time()
-                self._metrics.add("in_flight", 1, attributes)
+                await held.wait_for_slot()
+                if attributes is not None:
+                    started = trio.current_time()
+                    self._metrics.add("in_flight", 1, attributes)
                 await fn(held.job.payload, ctx)
                 returned = True
         except Exception as exc:  # the handler's failure is the job's outcome, not ours
@@ -503,7 +528,7 @@ class Worker:
         finally:
             self._slots.release(held)
             held.phase = Phase.SETTLING
-            if started is not None:
+            if attributes is not None and started is not None:
                 self._metrics.add("in_flight", -1, attributes)
                 self._metrics.record("duration", trio.current_time() - started, attributes)
         if held.lease_lost is not None:
@@ -525,14 +550,16 @@ class Worker:
 
     async def _settle(self, ctx: JobContext, outcome: outcomes.Outcome) -> None:
         verb = "ack" if outcome.retry is None else "nack"
-        attributes = {"sepp.queue": ctx.queue, "sepp.job_type": ctx.job_type}
         try:
             if outcome.retry is None:
                 await self._client.ack(ctx)
-                self._metrics.add("processed", 1, attributes)
+                if self._metrics.enabled:
+                    self._metrics.add("processed", 1, _job_attributes(ctx))
             else:
                 await self._client.nack(ctx, reason=outcome.reason, retry=outcome.retry)
-                self._metrics.add("nacked", 1, {**attributes, "sepp.outcome": outcome.label})
+                if self._metrics.enabled:
+                    attributes = {**_job_attributes(ctx), "sepp.outcome": outcome.label}
+                    self._metrics.add("nacked", 1, attributes)
         except JobNotFoundError as exc:
             self._log.warning(
                 "sepp: %s of %s found no lease (%s): it expired and was swept, or an earlier"
@@ -567,6 +594,10 @@ class Worker:
                 outcomes.describe(exc),
                 exc_info=exc,
             )
+
+
+def _job_attributes(ctx: JobContext) -> dict[str, str]:
+    return {"sepp.queue": ctx.queue, "sepp.job_type": ctx.job_type}
 
 
 def _current_token() -> trio.lowlevel.TrioToken | None:

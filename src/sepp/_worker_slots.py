@@ -19,7 +19,11 @@ class WorkerSlots:
         self._running = 0
 
     def queue(self, held: HeldJob) -> None:
-        """Wait for a slot; `held.slot_granted` is set (maybe at once) when one is free."""
+        """Wait for a slot; it is granted (maybe at once) when one is free."""
+        if not self._waiting and self._running < self._max_in_flight:
+            self._running += 1
+            held.grant_slot()
+            return
         self._waiting.append(held)
         self._grant()
 
@@ -27,7 +31,8 @@ class WorkerSlots:
         """The job's handler is done (or never started): free its slot or its place."""
         if held.phase is Phase.RUNNING:
             self._running -= 1
-            self._grant()
+            if self._waiting:
+                self._grant()
         elif held.phase is Phase.WAITING:
             try:
                 self._waiting.remove(held)
@@ -37,8 +42,7 @@ class WorkerSlots:
     def _grant(self) -> None:
         while self._running < self._max_in_flight and self._waiting:
             held = self._waiting.popleft()
-            if held.scope.cancel_called:
+            if held.cancelled:
                 continue  # returned at shutdown or lease lost while it waited
             self._running += 1
-            held.phase = Phase.RUNNING
-            held.slot_granted.set()
+            held.grant_slot()

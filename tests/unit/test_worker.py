@@ -3,6 +3,7 @@ time below is exact virtual seconds and nothing waits for real."""
 
 from __future__ import annotations
 
+import collections
 import inspect
 import itertools
 import logging
@@ -21,6 +22,9 @@ from trio.testing import MockClock
 
 import sepp
 from sepp import HandlerError, Retry, StatusCode
+from sepp import _lease_keeper as lease_keeper
+from sepp._held_job import HeldJob, Phase
+from sepp._log import Log
 
 
 def make_worker(fake: FakeClient, **options: Any) -> sepp.Worker:
@@ -357,6 +361,81 @@ async def test_early_empty_polls_pause_and_full_length_ones_do_not(
     assert [round(t - full[0], 9) for t in full] == [0, 5, 10]
 
 
+class StepCounter(trio.abc.Instrument):
+    """Counts each task's steps (a step runs a task from one yield to the next)."""
+
+    def __init__(self) -> None:
+        self.steps: collections.Counter[trio.lowlevel.Task] = collections.Counter()
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        self.steps[task] += 1
+
+
+async def test_a_handler_with_a_free_slot_starts_in_its_tasks_first_step(
+    autojump_clock: MockClock,
+) -> None:
+    # No scheduler round trip between a reserve's answer and the handlers it starts.
+    fake = FakeClient()
+    worker = make_worker(fake, max_in_flight=4)
+    counter = StepCounter()
+    steps_at_start: list[int] = []
+
+    @worker.handler("work")
+    async def work(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
+        steps_at_start.append(counter.steps[trio.lowlevel.current_task()])
+
+    for _ in range(6):
+        fake.add()
+    trio.lowlevel.add_instrument(counter)
+    try:
+        async with running(worker):
+            await trio.sleep(1)
+    finally:
+        trio.lowlevel.remove_instrument(counter)
+    assert steps_at_start == [1] * 6
+    assert len(fake.acks) == 6
+
+
+async def test_after_a_short_batch_its_handlers_start_before_the_next_long_poll_is_sent(
+    autojump_clock: MockClock,
+) -> None:
+    fake = FakeClient()
+    worker = make_worker(fake, max_in_flight=16)
+    reserves_at_start: list[int] = []
+
+    @worker.handler("work")
+    async def work(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
+        reserves_at_start.append(len(fake.reserve_calls))
+
+    async with running(worker):
+        for _ in range(20):  # trio orders each scheduler pass at random: try it many times
+            fake.add()
+            await trio.sleep(1)
+    # Job i came alone from reserve i (asking for 16): its handler ran before reserve i + 1.
+    assert [c.returned for c in fake.reserve_calls[:20]] == [1] * 20
+    assert reserves_at_start == list(range(1, 21))
+
+
+async def test_after_a_full_batch_the_next_reserve_goes_out_before_its_handlers_start(
+    autojump_clock: MockClock,
+) -> None:
+    fake = FakeClient()
+    worker = make_worker(fake, max_in_flight=64, max_jobs=1)
+    reserves_at_start: dict[str, int] = {}
+
+    @worker.handler("work")
+    async def work(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
+        reserves_at_start[ctx.id] = len(fake.reserve_calls)
+
+    ids = [fake.add() for _ in range(20)]
+    async with running(worker):
+        await trio.sleep(1)
+    assert [c.returned for c in fake.reserve_calls[:20]] == [1] * 20
+    # Job k came from reserve k, which got all it asked for: a backlog, so reserve k + 1 was
+    # sent at once, before job k's handler ran.
+    assert [reserves_at_start[job_id] > k for k, job_id in enumerate(ids, 1)] == [True] * 20
+
+
 # -- outcomes --------------------------------------------------------------------------------
 
 
@@ -385,7 +464,7 @@ async def test_handler_errors_map_to_their_nack(
         seen.append((payload, ctx.attempt))
         raise raised
 
-    job_id = fake.add(payload=sepp.Payload.text("hi"))
+    job_id = fake.add(payload=sepp.Payload.text("hi"), max_attempts=1)  # no redelivery
     async with running(worker):
         await trio.sleep(1)
     assert seen == [(sepp.Payload.text("hi"), 1)]
@@ -448,7 +527,7 @@ async def test_handler_errors_from_a_handlers_nursery_take_the_strongest_outcome
     async def work(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
         await _raise_in_children(*raised)
 
-    fake.add()
+    fake.add(max_attempts=1)  # a nack on the final attempt is not redelivered
     async with running(worker):
         await trio.sleep(1)
     assert fake.acks == []
@@ -468,7 +547,7 @@ async def test_a_group_with_another_exception_is_a_failure_naming_every_leaf(
     async def work(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
         await _raise_in_children(HandlerError.permanent("p"), (ValueError("boom"),))
 
-    fake.add()
+    fake.add(max_attempts=1)  # a nack on the final attempt is not redelivered
     with caplog.at_level(logging.ERROR, logger="test.worker"):
         async with running(worker):
             await trio.sleep(1)
@@ -507,7 +586,7 @@ async def test_other_exceptions_nack_with_the_default_policy_and_log_a_traceback
     async def work(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
         raise ValueError("boom")
 
-    fake.add()
+    fake.add(max_attempts=1)  # a nack on the final attempt is not redelivered
     with caplog.at_level(logging.ERROR, logger="test.worker"):
         async with running(worker):
             await trio.sleep(1)
@@ -526,7 +605,7 @@ async def test_long_exception_messages_are_clipped_in_the_reason(autojump_clock:
     async def work(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
         raise HandlerError.retry("x" * 5000 + "\udc80")
 
-    fake.add()
+    fake.add(max_attempts=1)  # a nack on the final attempt is not redelivered
     async with running(worker):
         await trio.sleep(1)
     ((call),) = fake.nacks
@@ -809,6 +888,48 @@ async def test_without_auto_extend_a_late_ack_fails_and_is_logged(
     assert "found no lease" in warning
 
 
+async def test_the_lease_keeper_lets_go_of_settled_jobs(autojump_clock: MockClock) -> None:
+    # Keeping is deferred to a job's first extend; a job settled before then must not stay
+    # referenced (with its payload) until that time, nor leave the keeper's heap growing.
+    fake = FakeClient()
+    worker = make_worker(fake, max_in_flight=8, lease_duration=300)
+
+    @worker.handler("work")
+    async def work(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
+        await trio.sleep(0.01)
+
+    for _ in range(500):
+        fake.add()
+    async with running(worker):
+        await trio.sleep(10)
+        assert len(fake.acks) == 500
+        assert worker._leases._watched == {}
+        assert len(worker._leases._due) <= lease_keeper.REBUILD_SLACK
+    assert fake.extends == []
+
+
+async def test_a_keeper_for_a_job_that_settled_before_it_started_does_not_extend(
+    autojump_clock: MockClock,
+) -> None:
+    fake = FakeClient()
+    fake.add()
+    jobs = await fake.reserve("q", lease_duration=3, max_jobs=1)
+    assert jobs is not None
+    keeper = lease_keeper.LeaseKeeper(fake, lease_s=3, now_utc=fake.now, log=Log(RecordingLogger()))
+    held = HeldJob(jobs[0])
+    held.phase = Phase.RUNNING
+    with trio.fail_after(10):  # a keeper that did start would extend until cancelled
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(keeper.run, nursery)
+            keeper.watch(held)
+            # As when the job settles after its keeper task was started but before it ran.
+            held.phase = Phase.SETTLING
+            await trio.sleep(2)  # its first extend fell due at 1 s
+            keeper.stop()
+    assert fake.extends == []
+    assert held.keeper_scope is None
+
+
 # -- shutdown --------------------------------------------------------------------------------
 
 
@@ -864,6 +985,57 @@ async def test_a_fresh_long_poll_is_cancelled_when_the_settle_window_ends(
         worker.shutdown()
     ((call),) = fake.reserve_calls
     assert call.cancelled and call.ended_at == pytest.approx(0.5)
+
+
+async def test_shutdown_cancels_at_once_a_reserve_sent_after_the_queues_were_found_drained(
+    autojump_clock: MockClock,
+) -> None:
+    fake = FakeClient()
+    worker = make_worker(fake, max_in_flight=5, wait_timeout=30)
+
+    @worker.handler("work")
+    async def work(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None: ...
+
+    for _ in range(3):
+        fake.add()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(worker.run)
+        await trio.sleep(0.05)
+        fake.add()
+        await trio.sleep(0.05)
+        worker.shutdown()
+    first, second, third = fake.reserve_calls
+    assert (first.max_jobs, first.returned) == (5, 3)
+    # Fewer than asked, and fewer than the server sent at once before: the queue was drained.
+    assert (second.returned, second.ended_at) == (1, 0.05)
+    assert second.max_jobs is not None and second.max_jobs > 1
+    assert (third.at, third.cancelled, third.ended_at) == (0.05, True, 0.1)  # no settle window
+    assert len(fake.acks) == 4
+
+
+@pytest.mark.parametrize("max_batch", [None, 2])
+async def test_a_reserve_sent_after_a_full_batch_may_settle_at_shutdown(
+    max_batch: int | None, autojump_clock: MockClock
+) -> None:
+    # Full: all it asked for, or (max_batch) as many as the server ever sends at once.
+    fake = FakeClient()
+    fake.max_batch = max_batch
+    worker = make_worker(fake, max_in_flight=5, max_jobs=None if max_batch else 2)
+
+    @worker.handler("work")
+    async def work(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None: ...
+
+    for _ in range(4):
+        fake.add()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(worker.run)
+        await trio.sleep(0.1)
+        worker.shutdown()
+    first, second, third = fake.reserve_calls
+    assert (first.returned, second.returned) == (2, 2)
+    if max_batch is not None:
+        assert second.max_jobs is not None and second.max_jobs > 2  # more than the server sends
+    assert third.cancelled and third.ended_at == pytest.approx(0.5)
 
 
 async def test_shutdown_grace_then_cancel_and_nack_for_immediate_retry(
