@@ -474,6 +474,27 @@ async def test_server_reset_maps_to_a_status_and_keeps_the_connection() -> None:
         assert channel.connections_opened == 1
 
 
+@pytest.mark.parametrize("after_the_deadline", [True, False])
+async def test_the_server_cancelling_at_our_deadline_is_deadline_exceeded(
+    after_the_deadline: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The server enforces the grpc-timeout it was sent (tonic answers CANCELLED "Timeout
+    # expired"); when that answer beats our own deadline check, it is still our deadline.
+    # Our check is switched off here, so only the server's answer can end the call.
+    monkeypatch.setattr("sepp.wire._waiters.Deadlines.add", lambda self, waiter, live: None)
+
+    async def handler(call: ServerCall) -> None:
+        if after_the_deadline:
+            await trio.sleep(timeout_seconds(call.header(b"grpc-timeout")) + 0.05)
+        await call.trailers_only(StatusCode.CANCELLED, b"Timeout expired")
+
+    async with serving(handler) as (_, channel):
+        with pytest.raises(RpcError) as info:
+            await channel.call("Ack", b"x", timeout=0.2)
+    expected = StatusCode.DEADLINE_EXCEEDED if after_the_deadline else StatusCode.CANCELLED
+    assert info.value.code is expected
+
+
 async def test_trailers_only_error_is_raised_with_code_and_details() -> None:
     async def handler(call: ServerCall) -> None:
         await call.trailers_only(StatusCode.NOT_FOUND, b"no such job %E2%9C%97")

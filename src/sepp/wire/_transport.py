@@ -371,9 +371,14 @@ class Channel:
         result = await conn.wait(waiter)
         if result is None:
             raise _deadline_exceeded(timeout)
-        if result.code is StatusCode.OK and result.body is not None:
+        code = result.code
+        if code is StatusCode.OK and result.body is not None:
             return result.body
-        raise RpcError(result.code, result.details, result.error_kind)
+        if code is StatusCode.CANCELLED and trio.current_time() >= own_deadline:
+            # The server enforced the grpc-timeout we sent (tonic answers CANCELLED "Timeout
+            # expired") just before our own deadline check ran: it is the same deadline.
+            raise _deadline_exceeded(timeout)
+        raise RpcError(code, result.details, result.error_kind)
 
     async def _wait_for_slot(self, own_deadline: float, timeout: float | None) -> _Connection:
         """The slow path: connect, or wait for a stream slot, within the call's deadline."""
