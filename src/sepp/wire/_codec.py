@@ -42,9 +42,11 @@ from ._response import (
     FRAME_HEADER_BYTES,
     ResponseState,
     finish,
+    goaway_result,
     is_informational,
+    reset_result,
 )
-from ._status import StatusCode, encode_grpc_timeout, status_from_rst
+from ._status import StatusCode, encode_grpc_timeout
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
@@ -553,19 +555,7 @@ class CodecGrpcConnection(CallTable[_Call]):
             return  # nothing to reset (like h2, even for a stream never opened)
         self._forget(stream_id)
         self._abandon(stream_id)  # a reset stream's late frames are ignored, whoever reset it
-        code = _U32.unpack_from(data, start)[0]
-        if call.grpc_status is not None:
-            out.append(finish(stream_id, call))  # a status already arrived; it wins
-        else:
-            out.append(
-                CallFinished(
-                    stream_id,
-                    status_from_rst(code),
-                    f"stream reset by server (HTTP/2 error code {code})",
-                    None,
-                    FailureKind.RESET,
-                )
-            )
+        out.append(reset_result(stream_id, call, _U32.unpack_from(data, start)[0]))
         out.append(StreamCapacityChanged())
 
     def _on_settings(
@@ -639,15 +629,7 @@ class CodecGrpcConnection(CallTable[_Call]):
         for doomed in [s for s in self._calls if s > last]:
             self._forget(doomed)
             self._abandon(doomed)
-            out.append(
-                CallFinished(
-                    doomed,
-                    StatusCode.UNAVAILABLE,
-                    "server sent GOAWAY before processing the call",
-                    None,
-                    FailureKind.GOAWAY,
-                )
-            )
+            out.append(goaway_result(doomed))
         out.append(GoAwayReceived(last, error_code))
 
     def _on_window_update(

@@ -40,8 +40,10 @@ from ._hpack import encode_authority
 from ._response import (
     ResponseState,
     finish,
+    goaway_result,
+    reset_result,
 )
-from ._status import StatusCode, encode_grpc_timeout, status_from_rst
+from ._status import StatusCode, encode_grpc_timeout
 
 _H2_DEFAULT_WINDOW = 65_535
 
@@ -231,20 +233,7 @@ class H2GrpcConnection(CallTable[_Call]):
         call = self._calls.pop(event.stream_id, None)
         if call is None:
             return
-        code = int(event.error_code)
-        if call.grpc_status is not None:
-            # A status already arrived; it wins over the reset.
-            out.append(finish(event.stream_id, call))
-        else:
-            out.append(
-                CallFinished(
-                    event.stream_id,
-                    status_from_rst(code),
-                    f"stream reset by server (HTTP/2 error code {code})",
-                    None,
-                    FailureKind.RESET,
-                )
-            )
+        out.append(reset_result(event.stream_id, call, int(event.error_code)))
         out.append(StreamCapacityChanged())
 
     def _on_goaway(self, event: h2.events.ConnectionTerminated, out: list[Event]) -> None:
@@ -253,15 +242,7 @@ class H2GrpcConnection(CallTable[_Call]):
         # Streams up to last_stream_id may still finish (PatchedH2Connection keeps h2 open).
         for stream_id in [s for s in self._calls if s > last]:
             del self._calls[stream_id]
-            out.append(
-                CallFinished(
-                    stream_id,
-                    StatusCode.UNAVAILABLE,
-                    "server sent GOAWAY before processing the call",
-                    None,
-                    FailureKind.GOAWAY,
-                )
-            )
+            out.append(goaway_result(stream_id))
         out.append(GoAwayReceived(last, int(event.error_code or 0)))
 
     def _on_ping_ack(self, event: h2.events.PingAckReceived, out: list[Event]) -> None:

@@ -12,7 +12,13 @@ from collections.abc import Iterable
 from ._events import CallFinished
 from ._failure import FailureKind
 from ._framing import MessageDecoder
-from ._status import StatusCode, decode_grpc_message, parse_grpc_status, status_from_http
+from ._status import (
+    StatusCode,
+    decode_grpc_message,
+    parse_grpc_status,
+    status_from_http,
+    status_from_rst,
+)
 
 FRAME_HEADER_BYTES = 9
 _SETTINGS_TYPE = 0x4
@@ -115,6 +121,30 @@ def finish(stream_id: int, state: ResponseState) -> CallFinished:
         why = "truncated response message" if state.decoder.incomplete else "no response message"
         return CallFinished(stream_id, StatusCode.INTERNAL, why, None, FailureKind.MALFORMED)
     return CallFinished(stream_id, StatusCode.OK, details, message)
+
+
+def reset_result(stream_id: int, state: ResponseState, error_code: int) -> CallFinished:
+    """A call the server reset: the status it sent first, if any, wins over the reset."""
+    if state.grpc_status is not None:
+        return finish(stream_id, state)
+    return CallFinished(
+        stream_id,
+        status_from_rst(error_code),
+        f"stream reset by server (HTTP/2 error code {error_code})",
+        None,
+        FailureKind.RESET,
+    )
+
+
+def goaway_result(stream_id: int) -> CallFinished:
+    """A call above a GOAWAY's last stream id: never processed, so safe to retry."""
+    return CallFinished(
+        stream_id,
+        StatusCode.UNAVAILABLE,
+        "server sent GOAWAY before processing the call",
+        None,
+        FailureKind.GOAWAY,
+    )
 
 
 def is_grpc_content_type(value: bytes) -> bool:
