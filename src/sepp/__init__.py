@@ -51,7 +51,7 @@ _LAZY = {
     "Schedule": "_schedule",
     "Scheduler": "_scheduler",
     "HandlerError": "_worker",
-    "ShutdownHandle": "_worker",
+    "ShutdownHandle": "_shutdown",
     "Worker": "_worker",
     "CustomEntriesTooMany": "_rejection_reasons",
     "CustomKeyTooLong": "_rejection_reasons",
@@ -93,8 +93,8 @@ if TYPE_CHECKING:
     from ._router import Router as Router
     from ._schedule import Schedule as Schedule
     from ._scheduler import Scheduler as Scheduler
+    from ._shutdown import ShutdownHandle as ShutdownHandle
     from ._worker import HandlerError as HandlerError
-    from ._worker import ShutdownHandle as ShutdownHandle
     from ._worker import Worker as Worker
 
 __all__ = [

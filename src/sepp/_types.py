@@ -82,7 +82,8 @@ class Payload:
         import json  # here, not at the top: it is 10 % of `import sepp`
 
         try:
-            text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+            # NaN and Infinity are not JSON: other clients' parsers refuse them.
+            text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
         except (TypeError, ValueError) as exc:
             raise ValidationError("payload", f"not JSON-serialisable: {exc}") from None
         return cls(text.encode("utf-8"), JSON_ENCODING)

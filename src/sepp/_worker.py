@@ -33,6 +33,7 @@ from ._outcomes import HandlerError as HandlerError  # public as sepp.HandlerErr
 from ._router import DuplicateHandlerError as DuplicateHandlerError  # public as sepp.*
 from ._router import H, Router
 from ._router import Handler as Handler  # public as sepp.Handler
+from ._shutdown import ShutdownHandle as ShutdownHandle  # public as sepp.ShutdownHandle
 from ._types import Job, JobContext
 from ._worker_client import WorkerClient
 from ._worker_slots import WorkerSlots
@@ -49,28 +50,6 @@ EARLY_EMPTY_PAUSE_S = 0.25
 # strand them until their leases expire. Older ones are long-polling an empty queue, and so is
 # one sent after a reserve that found the queues drained (see _reserve_loop).
 RESERVE_SETTLE_S = 0.5
-
-
-class ShutdownHandle:
-    """Asks a Worker to shut down gracefully. `shutdown()` is safe from any thread and from a
-    signal handler, before, during or after `run()`."""
-
-    __slots__ = ("_worker",)
-
-    def __init__(self, worker: Worker) -> None:
-        self._worker = worker
-
-    def shutdown(self) -> None:
-        """Ask the worker to shut down gracefully (idempotent)."""
-        self._worker._request_shutdown(from_task=False)
-
-    @property
-    def is_shutdown(self) -> bool:
-        """Whether shutdown was requested."""
-        return self._worker.is_shutdown
-
-    def __repr__(self) -> str:
-        return f"<sepp.ShutdownHandle of {self._worker!r}>"
 
 
 class _RunState(enum.Enum):
@@ -165,9 +144,10 @@ class Worker:
         self._state = _RunState.NEW
         # Set from any thread or signal handler; read by run() when it starts.
         self._shutdown_requested = False
+        self._stop_now = False  # shutdown(now=True): no grace period for running handlers
         self._shutting_down = False
         self._shutdown_began_at = 0.0
-        # The grace period of shutdown; cancelled early by _end_grace_period.
+        # The grace period of shutdown; cancelled early by shutdown(now=True).
         self._grace_scope = trio.CancelScope()
         self._token: trio.lowlevel.TrioToken | None = None
         self._reserve_scope = trio.CancelScope()
@@ -226,18 +206,23 @@ class Worker:
 
     # -- shutdown -----------------------------------------------------------------------------
 
-    def shutdown(self) -> None:
-        """Shut down gracefully; idempotent. Call it from a task; from another thread or a
-        signal handler use `shutdown_handle().shutdown()`."""
-        self._request_shutdown(from_task=True)
+    def shutdown(self, *, now: bool = False) -> None:
+        """Shut down gracefully: stop reserving, return the jobs that have not started and
+        wait up to `shutdown_timeout` for the running ones. `now=True` does not wait: running
+        handlers are cancelled and their jobs returned (the command line's second signal).
+        Idempotent. Call it from a task; from another thread or a signal handler use
+        `shutdown_handle().shutdown()`."""
+        self._request_shutdown(from_task=True, now=now)
 
     def shutdown_handle(self) -> ShutdownHandle:
         """A handle whose `shutdown()` is safe from another thread or a signal handler."""
         return ShutdownHandle(self)
 
-    def _request_shutdown(self, *, from_task: bool) -> None:
+    def _request_shutdown(self, *, from_task: bool, now: bool = False) -> None:
         # Flag first, token second; run() stores the token first and reads the flag second,
         # so at least one side sees the other and no request is lost.
+        if now:
+            self._stop_now = True
         self._shutdown_requested = True
         token = self._token
         if token is None:
@@ -250,15 +235,12 @@ class Worker:
         except trio.RunFinishedError:
             pass
 
-    def _end_grace_period(self) -> None:
-        """Shut down without waiting for running handlers: cancel them and nack their jobs,
-        as when `shutdown_timeout` passes (the command line's second signal). From a task."""
-        self._request_shutdown(from_task=True)
-        self._grace_scope.cancel()
-
     def _begin_shutdown(self) -> None:
-        """In the run's thread: stop reserving, return jobs that have not started."""
+        """In the run's thread: stop reserving, return jobs that have not started (and with
+        `now`, end the grace period)."""
         self._shutdown_requested = True
+        if self._stop_now:
+            self._grace_scope.cancel()
         if self._shutting_down or self._state is not _RunState.RUNNING:
             return
         self._shutting_down = True

@@ -227,6 +227,8 @@ async def test_info_prints_every_limit(sepp_server: SeppServer, client: sepp.Cli
         (["enqueue", "q"], "the following arguments are required: JOB_TYPE"),
         (["enqueue", "q", "t", "--priority", "12"], "priority: must be between 0 and 9, got 12"),
         (["enqueue", "q", "t", "--json", "{oops"], "--json: not valid JSON"),
+        (["enqueue", "q", "t", "--json", "NaN"], "NaN is not JSON"),
+        (["enqueue", "q", "t", "--json", '{"x": Infinity}'], "Infinity is not JSON"),
         (["enqueue", "q", "t", "--at", "2030-01-01T09:00"], "has no UTC offset"),
         (["enqueue", "q", "t", "--delay", "-1"], "non-negative number of seconds"),
         (["enqueue", "q", "t", "--custom", "novalue"], "expected KEY=VALUE"),

@@ -126,6 +126,9 @@ def test_a_full_job_line() -> None:
     ("line", "message"),
     [
         ("{", "not JSON"),
+        ('{"queue": "q", "job_type": "t", "json": NaN}', "NaN is not JSON"),
+        ('{"queue": "q", "job_type": "t", "json": [-Infinity]}', "-Infinity is not JSON"),
+        ('{"queue": "q", "job_type": "t", "json": 1e400}', "payload: not JSON-serialisable"),
         ("[]", "expected a JSON object, got list"),
         ('"q"', "expected a JSON object, got str"),
         ('{"job_type": "t"}', "'queue' is required"),

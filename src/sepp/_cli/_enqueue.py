@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Iterable
 
@@ -20,6 +19,7 @@ from ._values import (
     custom_str_entry,
     positive_int,
     seconds,
+    strict_json,
     timestamp,
 )
 
@@ -84,7 +84,7 @@ def _payload(args: argparse.Namespace) -> sepp.Payload | None:
         raise UsageError("--encoding labels --data-file; it cannot be used without it")
     if args.json is not None:
         try:
-            value = json.loads(args.json)
+            value = strict_json(args.json)
         except ValueError as exc:
             raise UsageError(f"--json: not valid JSON: {exc}") from None
         return sepp.Payload.json(value)

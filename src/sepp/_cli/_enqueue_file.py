@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import sys
 from dataclasses import dataclass
 
@@ -15,7 +14,7 @@ import sepp
 from ._connect import open_client
 from ._failures import EXIT_FAILURE, EXIT_OK, CliError
 from ._output import Progress
-from ._values import timestamp
+from ._values import strict_json, timestamp
 
 JOB_KEYS = (
     "queue",
@@ -57,7 +56,7 @@ class InvalidLine(ValueError):
 
 def request_from_line(line: str) -> sepp.EnqueueRequest:
     try:
-        job = json.loads(line)
+        job = strict_json(line)
     except ValueError as exc:
         raise InvalidLine(f"not JSON: {exc}") from None
     if not isinstance(job, dict):

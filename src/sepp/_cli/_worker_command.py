@@ -96,7 +96,7 @@ async def run(args: argparse.Namespace) -> int:
                 sig.name,
                 worker.in_flight,
             )
-            worker._end_grace_period()
+            worker.shutdown(now=True)
 
         async def work() -> None:
             async with trio.open_nursery() as nursery:
