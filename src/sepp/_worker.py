@@ -10,8 +10,9 @@ import os
 import random
 import secrets
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta, timezone
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import trio
 
@@ -33,9 +34,15 @@ from ._outcomes import HandlerError as HandlerError  # public as sepp.HandlerErr
 from ._router import DuplicateHandlerError as DuplicateHandlerError  # public as sepp.*
 from ._router import H, Router
 from ._router import Handler as Handler  # public as sepp.Handler
+from ._typed_handler import PoisonPayload
 from ._types import Job, JobContext
 from ._worker_client import WorkerClient
 from ._worker_slots import WorkerSlots
+
+if TYPE_CHECKING:
+    from ._task import Task
+
+T = TypeVar("T")
 
 # Reserve failures back off from `reserve_error_backoff`, doubling up to this (or the base,
 # if larger), with each sleep drawn from [0.5, 1.0) of the step so workers do not stampede.
@@ -193,7 +200,7 @@ class Worker:
 
     # -- registration -----------------------------------------------------------------------
 
-    def handle(self, job_type: str, fn: Handler) -> Worker:
+    def handle(self, job_type: str, fn: Callable[[Any, JobContext], Awaitable[None]]) -> Worker:
         """Register `fn` for `job_type`; returns the worker so calls chain. A second
         registration for the same type raises DuplicateHandlerError."""
         self._router.handle(job_type, fn)
@@ -202,6 +209,14 @@ class Worker:
     def handler(self, job_type: str) -> Callable[[H], H]:
         """Decorator form of `handle`."""
         return self._router.handler(job_type)
+
+    def task(
+        self, task: Task[T]
+    ) -> Callable[
+        [Callable[[T, JobContext], Awaitable[None]]], Callable[[T, JobContext], Awaitable[None]]
+    ]:
+        """Decorator: register the handler of `task` (see `Router.task`)."""
+        return self._router.task(task)
 
     def catch_all(self, fn: H) -> H:
         """Run `fn` for job types without a handler (usable as a decorator). Only one."""
@@ -539,6 +554,9 @@ class Worker:
             return outcomes.SHUTDOWN
         requested = outcomes.requested(error)
         if requested is not None:
+            if isinstance(error, PoisonPayload):  # the one failure no retry can fix: say so
+                what = "dead-lettering it" if requested.label == "permanent" else "nacking it"
+                self._log.error("sepp: %s: %s; %s", ctx, error.reason, what)
             return requested
         self._log.error(
             "sepp: handler for %s raised %s; nacking with the queue's retry policy",
