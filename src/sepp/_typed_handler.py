@@ -6,7 +6,6 @@ PoisonPayload: a HandlerError that dead-letters the job (or retries it, if so co
 from __future__ import annotations
 
 import inspect
-import typing
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -27,12 +26,23 @@ class PoisonPayload(HandlerError):
         super().__init__(reason, directive)
 
 
-def _parameters(fn: Callable[..., Any], where: str) -> list[inspect.Parameter]:
-    """`fn`'s parameters, once it is known to accept two positional arguments."""
+def _signature(fn: Callable[..., Any]) -> tuple[inspect.Signature | None, Exception | None]:
+    """`fn`'s signature, with string annotations evaluated if they can be (else left as
+    strings, and the error that stopped them)."""
     try:
-        signature = inspect.signature(fn)
+        return inspect.signature(fn, eval_str=True), None
     except (TypeError, ValueError):
-        return []  # a builtin or C callable without a signature: trusted
+        return None, None  # a builtin or C callable without a signature: trusted
+    except Exception as exc:  # NameError: a name imported only under TYPE_CHECKING, ...
+        return inspect.signature(fn), exc
+
+
+def _first_parameter(fn: Callable[..., Any], where: str) -> tuple[inspect.Parameter | None, str]:
+    """`fn`'s first positional parameter once `fn` is known to accept `(payload, ctx)`, and
+    why its annotation could not be evaluated ("" if it could)."""
+    signature, unresolved = _signature(fn)
+    if signature is None:
+        return None, ""
     params = list(signature.parameters.values())
     positional = [
         p
@@ -46,38 +56,32 @@ def _parameters(fn: Callable[..., Any], where: str) -> list[inspect.Parameter]:
         for p in params
         if p.kind is inspect.Parameter.KEYWORD_ONLY and p.default is inspect.Parameter.empty
     ]
-    name = getattr(fn, "__qualname__", type(fn).__name__)
     if len(required) > 2 or (len(positional) < 2 and not varargs) or keyword_only:
-        got = f"{name}{signature}"
+        name = getattr(fn, "__qualname__", type(fn).__name__)
         raise TypeError(
             f"{where}: a handler is called as handler{EXPECTED_SHAPE} with the decoded payload"
-            f" (or the sepp.Payload) and the sepp.JobContext; {got} cannot take that"
+            f" (or the sepp.Payload) and the sepp.JobContext; {name}{signature} cannot take that"
         )
-    return positional
+    return (positional[0] if positional else None), str(unresolved or "")
 
 
 _RAW = (Payload, Payload | None, Any, object)  # Optional[Payload] == Payload | None
 
 
-def _first_parameter_type(
-    fn: Callable[..., Any], param: inspect.Parameter | None, where: str
-) -> object | None:
+def _first_parameter_type(fn: Callable[..., Any], where: str) -> object | None:
     """The type `fn`'s first parameter is annotated with; None when it wants the raw Payload
     (no annotation, `sepp.Payload`, `sepp.Payload | None`, Any or object)."""
+    param, unresolved = _first_parameter(fn, where)
     if param is None or param.annotation is inspect.Parameter.empty:
         return None
     annotation = param.annotation
     if isinstance(annotation, str):
-        try:
-            hints = typing.get_type_hints(fn)
-        except Exception as exc:  # NameError: imported only under TYPE_CHECKING, ...
-            if "Payload" in annotation:
-                return None
-            raise TypeError(
-                f"{where}: cannot resolve the annotation {annotation!r} of the handler's first"
-                f" parameter ({exc}); import the type at module level, or use Router.task"
-            ) from exc
-        annotation = hints.get(param.name, annotation)
+        if "Payload" in annotation or annotation in ("Any", "object", "typing.Any"):
+            return None
+        raise TypeError(
+            f"{where}: cannot resolve the annotation {annotation!r} of the handler's first"
+            f" parameter ({unresolved}); import the type at module level, or use Router.task"
+        )
     if annotation in _RAW:
         return None
     return annotation  # type: ignore[no-any-return]
@@ -128,8 +132,7 @@ def prepare(
 ) -> Callable[[Payload | None, JobContext], Any]:
     """`fn` checked, and wrapped in a decoder if its first parameter names a model type."""
     where = f"handler for {job_type!r}" if job_type is not None else "catch-all handler"
-    positional = _parameters(fn, where)
-    into = _first_parameter_type(fn, positional[0] if positional else None, where)
+    into = _first_parameter_type(fn, where)
     if into is None:
         return fn
     from ._codecs import codec_for
@@ -144,8 +147,7 @@ def prepare_for_task(fn: Callable[..., Any], task: Task[Any]) -> Callable[..., A
     from ._codecs import type_name
 
     where = f"handler for task {task.job_type!r}"
-    positional = _parameters(fn, where)
-    annotated = _first_parameter_type(fn, positional[0] if positional else None, where)
+    annotated = _first_parameter_type(fn, where)
     if annotated is not None and annotated != task.payload_type:
         raise TypeError(
             f"{where}: its first parameter is annotated {type_name(annotated)}, but the task's"
