@@ -136,7 +136,7 @@ def test_typed_dicts_check_required_keys() -> None:
 def test_containers_and_no_payload() -> None:
     assert CODEC.decode(sepp.Payload.json([1, 2]), list[int]) == [1, 2]
     assert CODEC.decode(sepp.Payload.json({"1": "a"}), dict[int, str]) == {1: "a"}
-    assert CODEC.decode(None, Optional[Line]) is None  # noqa: UP045
+    assert CODEC.decode(None, Optional[Line]) is None  # type: ignore[arg-type]  # noqa: UP045
     with pytest.raises(sepp.PayloadDecodeError, match="the job has no payload"):
         CODEC.decode(None, Line)
 
