@@ -185,7 +185,7 @@ def test_bad_bytes_and_other_encodings_are_decode_errors() -> None:
         CODEC.decode(sepp.Payload(b"{nope", "application/json"), Line)
     with pytest.raises(sepp.PayloadDecodeError, match="not valid JSON"):
         CODEC.decode(sepp.Payload(b"\xff\xfe", "application/json"), Line)
-    with pytest.raises(sepp.PayloadDecodeError, match="encoding 'text/plain.*' is not JSON"):
+    with pytest.raises(sepp.PayloadDecodeError, match=r"encoding 'text/plain.*' is not JSON"):
         CODEC.decode(sepp.Payload.text('{"sku": "a"}'), Line)
     vendor = sepp.Payload(b'{"sku": "a"}', "application/vnd.shop+json; charset=utf-8")
     assert CODEC.decode(vendor, Line) == Line("a")

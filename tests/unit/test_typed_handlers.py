@@ -155,7 +155,7 @@ def test_a_task_handler_annotated_with_another_type_is_refused() -> None:
 def test_an_unresolvable_model_annotation_is_refused_with_advice() -> None:
     async def handle(job: Decimal, ctx: sepp.JobContext) -> None: ...
 
-    with pytest.raises(TypeError, match="cannot resolve the annotation 'Decimal'.*Router.task"):
+    with pytest.raises(TypeError, match=r"cannot resolve the annotation 'Decimal'.*Router.task"):
         sepp.Router().handle("t", handle)
 
 
@@ -176,7 +176,7 @@ def test_a_model_type_the_json_codec_cannot_decode_is_refused() -> None:
 async def test_raw_handlers_are_registered_as_they_are() -> None:
     async def raw(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None: ...
 
-    async def bare(payload, ctx):  # type: ignore[no-untyped-def]  # noqa: ANN001
+    async def bare(payload, ctx):  # type: ignore[no-untyped-def]
         ...
 
     router = sepp.Router().handle("raw", raw).handle("bare", bare)
