@@ -97,10 +97,34 @@ class Task(Generic[T]):
     ) -> EnqueueRequest:
         """An EnqueueRequest for this task (for `enqueue_batch`, `enqueue_atomic`); given
         values override the task's defaults."""
+        return self.encoded_request(
+            self._codec.encode(payload),
+            queue=queue,
+            idempotency_key=idempotency_key,
+            priority=priority,
+            max_attempts=max_attempts,
+            custom=custom,
+            scheduled_at=scheduled_at,
+            trace_context=trace_context,
+        )
+
+    def encoded_request(
+        self,
+        payload: Payload,
+        *,
+        queue: str | None = None,
+        idempotency_key: str | None = None,
+        priority: int | None = None,
+        max_attempts: int | None = None,
+        custom: Mapping[str, v.CustomValue] | None = None,
+        scheduled_at: datetime | None = None,
+        trace_context: TraceContext | None = None,
+    ) -> EnqueueRequest:
+        """`request` for a payload already encoded (by `encode`, or a tool that checked it)."""
         return EnqueueRequest(
             queue if queue is not None else self.queue,
             self.job_type,
-            payload=self._codec.encode(payload),
+            payload=payload,
             idempotency_key=idempotency_key,
             priority=priority if priority is not None else self.priority,
             max_attempts=max_attempts if max_attempts is not None else self.max_attempts,
