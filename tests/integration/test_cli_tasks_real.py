@@ -7,9 +7,10 @@ import json
 import textwrap
 from pathlib import Path
 
+from test_cli_real import assert_one_line_failure, cli, reserve_all
+
 import sepp
 from sepp.testing import SeppServer
-from test_cli_real import assert_one_line_failure, cli, reserve_all
 
 TASKS = textwrap.dedent(
     """
