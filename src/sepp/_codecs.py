@@ -34,9 +34,13 @@ class PayloadCodec(Protocol):
     PayloadDecodeError for a payload that does not fit (bad bytes, wrong encoding label,
     missing field, wrong type); a job without a payload arrives as `payload=None`."""
 
-    def encode(self, value: Any) -> Payload: ...
+    def encode(self, value: Any) -> Payload:
+        """`value` as a Payload (data and encoding label)."""
+        ...
 
-    def decode(self, payload: Payload | None, into: type[T]) -> T: ...
+    def decode(self, payload: Payload | None, into: type[T]) -> T:
+        """`payload` as an `into`; raises PayloadDecodeError if it does not fit."""
+        ...
 
 
 def type_name(tp: object) -> str:
