@@ -55,12 +55,17 @@ def _any(value: Any) -> Any:
     return value
 
 
+# Decoders of exact types, whose check record decoders inline: decoder → (type, what).
+_EXACT_TYPES: dict[Decoder, tuple[type, str]] = {}
+
+
 def _exact(tp: type, what: str) -> Decoder:
     def decode(value: Any) -> Any:
         if type(value) is tp:
             return value
         raise _expected(what, value)
 
+    _EXACT_TYPES[decode] = (tp, what)
     return decode
 
 
@@ -232,25 +237,57 @@ def _union(options: list[Decoder], names: str) -> Decoder:
 # -- records ---------------------------------------------------------------------------------
 
 
-def _fields_decoder(
-    fields: list[tuple[str, Decoder, bool]], build: Callable[[dict[str, Any]], Any]
-) -> Decoder:
-    """An object → `build(kwargs)`, for each (name, decoder, required)."""
+_MISSING = object()
 
-    def decode(value: Any) -> Any:
-        if type(value) is not dict:
-            raise _expected("object", value)
-        kwargs = {}
-        for name, decoder, required in fields:
-            if name in value:
-                try:
-                    kwargs[name] = decoder(value[name])
-                except Invalid as exc:
-                    raise exc.at(f".{name}") from None
-            elif required:
-                raise Invalid(f"missing required field {name!r}")
-        return build(kwargs)
 
+def _fields_decoder(fields: list[tuple[str, Decoder, bool]], build: Callable[..., Any]) -> Decoder:
+    """An object → `build(**kwargs)`, for each (name, decoder, required). The decoder is
+    generated source, one straight run of lookups per field, since this is the per-job path:
+    names enter it only as string literals (repr), decoders only by reference."""
+    namespace: dict[str, Any] = {
+        "Invalid": Invalid,
+        "_expected": _expected,
+        "_MISSING": _MISSING,
+        "build": build,
+    }
+    lines = [
+        "def decode(value):",
+        "    if type(value) is not dict:",
+        "        raise _expected('object', value)",
+        "    get = value.get",
+        "    kwargs = {}",
+    ]
+    for index, (name, decoder, required) in enumerate(fields):
+        key, place = repr(name), repr(f".{name}")
+        lines.append(f"    v = get({key}, _MISSING)")
+        if required:
+            missing = repr(f"missing required field {name!r}")
+            lines += ["    if v is _MISSING:", f"        raise Invalid({missing})"]
+            pad = "    "
+        else:
+            lines.append("    if v is not _MISSING:")
+            pad = "        "
+        exact = _EXACT_TYPES.get(decoder)
+        if decoder is _any:
+            lines.append(f"{pad}kwargs[{key}] = v")
+        elif exact is not None:  # str, int, bool: the check inline, no call
+            namespace[f"t{index}"] = exact[0]
+            lines += [
+                f"{pad}if type(v) is not t{index}:",
+                f"{pad}    raise _expected({exact[1]!r}, v).at({place})",
+                f"{pad}kwargs[{key}] = v",
+            ]
+        else:
+            namespace[f"d{index}"] = decoder
+            lines += [
+                f"{pad}try:",
+                f"{pad}    kwargs[{key}] = d{index}(v)",
+                f"{pad}except Invalid as exc:",
+                f"{pad}    raise exc.at({place}) from None",
+            ]
+    lines.append("    return build(**kwargs)")
+    exec("\n".join(lines), namespace)  # our own source, see above
+    decode: Decoder = namespace["decode"]
     return decode
 
 
@@ -272,14 +309,14 @@ def _dataclass(cls: type) -> Decoder:
         for field in dataclasses.fields(cls)
         if field.init
     ]
-    return _fields_decoder(fields, lambda kwargs: cls(**kwargs))
+    return _fields_decoder(fields, cls)
 
 
 def _typed_dict(cls: type) -> Decoder:
     hints = _hints(cls)
     required: frozenset[str] = getattr(cls, "__required_keys__", frozenset(hints))
     fields = [(name, compile_decoder(tp), name in required) for name, tp in hints.items()]
-    return _fields_decoder(fields, lambda kwargs: kwargs)
+    return _fields_decoder(fields, dict)
 
 
 # -- compiling -------------------------------------------------------------------------------

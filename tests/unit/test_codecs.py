@@ -133,6 +133,16 @@ def test_typed_dicts_check_required_keys() -> None:
         CODEC.decode(sepp.Payload.json({}), Required)
 
 
+def test_keys_that_are_not_identifiers_stay_plain_strings() -> None:
+    weird = TypedDict("weird", {"a-b": int, "class": str, "it's": bool})
+    document = {"a-b": 1, "class": "x", "it's": True}
+    assert CODEC.decode(sepp.Payload.json(document), weird) == document
+    with pytest.raises(sepp.PayloadDecodeError, match=r"\$\.it's: expected bool, got int"):
+        CODEC.decode(sepp.Payload.json({**document, "it's": 1}), weird)
+    with pytest.raises(sepp.PayloadDecodeError, match=r"missing required field 'a-b'"):
+        CODEC.decode(sepp.Payload.json({"class": "x", "it's": True}), weird)
+
+
 def test_containers_and_no_payload() -> None:
     assert CODEC.decode(sepp.Payload.json([1, 2]), list[int]) == [1, 2]
     assert CODEC.decode(sepp.Payload.json({"1": "a"}), dict[int, str]) == {1: "a"}
