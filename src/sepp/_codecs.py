@@ -65,6 +65,8 @@ def _json_document(payload: Payload | None, into: object) -> Any:
         return json.loads(payload.data)
     except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
         raise PayloadDecodeError(into, f"not valid JSON: {exc}") from None
+    except RecursionError:
+        raise PayloadDecodeError(into, "not valid JSON: nested too deeply") from None
 
 
 class JsonCodec:
@@ -102,6 +104,8 @@ class JsonCodec:
             return decoder(document)  # type: ignore[no-any-return]
         except Invalid as exc:
             raise PayloadDecodeError(into, str(exc)) from None
+        except RecursionError:  # a recursive type, and a document nested deeper than Python
+            raise PayloadDecodeError(into, "nested too deeply") from None
 
     def __repr__(self) -> str:
         return "sepp.JsonCodec()"

@@ -242,6 +242,63 @@ def test_any_line_round_trips(line: Line) -> None:
     assert CODEC.decode(CODEC.encode(line), Line) == line
 
 
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+def order_documents() -> st.SearchStrategy[Any]:
+    """Valid order documents with fields replaced by arbitrary JSON now and then."""
+    base = json.loads(CODEC.encode(an_order()).data)
+    return st.dictionaries(st.sampled_from(sorted(base)), JSON_VALUES, max_size=4).map(
+        lambda changes: {**base, **changes}
+    )
+
+
+@given(order_documents() | JSON_VALUES)
+def test_any_json_either_decodes_or_raises_payload_decode_error(document: Any) -> None:
+    # A poison payload must always be recognised as one, never crash the handler adapter.
+    try:
+        CODEC.decode(sepp.Payload.json(document), Order)
+    except sepp.PayloadDecodeError:
+        pass
+
+
+@given(
+    st.builds(
+        Order,
+        id=st.uuids(),
+        user=st.integers().map(UserId),
+        placed_at=st.datetimes(timezones=st.timezones()),
+        ship_on=st.dates(),
+        total=st.decimals(allow_nan=False, allow_infinity=False),
+        color=st.sampled_from(Color),
+        level=st.sampled_from(Level),
+        lines=st.lists(st.builds(Line, sku=st.text(), qty=st.integers())),
+        address=st.fixed_dictionaries({}, optional={"city": st.text(), "zip": st.text()}),
+        by_sku=st.dictionaries(st.text(), st.builds(Line, sku=st.text())),
+        tags=st.lists(st.text()).map(tuple),
+        pair=st.tuples(st.integers(), st.text()),
+        unique=st.frozensets(st.integers()),
+        at=st.none() | st.times(),
+        kind=st.sampled_from(["new", "repeat"]),
+        weight=st.floats(allow_nan=False, allow_infinity=False),
+        anything=JSON_VALUES,
+        either=st.integers() | st.text(),
+    )
+)
+def test_any_order_round_trips(order: Order) -> None:
+    assert CODEC.decode(CODEC.encode(order), Order) == order
+
+
+def test_documents_nested_too_deeply_are_decode_errors() -> None:
+    deep = sepp.Payload(b'{"name": "n", "children": [' * 5000 + b"]}" * 5000, "application/json")
+    with pytest.raises(sepp.PayloadDecodeError, match="nested too deeply"):
+        CODEC.decode(deep, Node)
+
+
 # -- pydantic and msgspec ---------------------------------------------------------------------
 
 
