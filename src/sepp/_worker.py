@@ -113,7 +113,7 @@ class Worker:
 
     Durations are seconds (float) or `timedelta`. The worker needs only the client's public
     `reserve`, `ack`, `nack` and `extend` (any object with those, typed as `WorkerClient`).
-    `handlers` registers a `sepp.Router`'s handlers.
+    `handlers` registers a `sepp.Router`'s handlers; `task` registers a `sepp.Task`'s.
     """
 
     def __init__(
