@@ -377,7 +377,11 @@ def _compile(tp: object) -> Decoder:
     if origin is dict or (origin is not None and _named(origin, "collections.abc", ("Mapping",))):
         key, value = args if args else (str, Any)
         return _mapping(_key_decoder(key), compile_decoder(value))
-    if tp in (list, tuple, set, frozenset, dict):
+    if tp is dict:
+        return compile_decoder(dict[str, Any])
+    if tp is tuple:
+        return compile_decoder(tuple[Any, ...])
+    if tp in (list, set, frozenset):
         return compile_decoder(tp[Any])
     supertype = getattr(tp, "__supertype__", None)  # typing.NewType
     if supertype is not None:

@@ -144,6 +144,9 @@ def test_keys_that_are_not_identifiers_stay_plain_strings() -> None:
 
 
 def test_containers_and_no_payload() -> None:
+    assert CODEC.decode(sepp.Payload.json({"a": [1]}), dict) == {"a": [1]}
+    assert CODEC.decode(sepp.Payload.json([1, "a"]), list) == [1, "a"]
+    assert CODEC.decode(sepp.Payload.json([1, "a"]), tuple) == (1, "a")
     assert CODEC.decode(sepp.Payload.json([1, 2]), list[int]) == [1, 2]
     assert CODEC.decode(sepp.Payload.json({"1": "a"}), dict[int, str]) == {1: "a"}
     assert CODEC.decode(None, Optional[Line]) is None  # type: ignore[arg-type]  # noqa: UP045

@@ -9,6 +9,8 @@ import logging
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+import pydantic
 import pytest
 import trio
 from fixtures.fake_client import FakeClient, RecordingLogger
@@ -181,6 +183,38 @@ async def test_raw_handlers_are_registered_as_they_are() -> None:
 
     router = sepp.Router().handle("raw", raw).handle("bare", bare)
     assert router.lookup("raw") is raw and router.lookup("bare") is bare
+
+
+async def test_an_unresolvable_payload_annotation_still_means_the_raw_payload() -> None:
+    namespace: dict[str, Any] = {}  # `sepp` is not defined where the handler lives
+    exec("async def handle(payload: 'sepp.Payload | None', ctx: 'sepp.JobContext'): ...", namespace)
+    router = sepp.Router().handle("t", namespace["handle"])
+    assert router.lookup("t") is namespace["handle"]
+
+
+class PydanticWelcome(pydantic.BaseModel):
+    user: int
+
+
+class MsgspecWelcome(msgspec.Struct):
+    user: int
+
+
+@pytest.mark.parametrize("model", [PydanticWelcome, MsgspecWelcome, dict])
+async def test_annotated_handlers_use_the_codec_of_their_models_library(model: Any) -> None:
+    seen: list[object] = []
+
+    async def handle(job: Any, ctx: sepp.JobContext) -> None:
+        seen.append(job)
+
+    handle.__annotations__["job"] = model
+    router = sepp.Router().handle("t", handle)
+    handler = router.lookup("t")
+    assert handler is not None and handler is not handle
+    await handler(sepp.Payload.json({"user": 1}), job_context("t"))
+    assert seen == [model(user=1)]
+    with pytest.raises(sepp.HandlerError, match="payload does not decode into"):
+        await handler(sepp.Payload.json([]), job_context("t"))
 
 
 async def test_annotated_handlers_and_task_handlers_get_decoded_payloads() -> None:
