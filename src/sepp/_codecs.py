@@ -91,9 +91,12 @@ class JsonCodec:
 
     def decode(self, payload: Payload | None, into: type[T]) -> T:
         """`payload` parsed and checked against `into`; raises PayloadDecodeError."""
-        decoder = self._decoders.get(into)
-        if decoder is None:
+        try:
+            decoder = self._decoders[into]
+        except KeyError:
             decoder = self._decoders[into] = compile_decoder(into)
+        except TypeError:  # an unhashable type form (Annotated with a dict): not cached
+            decoder = compile_decoder(into)
         document = _json_document(payload, into)
         if document is None and payload is None:
             try:

@@ -7,6 +7,7 @@ import dataclasses
 import enum
 import functools
 import sys
+import threading
 import types
 import typing
 import uuid
@@ -333,23 +334,24 @@ def _compile_cached(tp: object) -> Decoder:
 
 # Types being compiled: a recursive reference gets a stand-in that looks the result up later.
 _in_progress: dict[object, list[Decoder]] = {}
+_compiling = threading.RLock()
 
 
 def compile_decoder(tp: object) -> Decoder:
     """A decoder for `tp` (cached): parsed JSON in, a `tp` out, or Invalid naming the place."""
-    if tp in _in_progress:
-        cell = _in_progress[tp]
+    if not _hashable(tp):  # e.g. Annotated with a dict in its metadata: not cached
+        with _compiling:
+            return _compile(tp)
+    with _compiling:  # the recursion bookkeeping is global; workers may register from threads
+        cell = _in_progress.get(tp)
+        if cell is not None:
+            found = cell
 
-        def later(value: Any) -> Any:
-            return cell[0](value)
+            def later(value: Any) -> Any:
+                return found[0](value)
 
-        return later
-    try:
+            return later
         return _compile_cached(tp)
-    except TypeError as exc:
-        if "unhashable" not in str(exc):
-            raise
-        return _compile(tp)
 
 
 def _compile(tp: object) -> Decoder:

@@ -143,6 +143,10 @@ def test_keys_that_are_not_identifiers_stay_plain_strings() -> None:
         CODEC.decode(sepp.Payload.json({"class": "x", "it's": True}), weird)
 
 
+def test_unhashable_annotations_still_compile() -> None:
+    assert CODEC.decode(sepp.Payload.json(3), Annotated[int, {"unit": "kg"}]) == 3  # type: ignore[arg-type]
+
+
 def test_containers_and_no_payload() -> None:
     assert CODEC.decode(sepp.Payload.json({"a": [1]}), dict) == {"a": [1]}
     assert CODEC.decode(sepp.Payload.json([1, "a"]), list) == [1, "a"]
