@@ -52,7 +52,9 @@ async def test_enqueue_task_checks_the_json_then_sends_the_tasks_job(
     both = await cli(sepp_server.address, "enqueue", "q", "t", *task[1:], cwd=cwd)
     assert_one_line_failure(both, 2, "omit QUEUE and JOB_TYPE")
     neither = await cli(sepp_server.address, "enqueue", "--json", "{}", cwd=cwd)
-    assert_one_line_failure(neither, 2, "give QUEUE and JOB_TYPE, or --task MODULE:ATTR")
+    assert_one_line_failure(
+        neither, 2, "the following arguments are required: QUEUE, JOB_TYPE (or --task MODULE:ATTR)"
+    )
 
     done = await cli(
         sepp_server.address, *task, "--json", '{"user": 42}', "--priority", "7", cwd=cwd

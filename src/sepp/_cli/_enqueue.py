@@ -114,7 +114,8 @@ def request_from_args(args: argparse.Namespace) -> sepp.EnqueueRequest:
     if args.task is not None:
         return _task_request(args)
     if args.queue is None or args.job_type is None:
-        raise UsageError("give QUEUE and JOB_TYPE, or --task MODULE:ATTR")
+        missing = "JOB_TYPE" if args.queue is not None else "QUEUE, JOB_TYPE"
+        raise UsageError(f"the following arguments are required: {missing} (or --task MODULE:ATTR)")
     return sepp.EnqueueRequest(
         args.queue,
         args.job_type,
