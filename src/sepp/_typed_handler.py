@@ -22,9 +22,6 @@ EXPECTED_SHAPE = "(payload, ctx)"
 class PoisonPayload(HandlerError):
     """A job's payload does not decode into its handler's type."""
 
-    def __init__(self, reason: str, directive: Retry) -> None:
-        super().__init__(reason, directive)
-
 
 def _signature(fn: Callable[..., Any]) -> tuple[inspect.Signature | None, Exception | None]:
     """`fn`'s signature, with string annotations evaluated if they can be (else left as
@@ -104,7 +101,8 @@ def _adapter(
         reason = f"{what}: payload does not decode into {type_name(into)}: {error.error}"
         return PoisonPayload(reason, directive)
 
-    if inspect.iscoroutinefunction(fn):
+    call = type(fn).__call__ if not inspect.isroutine(fn) else None  # an object: its method
+    if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(call):
 
         async def decoded(payload: Payload | None, ctx: JobContext) -> None:
             try:

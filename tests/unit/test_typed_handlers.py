@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import logging
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
@@ -183,6 +184,28 @@ async def test_raw_handlers_are_registered_as_they_are() -> None:
 
     router = sepp.Router().handle("raw", raw).handle("bare", bare)
     assert router.lookup("raw") is raw and router.lookup("bare") is bare
+
+
+class TypedCallable:
+    def __init__(self) -> None:
+        self.seen: list[Welcome] = []
+
+    async def __call__(self, job: Welcome, ctx: sepp.JobContext) -> None:
+        self.seen.append(job)
+
+
+async def test_async_callable_objects_and_partials_keep_an_async_adapter() -> None:
+    obj = TypedCallable()
+
+    async def three(prefix: str, job: Welcome, ctx: sepp.JobContext) -> None:
+        obj.seen.append(job)
+
+    router = sepp.Router().handle("obj", obj).handle("partial", functools.partial(three, "p"))
+    for job_type in ("obj", "partial"):
+        handler = router.lookup(job_type)
+        assert handler is not None and inspect.iscoroutinefunction(handler)
+        await handler(sepp.Payload.json({"user": 1}), job_context(job_type))
+    assert obj.seen == [Welcome(1), Welcome(1)]
 
 
 async def test_an_unresolvable_payload_annotation_still_means_the_raw_payload() -> None:
