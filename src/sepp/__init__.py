@@ -69,9 +69,20 @@ _LAZY = {
     "UnknownQueue": "_rejection_reasons",
     "UnknownRejection": "_rejection_reasons",
     "describe_job_rejection": "_rejection_reasons",
+    "Task": "_task",
+    "PayloadCodec": "_codecs",
+    "PayloadDecodeError": "_codecs",
+    "JsonCodec": "_codecs",
+    "PydanticCodec": "_codecs",
+    "MsgspecCodec": "_codecs",
 }
 
 if TYPE_CHECKING:
+    from ._codecs import JsonCodec as JsonCodec
+    from ._codecs import MsgspecCodec as MsgspecCodec
+    from ._codecs import PayloadCodec as PayloadCodec
+    from ._codecs import PayloadDecodeError as PayloadDecodeError
+    from ._codecs import PydanticCodec as PydanticCodec
     from ._rejection_reasons import CustomEntriesTooMany as CustomEntriesTooMany
     from ._rejection_reasons import CustomKeyTooLong as CustomKeyTooLong
     from ._rejection_reasons import CustomMapTooLarge as CustomMapTooLarge
@@ -94,6 +105,7 @@ if TYPE_CHECKING:
     from ._schedule import Schedule as Schedule
     from ._scheduler import Scheduler as Scheduler
     from ._shutdown import ShutdownHandle as ShutdownHandle
+    from ._task import Task as Task
     from ._worker import HandlerError as HandlerError
     from ._worker import Worker as Worker
 
@@ -122,6 +134,7 @@ __all__ = [
     "InvalidRequestError",
     "Job",
     "JobContext",
+    "JsonCodec",
     "JobNotFoundError",
     "JobRejectedError",
     "JobRejection",
@@ -130,9 +143,13 @@ __all__ = [
     "LeaseError",
     "MalformedResponseError",
     "MessageTooLargeError",
+    "MsgspecCodec",
     "OverloadedError",
     "Payload",
+    "PayloadCodec",
+    "PayloadDecodeError",
     "PayloadTooLarge",
+    "PydanticCodec",
     "QueueClosing",
     "QueueFull",
     "QueueNameTooLong",
@@ -147,6 +164,7 @@ __all__ = [
     "ServerInternalError",
     "ShutdownHandle",
     "StatusCode",
+    "Task",
     "TraceContext",
     "TransportError",
     "UnauthenticatedError",

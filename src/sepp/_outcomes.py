@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Literal
 
 from ._errors import ValidationError
 from ._types import JobContext, Retry
@@ -19,6 +20,15 @@ UNKNOWN_TYPE_MAX_DELAY_S = 60.0
 # Nack reasons are for humans reading dead letters; keep them bounded.
 MAX_REASON_CHARS = 1000
 SHUTDOWN_REASON = "worker shutdown"
+
+# What a payload that does not decode into its handler's type gets (Router, Task option).
+OnInvalid = Literal["dead_letter", "retry"]
+
+
+def check_on_invalid(value: object) -> OnInvalid:
+    if value not in ("dead_letter", "retry"):
+        raise ValidationError("on_invalid", f"must be 'dead_letter' or 'retry', got {value!r}")
+    return value
 
 
 class HandlerError(Exception):

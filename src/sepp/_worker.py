@@ -10,8 +10,9 @@ import os
 import random
 import secrets
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta, timezone
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import trio
 
@@ -34,9 +35,15 @@ from ._router import DuplicateHandlerError as DuplicateHandlerError  # public as
 from ._router import H, Router
 from ._router import Handler as Handler  # public as sepp.Handler
 from ._shutdown import ShutdownHandle as ShutdownHandle  # public as sepp.ShutdownHandle
+from ._typed_handler import PoisonPayload
 from ._types import Job, JobContext
 from ._worker_client import WorkerClient
 from ._worker_slots import WorkerSlots
+
+if TYPE_CHECKING:
+    from ._task import Task
+
+T = TypeVar("T")
 
 # Reserve failures back off from `reserve_error_backoff`, doubling up to this (or the base,
 # if larger), with each sleep drawn from [0.5, 1.0) of the step so workers do not stampede.
@@ -85,7 +92,7 @@ class Worker:
 
     Durations are seconds (float) or `timedelta`. The worker needs only the client's public
     `reserve`, `ack`, `nack` and `extend` (any object with those, typed as `WorkerClient`).
-    `handlers` registers a `sepp.Router`'s handlers.
+    `handlers` registers a `sepp.Router`'s handlers; `task` registers a `sepp.Task`'s.
     """
 
     def __init__(
@@ -173,7 +180,7 @@ class Worker:
 
     # -- registration -----------------------------------------------------------------------
 
-    def handle(self, job_type: str, fn: Handler) -> Worker:
+    def handle(self, job_type: str, fn: Callable[[Any, JobContext], Awaitable[None]]) -> Worker:
         """Register `fn` for `job_type`; returns the worker so calls chain. A second
         registration for the same type raises DuplicateHandlerError."""
         self._router.handle(job_type, fn)
@@ -182,6 +189,14 @@ class Worker:
     def handler(self, job_type: str) -> Callable[[H], H]:
         """Decorator form of `handle`."""
         return self._router.handler(job_type)
+
+    def task(
+        self, task: Task[T]
+    ) -> Callable[
+        [Callable[[T, JobContext], Awaitable[None]]], Callable[[T, JobContext], Awaitable[None]]
+    ]:
+        """Decorator: register the handler of `task` (see `Router.task`)."""
+        return self._router.task(task)
 
     def catch_all(self, fn: H) -> H:
         """Run `fn` for job types without a handler (usable as a decorator). Only one."""
@@ -521,6 +536,9 @@ class Worker:
             return outcomes.SHUTDOWN
         requested = outcomes.requested(error)
         if requested is not None:
+            if isinstance(error, PoisonPayload):  # the one failure no retry can fix: say so
+                what = "dead-lettering it" if requested.label == "permanent" else "nacking it"
+                self._log.error("sepp: %s: %s; %s", ctx, error.reason, what)
             return requested
         self._log.error(
             "sepp: handler for %s raised %s; nacking with the queue's retry policy",
