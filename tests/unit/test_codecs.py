@@ -250,7 +250,11 @@ def test_any_line_round_trips(line: Line) -> None:
 
 
 JSON_VALUES = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
     max_leaves=20,
 )
@@ -278,7 +282,16 @@ def test_any_json_either_decodes_or_raises_payload_decode_error(document: Any) -
         Order,
         id=st.uuids(),
         user=st.integers().map(UserId),
-        placed_at=st.datetimes(timezones=st.timezones()),
+        # Fixed offsets: PEP 495 makes a zone's gap or fold time unequal to every other zone's.
+        placed_at=st.datetimes(
+            timezones=st.sampled_from(
+                [
+                    timezone.utc,
+                    timezone(timedelta(hours=5, minutes=30)),
+                    timezone(-timedelta(hours=8)),
+                ]
+            )
+        ),
         ship_on=st.dates(),
         total=st.decimals(allow_nan=False, allow_infinity=False),
         color=st.sampled_from(Color),
