@@ -187,10 +187,11 @@ class H2GrpcConnection(CallTable[_Call]):
             # h2, hpack and hyperframe raise assorted types on hostile input (and h2 can refuse
             # what a handler asks of it afterwards); all of them mean the peer broke HTTP/2 and
             # the connection cannot be trusted any more. Calls already finished keep their result.
+            reason = f"HTTP/2 protocol error from server: {type(exc).__name__}: {exc}"
             if isinstance(exc, _TooManyReplies):
                 self._h2.clear_outbound_data_buffer()  # the peer does not read them anyway
                 self._h2.close_connection(ErrorCodes.ENHANCE_YOUR_CALM)
-            reason = f"HTTP/2 protocol error from server: {type(exc).__name__}: {exc}"
+                reason = f"HTTP/2 protocol error from server: {exc}"
             self.broken = reason
             events.extend(self._fail_all(StatusCode.UNAVAILABLE, reason, FailureKind.PROTOCOL))
             events.append(ConnectionBroken(reason))
