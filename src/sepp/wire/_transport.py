@@ -172,7 +172,12 @@ class _Connection:
 
     def wake_parked(self) -> None:
         """Wake as many callers parked for a stream as may start one now (not all of them:
-        each would find no stream and park again, O(parked) task switches per event)."""
+        each would find no stream and park again, O(parked) task switches per event). On a
+        connection that takes no more calls (draining, stream ids spent), all of them: they
+        go on to another connection."""
+        if not self.proto.usable:
+            self.slots.unpark_all()
+            return
         free = self.proto.free_streams
         if free:
             self.slots.unpark(count=free)
