@@ -46,6 +46,7 @@ _passed: Counter[str] = Counter()
 # engine tests, the transport and hostile-server suites, and the real-server client tests.
 _BOTH_ENGINES = {
     "test_wire_connection.py",
+    "test_wire_limits.py",
     "test_wire_transport.py",
     "test_hostile_server.py",
     "test_client_real.py",
