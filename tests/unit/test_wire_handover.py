@@ -194,6 +194,20 @@ async def test_a_peer_that_never_processes_anything_ends_after_the_attempt_bound
         assert len(server.connections) == expected_connections
 
 
+async def test_a_deadline_passing_before_the_retry_is_sent_fails_it_as_unprocessed() -> None:
+    async def handler(call: ServerCall) -> None:
+        call.conn.server.silent = True  # the next connection never becomes usable
+        await call.conn.goaway(0)
+
+    async with serving(handler) as (server, channel):
+        with pytest.raises(RpcError) as info:
+            await channel.call("EnqueueBatch", b"x", timeout=0.5)
+        # Not DEADLINE_EXCEEDED, which would read as "may have been committed".
+        assert (info.value.code, info.value.kind) == (StatusCode.UNAVAILABLE, FailureKind.GOAWAY)
+        assert len(server.calls) == 1
+        assert len(server.connections) == 2
+
+
 async def test_calls_refused_when_the_server_lowers_its_stream_limit_go_out_again() -> None:
     held: list[ServerCall] = []
     results: dict[int, bytes | RpcError] = {}
