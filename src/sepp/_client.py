@@ -462,6 +462,12 @@ class Client:
         attributes: dict[str, str | int | list[str]] = {"sepp.queues": names}
         if worker_id is not None:
             attributes["sepp.worker_id"] = worker_id
+
+        def remaining_wait(elapsed_s: float) -> bytes:
+            # The server never saw the first attempt (GOAWAY, refused): wait only what is left.
+            cv.duration_to_pb(max(0.0, wait_s - elapsed_s), msg.wait_timeout)
+            return msg.SerializeToString()
+
         with _otel.client_span("sepp.reserve", attributes) as span:
             body = await self._call(
                 "Reserve",
@@ -469,6 +475,7 @@ class Client:
                 timeout=wait_s + RESERVE_DEADLINE_SLACK_S,
                 retryable=frozenset(),
                 kind="reserve",
+                retry_request=remaining_wait,
             )
             response = _parse(pb.ReserveResponse, body, "Reserve")
             jobs: list[Job] = []
@@ -604,6 +611,7 @@ class Client:
         retryable: frozenset[StatusCode] = RETRYABLE,
         kind: CallKind = "generic",
         ambiguous_retry_safe: bool = True,
+        retry_request: Callable[[float], bytes] | None = None,
     ) -> bytes:
         return await self._call_s(
             method,
@@ -612,6 +620,7 @@ class Client:
             retryable=retryable,
             kind=kind,
             ambiguous_retry_safe=ambiguous_retry_safe,
+            retry_request=retry_request,
         )
 
     async def _call_s(
@@ -623,10 +632,21 @@ class Client:
         retryable: frozenset[StatusCode] = RETRYABLE,
         kind: CallKind = "generic",
         ambiguous_retry_safe: bool = True,
+        retry_request: Callable[[float], bytes] | None = None,
     ) -> bytes:
-        """One call (with the retry policy's retries), its failure mapped to a SeppError."""
+        """One call (with the retry policy's retries), its failure mapped to a SeppError.
+        `retry_request` rebuilds the request for the transport's transparent retries (see
+        Channel.call); only calls the policy never retries (Reserve) pass one."""
         metadata = _otel.outgoing_headers() if _otel.AVAILABLE else ()
         try:
+            if retry_request is not None:
+                return await self._channel.call(
+                    method,
+                    request,
+                    timeout=timeout_s,
+                    metadata=metadata,
+                    retry_request=retry_request,
+                )
             if self._retry_policy.max_attempts == 1:  # the default: no retry loop to set up
                 return await self._channel.call(
                     method, request, timeout=timeout_s, metadata=metadata
@@ -762,7 +782,8 @@ async def open(
 
     `address` is `host:port`, `[v6]:port`, `http://host:port` or `https://host:port`.
     TLS is on for `https://`, `tls=True` (system roots), a `tls_ca_cert` (PEM bytes or a
-    path), a `tls_domain` (server-name override) or a caller's `ssl.SSLContext`.
+    path), a `tls_domain` (server-name override, also sent as `:authority`) or a caller's
+    `ssl.SSLContext`.
     `wire_engine` picks the HTTP/2 implementation: None (the default engine, "codec", our
     own) or "h2" (the reference engine, built on the h2 package).
     """

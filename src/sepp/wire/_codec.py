@@ -651,7 +651,7 @@ class CodecGrpcConnection(CallTable[_Call]):
         for doomed in [s for s in self._calls if s > last]:
             self._forget(doomed)
             out.append(goaway_result(doomed))
-        out.append(GoAwayReceived(last, error_code))
+        out.append(GoAwayReceived(last, error_code, bytes(data[start + 8 : stop])))
 
     def _on_window_update(
         self, data: bytes, start: int, stop: int, flags: int, stream_id: int, out: list[Event]
