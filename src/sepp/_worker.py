@@ -140,9 +140,10 @@ class Worker:
     `max_in_flight` at once, inside a nursery owned by `run()`.
 
     A handler that returns acks its job; one that raises `HandlerError` nacks it as the error
-    says; any other exception nacks it with the queue's retry policy. With `auto_extend` the
-    worker extends each lease before it runs out and, if the lease is lost anyway, cancels the
-    handler and neither acks nor nacks.
+    says; any other exception nacks it for a retry after `backoff`'s delay. With `auto_extend`
+    the worker extends each lease before it runs out and, if the lease is lost anyway, cancels
+    the handler and neither acks nor nacks; without it, the handler is cancelled when its lease
+    ends. A redelivery of a job still running in this worker waits for that run to end.
 
     `shutdown()` stops reserving at once (a long-poll is cancelled; a reserve sent under half a
     second earlier may finish, since the server has most likely leased its jobs already, unless
