@@ -45,6 +45,9 @@ from .wire._status import StatusCode as StatusCode
 # Worker, Router and Scheduler machinery (and zoneinfo, which schedules need), and the
 # rejection reasons (15 dataclasses, created when a rejection first appears).
 _LAZY = {
+    "Backoff": "_backoff",
+    "CallNext": "_middleware",
+    "Middleware": "_middleware",
     "DuplicateHandlerError": "_router",
     "Handler": "_router",
     "Router": "_router",
@@ -78,11 +81,14 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:
+    from ._backoff import Backoff as Backoff
     from ._codecs import JsonCodec as JsonCodec
     from ._codecs import MsgspecCodec as MsgspecCodec
     from ._codecs import PayloadCodec as PayloadCodec
     from ._codecs import PayloadDecodeError as PayloadDecodeError
     from ._codecs import PydanticCodec as PydanticCodec
+    from ._middleware import CallNext as CallNext
+    from ._middleware import Middleware as Middleware
     from ._rejection_reasons import CustomEntriesTooMany as CustomEntriesTooMany
     from ._rejection_reasons import CustomKeyTooLong as CustomKeyTooLong
     from ._rejection_reasons import CustomMapTooLarge as CustomMapTooLarge
@@ -112,9 +118,11 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_MAX_RECEIVE_MESSAGE_BYTES",
     "AttemptMismatchError",
+    "Backoff",
     "BatchRejection",
     "Batching",
     "BatchValidationError",
+    "CallNext",
     "Client",
     "ClientError",
     "ConnectError",
@@ -144,6 +152,7 @@ __all__ = [
     "MalformedResponseError",
     "MessageTooLargeError",
     "MsgspecCodec",
+    "Middleware",
     "OverloadedError",
     "Payload",
     "PayloadCodec",

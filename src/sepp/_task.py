@@ -29,7 +29,7 @@ class Task(Generic[T]):
     (default: pydantic's for a pydantic model, msgspec's for a msgspec Struct, else
     `sepp.JsonCodec`). `priority`, `max_attempts` and `custom` are the defaults of every enqueue;
     per-call values override them. A payload that does not decode is dead-lettered at once
-    (`on_invalid="dead_letter"`) or nacked for the queue's retry policy (`"retry"`).
+    (`on_invalid="dead_letter"`) or nacked for a retry after the handler's backoff (`"retry"`).
     """
 
     __slots__ = (
