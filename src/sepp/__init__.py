@@ -43,13 +43,16 @@ from .wire._status import StatusCode as StatusCode
 
 # Imported on first use, so that `import sepp` stays cheap for code that only enqueues: the
 # Worker, Router and Scheduler machinery (and zoneinfo, which schedules need), and the
-# rejection reasons (15 dataclasses, created when a rejection first appears).
+# rejection reasons (15 dataclasses, created when a rejection first appears), and the blocking
+# client.
 _LAZY = {
     "DuplicateHandlerError": "_router",
     "Handler": "_router",
     "Router": "_router",
     "Schedule": "_schedule",
     "Scheduler": "_scheduler",
+    "SyncClient": "_sync",
+    "connect": "_sync",
     "HandlerError": "_worker",
     "ShutdownHandle": "_worker",
     "Worker": "_worker",
@@ -93,6 +96,8 @@ if TYPE_CHECKING:
     from ._router import Router as Router
     from ._schedule import Schedule as Schedule
     from ._scheduler import Scheduler as Scheduler
+    from ._sync import SyncClient as SyncClient
+    from ._sync import connect as connect
     from ._worker import HandlerError as HandlerError
     from ._worker import ShutdownHandle as ShutdownHandle
     from ._worker import Worker as Worker
@@ -147,6 +152,7 @@ __all__ = [
     "ServerInternalError",
     "ShutdownHandle",
     "StatusCode",
+    "SyncClient",
     "TraceContext",
     "TransportError",
     "UnauthenticatedError",
@@ -157,6 +163,7 @@ __all__ = [
     "ValidationError",
     "Worker",
     "__version__",
+    "connect",
     "describe_job_rejection",
     "is_job_rejection",
     "open",
