@@ -3,18 +3,19 @@ client and hand it to a Worker later."""
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from . import _validate as v
 from ._errors import SeppError, ValidationError
+from ._thread_handlers import SyncHandler, is_sync_function, run_in_thread
 from ._types import JobContext, Payload
 
 Handler = Callable[[Payload | None, JobContext], Awaitable[None]]
-"""An async function `(payload, ctx) -> None` that processes one job."""
+"""An async function `(payload, ctx) -> None` that processes one job. A plain `def` function
+is accepted too: it runs in a worker thread (see "Synchronous code" in the docs)."""
 
-H = TypeVar("H", bound=Handler)
+H = TypeVar("H", bound=Handler | SyncHandler)
 
 
 class DuplicateHandlerError(SeppError, ValueError):
@@ -41,13 +42,13 @@ class Router:
         self._handlers: dict[str, Handler] = {}
         self._catch_all: Handler | None = None
 
-    def handle(self, job_type: str, fn: Handler) -> Router:
+    def handle(self, job_type: str, fn: Handler | SyncHandler) -> Router:
         """Register `fn` for `job_type`; returns the router so calls chain."""
         v.utf8_text("job_type", job_type)
-        _check_handler(fn)
+        handler = _checked_handler(fn)
         if job_type in self._handlers:
             raise DuplicateHandlerError(job_type)
-        self._handlers[job_type] = fn
+        self._handlers[job_type] = handler
         return self
 
     def handler(self, job_type: str) -> Callable[[H], H]:
@@ -62,10 +63,10 @@ class Router:
 
     def catch_all(self, fn: H) -> H:
         """Run `fn` for job types without a handler (usable as a decorator). Only one."""
-        _check_handler(fn)
+        handler = _checked_handler(fn)
         if self._catch_all is not None:
             raise DuplicateHandlerError(None)
-        self._catch_all = fn
+        self._catch_all = handler
         return fn
 
     def include(self, other: Router) -> Router:
@@ -102,10 +103,12 @@ class Router:
         return f"<sepp.Router {list(self._handlers)}{catch_all}>"
 
 
-def _check_handler(fn: object) -> None:
-    # A plain `def` would only fail at the first job; refuse it now. (Other callables, e.g.
-    # partials or objects with an async __call__, are trusted.)
-    if inspect.isfunction(fn) and not inspect.iscoroutinefunction(fn):
-        raise ValidationError("handler", f"{fn.__qualname__} must be `async def`")
+def _checked_handler(fn: Handler | SyncHandler) -> Handler:
+    """The handler to run: `fn`, or for a plain `def` function an adapter that runs it in a
+    worker thread. (Other callables, e.g. partials or objects with an async __call__, are
+    trusted to be async.)"""
+    if is_sync_function(fn):
+        return run_in_thread(fn)  # type: ignore[arg-type]
     if not callable(fn):
-        raise ValidationError("handler", f"must be an async function, got {type(fn).__name__}")
+        raise ValidationError("handler", f"must be a function, got {type(fn).__name__}")
+    return fn  # type: ignore[return-value]

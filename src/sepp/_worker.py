@@ -33,6 +33,7 @@ from ._outcomes import HandlerError as HandlerError  # public as sepp.HandlerErr
 from ._router import DuplicateHandlerError as DuplicateHandlerError  # public as sepp.*
 from ._router import H, Router
 from ._router import Handler as Handler  # public as sepp.Handler
+from ._thread_handlers import SyncHandler
 from ._types import Job, JobContext
 from ._worker_client import WorkerClient
 from ._worker_slots import WorkerSlots
@@ -193,7 +194,7 @@ class Worker:
 
     # -- registration -----------------------------------------------------------------------
 
-    def handle(self, job_type: str, fn: Handler) -> Worker:
+    def handle(self, job_type: str, fn: Handler | SyncHandler) -> Worker:
         """Register `fn` for `job_type`; returns the worker so calls chain. A second
         registration for the same type raises DuplicateHandlerError."""
         self._router.handle(job_type, fn)
