@@ -9,7 +9,7 @@ import ssl
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, TypeVar, overload
+from typing import TYPE_CHECKING, overload
 
 import trio
 
@@ -55,8 +55,6 @@ else:  # protobuf loads when a client connects, not with `import sepp`
     from ._lazy import lazy_module
 
     pb = lazy_module("sepp._pb.queue_pb2")
-
-T = TypeVar("T")
 
 _FORKED_HINT = (
     "Open a new client in the child, in its own trio.run (the parent's trio.run and the"
