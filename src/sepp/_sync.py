@@ -207,6 +207,10 @@ class _Portal:
         self._token: trio.lowlevel.TrioToken
         self._stop: trio.Event
         self._origin = fork.here()
+        # Calls handed over and not yet finished; when the run ends, any left (a call that
+        # arrived as the client closed) is released, so no caller waits forever.
+        self._waiting: set[_Pending] = set()
+        self._finished = False
 
     @classmethod
     def start(cls, address: str, options: dict[str, Any]) -> _Portal:
@@ -241,6 +245,11 @@ class _Portal:
                 raise
             self._failure = exc
             self._started.set()
+        finally:
+            self._finished = True
+            for pending in list(self._waiting):
+                self._waiting.discard(pending)
+                pending.done.release()  # its result stays None: "closed"
 
     def run(
         self,
@@ -250,17 +259,34 @@ class _Portal:
     ) -> T:
         """Run `method(client, ...)` in the portal; block until it is done."""
         pending = _Pending()
+        waiting = self._waiting
 
         async def call() -> None:
             try:
                 with trio.CancelScope() as pending.scope:
                     pending.result = await outcome.acapture(method, self.client, *args, **kwargs)
             finally:
+                finish()
+
+        def start() -> None:  # in the portal's thread
+            try:
+                self._nursery.start_soon(call)
+            except RuntimeError:  # closing: the nursery takes no new calls
+                finish()
+
+        def finish() -> None:  # in the portal's thread
+            if pending in waiting:
+                waiting.discard(pending)
                 pending.done.release()
 
+        waiting.add(pending)
+        if self._finished:
+            waiting.discard(pending)
+            raise ClientError("this sepp.SyncClient is closed")
         try:
-            self._token.run_sync_soon(self._nursery.start_soon, call)
+            self._token.run_sync_soon(start)
         except trio.RunFinishedError:
+            waiting.discard(pending)
             raise ClientError("this sepp.SyncClient is closed") from None
         try:
             pending.done.acquire()

@@ -195,6 +195,75 @@ async def test_options_are_checked_at_construction_and_close_is_final(
     await in_thread(scenario)
 
 
+async def test_close_while_threads_call_fails_their_calls_and_hangs_none(
+    sepp_server: SeppServer,
+) -> None:
+    client = sepp.SyncClient(sepp_server.address)
+    client.connect()
+    outcomes: list[str] = []
+    started = threading.Barrier(9, timeout=FORK_WAIT_S)
+
+    def caller() -> None:
+        started.wait()
+        try:
+            while True:
+                client.enqueue("closing", "t")
+        except sepp.ClientError as exc:  # the closed client, or a call cut short by close()
+            outcomes.append(type(exc).__name__)
+
+    def scenario() -> list[bool]:
+        threads = [threading.Thread(target=caller) for _ in range(8)]
+        for t in threads:
+            t.start()
+        started.wait()
+        client.enqueue("closing", "t")  # the callers are under way
+        client.close()
+        for t in threads:
+            t.join(FORK_WAIT_S)
+        return [t.is_alive() for t in threads]
+
+    assert await in_thread(scenario) == [False] * 8
+    assert len(outcomes) == 8 and set(outcomes) <= {"ClientError", "TransportError"}
+
+
+async def test_a_call_the_closing_portal_never_started_fails_instead_of_hanging(
+    sepp_server: SeppServer,
+) -> None:
+    client = sepp.SyncClient(sepp_server.address)
+    client.connect()
+    portal = client._current
+    assert portal is not None
+    real_token = portal._token
+
+    class DroppingToken:  # the run ends before it gets to the handed-over call
+        def run_sync_soon(self, *args: object) -> None:
+            pass
+
+    portal._token = DroppingToken()  # type: ignore[assignment]
+    errors: list[BaseException] = []
+
+    def caller() -> None:
+        try:
+            client.enqueue("dropped", "t")
+        except BaseException as exc:
+            errors.append(exc)
+
+    def scenario() -> bool:
+        thread = threading.Thread(target=caller)
+        thread.start()
+        for _ in range(FORK_WAIT_S * 100):
+            if portal._waiting:
+                break
+            threading.Event().wait(0.01)
+        real_token.run_sync_soon(portal._stop.set)
+        thread.join(FORK_WAIT_S)
+        return thread.is_alive()
+
+    assert await in_thread(scenario) is False
+    assert len(errors) == 1 and isinstance(errors[0], sepp.ClientError)
+    assert "closed" in str(errors[0])
+
+
 # -- fork -----------------------------------------------------------------------------------
 
 
