@@ -106,8 +106,10 @@ BAD_CALLS: list[Callable[[sepp.Client | sepp.SyncClient], object]] = [
 async def test_a_calls_timeout_applies(sepp_server: SeppServer) -> None:
     def scenario() -> sepp.TransportError:
         with sepp.connect(sepp_server.address) as client:
+            # 8 MiB to send in a millisecond: the deadline passes before any answer can come.
+            big = sepp.EnqueueRequest("q", "t", payload=sepp.Payload.bytes(b"x" * 32768))
             with pytest.raises(sepp.TransportError) as caught:
-                client.enqueue("q", "t", timeout=1e-6)
+                client.enqueue_batch([big] * 256, timeout=0.001)
             return caught.value
 
     error = await in_thread(scenario)
