@@ -43,7 +43,8 @@ from .wire._status import StatusCode as StatusCode
 
 # Imported on first use, so that `import sepp` stays cheap for code that only enqueues: the
 # Worker, Router and Scheduler machinery (and zoneinfo, which schedules need), and the
-# rejection reasons (15 dataclasses, created when a rejection first appears).
+# rejection reasons (15 dataclasses, created when a rejection first appears), and the blocking
+# client.
 _LAZY = {
     "Backoff": "_backoff",
     "CallNext": "_middleware",
@@ -53,6 +54,8 @@ _LAZY = {
     "Router": "_router",
     "Schedule": "_schedule",
     "Scheduler": "_scheduler",
+    "SyncClient": "_sync",
+    "connect": "_sync",
     "HandlerError": "_worker",
     "ShutdownHandle": "_shutdown",
     "Worker": "_worker",
@@ -111,6 +114,8 @@ if TYPE_CHECKING:
     from ._schedule import Schedule as Schedule
     from ._scheduler import Scheduler as Scheduler
     from ._shutdown import ShutdownHandle as ShutdownHandle
+    from ._sync import SyncClient as SyncClient
+    from ._sync import connect as connect
     from ._task import Task as Task
     from ._worker import HandlerError as HandlerError
     from ._worker import Worker as Worker
@@ -174,6 +179,7 @@ __all__ = [
     "ShutdownHandle",
     "StatusCode",
     "Task",
+    "SyncClient",
     "TraceContext",
     "TransportError",
     "UnauthenticatedError",
@@ -184,6 +190,7 @@ __all__ = [
     "ValidationError",
     "Worker",
     "__version__",
+    "connect",
     "describe_job_rejection",
     "is_job_rejection",
     "open",

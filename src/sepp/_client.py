@@ -6,27 +6,26 @@ import dataclasses
 import math
 import os
 import ssl
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, TypeVar, overload
+from typing import TYPE_CHECKING, overload
 
 import trio
 
-from . import _convert as cv
+from . import _fork as fork
+from . import _operations as ops
 from . import _otel
 from . import _validate as v
 from ._batching import Batching, EnqueueBatcher
 from ._chunking import (
     DEFAULT_MAX_ENQUEUE_BATCH,
     MAX_CONCURRENT_CHUNKS,
-    SERVER_MAX_MESSAGE_BYTES,
     split_batch,
 )
 from ._errors import (
     BatchValidationError,
     JobRejectedError,
-    MalformedResponseError,
     SeppError,
     TransportError,
     ValidationError,
@@ -37,7 +36,7 @@ from ._log import Log, LoggerLike
 from ._options import DEFAULT_MAX_RECEIVE_MESSAGE_BYTES as DEFAULT_MAX_RECEIVE_MESSAGE_BYTES
 from ._options import ConnectOptions
 from ._rejections import BatchRejection, JobRejection
-from ._retry import RETRYABLE, RetryPolicy, call_with_retry
+from ._retry import RetryPolicy, call_with_retry
 from ._types import (
     CustomValue,
     DeadLetterRecord,
@@ -49,24 +48,22 @@ from ._types import (
     Retry,
     ServerInfo,
     TraceContext,
-    record_lease_expiry,
 )
 from .wire._engine import WireEngine
 from .wire._status import StatusCode
 from .wire._transport import Channel, RpcError
 
 if TYPE_CHECKING:
-    from ._errors import CallKind
     from ._pb import queue_pb2 as pb
 else:  # protobuf loads when a client connects, not with `import sepp`
     from ._lazy import lazy_module
 
     pb = lazy_module("sepp._pb.queue_pb2")
 
-T = TypeVar("T")
-
-# A Reserve's deadline is its long-poll wait plus this much slack.
-RESERVE_DEADLINE_SLACK_S = 10.0
+_FORKED_HINT = (
+    "Open a new client in the child, in its own trio.run (the parent's trio.run and the"
+    " client's connection tasks do not exist there); sepp.SyncClient reconnects by itself."
+)
 
 
 class Client:
@@ -101,6 +98,7 @@ class Client:
         self._nursery = nursery
         self._validate_locally = validate_locally
         self._limits = LimitsCache(self._fetch_server_info, log)
+        self._opened_in = fork.here()
 
     async def _connect(self) -> None:
         """Open the first connection (open() fails at once if the server is unreachable)."""
@@ -169,38 +167,17 @@ class Client:
     ) -> EnqueueAck:
         """Enqueue one job, given as an EnqueueRequest or as its fields (not both); raises
         JobRejectedError if the server rejects it."""
-        if isinstance(queue, EnqueueRequest):
-            fields = {
-                "job_type": job_type,
-                "payload": payload,
-                "idempotency_key": idempotency_key,
-                "priority": priority,
-                "max_attempts": max_attempts,
-                "custom": custom,
-                "scheduled_at": scheduled_at,
-                "trace_context": trace_context,
-            }
-            given = [name for name, value in fields.items() if value is not None]
-            if given:
-                raise TypeError(
-                    "enqueue() takes an EnqueueRequest or a job's fields, not both"
-                    f" (got an EnqueueRequest and {', '.join(given)})"
-                )
-            request = queue
-        else:
-            if job_type is None:
-                raise ValidationError("job_type", "is required")
-            request = EnqueueRequest(
-                queue,
-                job_type,
-                payload=payload,
-                idempotency_key=idempotency_key,
-                priority=priority,
-                max_attempts=max_attempts,
-                custom=custom if custom is not None else {},
-                scheduled_at=scheduled_at,
-                trace_context=trace_context,
-            )
+        request = ops.enqueue_request(
+            queue,
+            job_type,
+            payload=payload,
+            idempotency_key=idempotency_key,
+            priority=priority,
+            max_attempts=max_attempts,
+            custom=custom,
+            scheduled_at=scheduled_at,
+            trace_context=trace_context,
+        )
         if self._batcher is not None:
             deadline = self._deadline(timeout)
             limits = await self._current_limits(deadline)
@@ -232,13 +209,10 @@ class Client:
             if local is not None:
                 return local
         with _otel.client_span("sepp.enqueue", _batch_attributes((request,))) as span:
-            body = await self._call_s(
-                "EnqueueBatch",
-                cv.enqueue_batch_to_pb((request,), span.trace_context),
-                timeout_s,
-                ambiguous_retry_safe=request.idempotency_key is not None,
+            body = await self._send_s(
+                ops.enqueue_batch_call((request,), span.trace_context), timeout_s
             )
-            result = self._convert(cv.single_result_from_pb, body, "EnqueueBatch")
+            result = ops.read_enqueue_one(body)
             _record_results(span, (result,))
         if isinstance(result, JobRejection):
             self._limits.note_rejections((result,))
@@ -280,28 +254,20 @@ class Client:
         trace_context: TraceContext | None = None,
     ) -> list[EnqueueAck | JobRejection]:
         """One EnqueueBatch call: the auto-batcher's sender, and enqueue_batch's core."""
-        body = await self._call(
-            "EnqueueBatch",
-            cv.enqueue_batch_to_pb(requests, trace_context),
-            timeout=timeout,
-            ambiguous_retry_safe=_all_keyed(requests),
-        )
-        try:
-            return cv.batch_results_from_pb(body, len(requests))
-        except Exception as exc:
-            raise MalformedResponseError(f"EnqueueBatch: {exc}") from exc
+        body = await self._send(ops.enqueue_batch_call(requests, trace_context), timeout)
+        return ops.read_enqueue_batch(body, len(requests))
 
     async def enqueue_batch(
         self, jobs: Iterable[EnqueueRequest], *, timeout: float | timedelta | None = None
     ) -> list[EnqueueAck | JobRejection]:
         """Best effort: one result per job, in order; rejections are values, not errors."""
-        return await self._enqueue_checked(_requests(jobs), timeout)
+        return await self._enqueue_checked(ops.job_requests(jobs), timeout)
 
     async def enqueue_atomic(
         self, jobs: Iterable[EnqueueRequest], *, timeout: float | timedelta | None = None
     ) -> list[EnqueueAck]:
         """All or nothing: every job is enqueued, or BatchValidationError lists the culprits."""
-        requests = _requests(jobs)
+        requests = ops.job_requests(jobs)
         deadline = self._deadline(timeout)
         limits = await self._current_limits(deadline)
         if limits is not None:
@@ -317,39 +283,18 @@ class Client:
             if refused:
                 raise BatchValidationError(refused)
         with _otel.client_span("sepp.enqueue_atomic", _batch_attributes(requests)) as span:
-            request = cv.enqueue_batch_to_pb(requests, span.trace_context)
-            if len(request) > SERVER_MAX_MESSAGE_BYTES:
-                raise ValidationError(
-                    "jobs",
-                    f"an atomic enqueue of {len(requests)} jobs encodes to {len(request)} bytes,"
-                    f" over the server's {SERVER_MAX_MESSAGE_BYTES}-byte message cap"
-                    " (max_message_bytes); enqueue_batch splits bigger ones",
-                )
-            body = await self._call(
-                "EnqueueAtomic",
-                request,
-                timeout=_left_s(deadline),
-                ambiguous_retry_safe=_all_keyed(requests),
+            body = await self._send(
+                ops.enqueue_atomic_call(requests, span.trace_context), _left_s(deadline)
             )
-            msg = _parse(pb.EnqueueAtomicResponse, body, "EnqueueAtomic")
-            which = msg.WhichOneof("outcome")
-            if which == "rejection":
+            try:
+                acks = ops.read_enqueue_atomic(body, len(requests))
+            except BatchValidationError as exc:
                 span.set("sepp.outcome", "rejected")
-                span.set("sepp.rejected", len(msg.rejection.errors))
-                errors = [
-                    BatchRejection(e.index, cv.rejection_from_pb(e.rejection))
-                    for e in msg.rejection.errors
-                ]
-                self._limits.note_rejections([e.rejection for e in errors])
-                raise BatchValidationError(errors)
+                span.set("sepp.rejected", len(exc.errors))
+                self._limits.note_rejections([e.rejection for e in exc.errors])
+                raise
             span.set("sepp.outcome", "accepted")
-        if which != "success":
-            raise MalformedResponseError("EnqueueAtomic: response has no outcome")
-        if len(msg.success.responses) != len(requests):
-            raise MalformedResponseError(
-                f"EnqueueAtomic: expected {len(requests)} results, got {len(msg.success.responses)}"
-            )
-        return [self._convert(cv.ack_from_pb, r, "EnqueueAtomic") for r in msg.success.responses]
+        return acks
 
     async def _enqueue_checked(
         self, requests: list[EnqueueRequest], timeout: float | timedelta | None
@@ -442,59 +387,28 @@ class Client:
         If this call is cancelled after the server leased jobs, those jobs come back only when
         their leases expire.
         """
-        names = [queues] if isinstance(queues, str) else list(queues)
-        if not names:
-            raise ValidationError("queues", "must name at least one queue")
-        for index, name in enumerate(names):
-            v.utf8_text(f"queues[{index}]", name)
-        lease_s = v.seconds("lease_duration", lease_duration)
-        wait_s = v.seconds("wait_timeout", wait_timeout, allow_zero=True)
-        if max_jobs is not None:
-            v.whole_number("max_jobs", max_jobs, low=1, high=v.UINT32_MAX)
-        v.optional_text("worker_id", worker_id)
-        msg = pb.ReserveRequest(queues=names)
-        cv.duration_to_pb(wait_s, msg.wait_timeout)
-        cv.duration_to_pb(lease_s, msg.lease_duration)
-        if worker_id is not None:
-            msg.worker_id = worker_id
-        if max_jobs is not None:
-            msg.max_jobs = max_jobs
+        call, names = ops.reserve_call(
+            queues,
+            lease_duration=lease_duration,
+            wait_timeout=wait_timeout,
+            max_jobs=max_jobs,
+            worker_id=worker_id,
+        )
         attributes: dict[str, str | int | list[str]] = {"sepp.queues": names}
         if worker_id is not None:
             attributes["sepp.worker_id"] = worker_id
 
-        def remaining_wait(elapsed_s: float) -> bytes:
-            # The server never saw the first attempt (GOAWAY, refused): wait only what is left.
-            cv.duration_to_pb(max(0.0, wait_s - elapsed_s), msg.wait_timeout)
-            return msg.SerializeToString()
-
         with _otel.client_span("sepp.reserve", attributes) as span:
-            body = await self._call(
-                "Reserve",
-                msg.SerializeToString(),
-                timeout=wait_s + RESERVE_DEADLINE_SLACK_S,
-                retryable=frozenset(),
-                kind="reserve",
-                retry_request=remaining_wait,
-            )
-            response = _parse(pb.ReserveResponse, body, "Reserve")
-            jobs: list[Job] = []
-            for job_msg in response.jobs:
-                try:
-                    jobs.append(cv.job_from_pb(job_msg, worker_id, self))
-                except Exception as exc:  # one bad job must not cost the others
-                    self._log.warning("sepp: skipping a malformed job from Reserve: %s", exc)
+            body = await self._send(call, None)
+            jobs = ops.read_reserve(body, worker_id, self._log, self)
             span.set("sepp.jobs", len(jobs))
         return jobs or None
 
     async def ack(self, ctx: JobContext, *, timeout: float | timedelta | None = None) -> None:
         """Finish a job. JobNotFoundError / AttemptMismatchError mean the lease was lost."""
-        msg = pb.AckRequest(job_id=_ctx(ctx).id, attempt=ctx.attempt)
-        if ctx.worker_id is not None:
-            msg.worker_id = ctx.worker_id
+        call = ops.ack_call(ctx)
         with _otel.client_span("sepp.ack", _lease_attributes(ctx)):
-            body = await self._call("Ack", msg.SerializeToString(), timeout=timeout, kind="lease")
-            _parse(pb.AckResponse, body, "Ack")
+            ops.read_ack(await self._send(call, timeout))
 
     async def nack(
         self,
@@ -505,24 +419,9 @@ class Client:
         timeout: float | timedelta | None = None,
     ) -> bool:
         """Give a job back; returns whether the server dead-lettered it."""
-        msg = pb.NackRequest(job_id=_ctx(ctx).id, attempt=ctx.attempt)
-        if not isinstance(retry, Retry):
-            raise ValidationError(
-                "retry", "must be Retry.DEFAULT, Retry.after(...) or Retry.DEAD_LETTER"
-            )
-        if reason:
-            msg.reason = v.utf8_text("reason", reason)
-        if retry.kind == "delay" and retry.delay is not None:
-            cv.duration_to_pb(retry.delay.total_seconds(), msg.retry.delay)
-        elif retry.kind == "dead_letter":
-            msg.retry.dead_letter.SetInParent()
-        else:
-            msg.retry.default.SetInParent()
-        if ctx.worker_id is not None:
-            msg.worker_id = ctx.worker_id
+        call = ops.nack_call(ctx, reason, retry)
         with _otel.client_span("sepp.nack", _lease_attributes(ctx, retry=retry.kind)) as span:
-            body = await self._call("Nack", msg.SerializeToString(), timeout=timeout, kind="lease")
-            dead = _parse(pb.NackResponse, body, "Nack").dead_lettered
+            dead = ops.read_nack(await self._send(call, timeout))
             span.set("sepp.dead_lettered", dead)
             return dead
 
@@ -535,21 +434,10 @@ class Client:
     ) -> datetime:
         """Extend a lease to `lease_duration` from now (the server may clamp it); returns and
         records on `ctx` the new expiry."""
-        lease_s = v.seconds("lease_duration", lease_duration)
-        msg = pb.ExtendRequest(job_id=_ctx(ctx).id, attempt=ctx.attempt)
-        cv.duration_to_pb(lease_s, msg.lease_duration)
-        if ctx.worker_id is not None:
-            msg.worker_id = ctx.worker_id
+        call = ops.extend_call(ctx, lease_duration)
         with _otel.client_span("sepp.extend", _lease_attributes(ctx)):
-            body = await self._call(
-                "Extend", msg.SerializeToString(), timeout=timeout, kind="lease"
-            )
-        response = _parse(pb.ExtendResponse, body, "Extend")
-        if not response.HasField("lease_expires_at"):
-            raise MalformedResponseError("Extend: response has no lease_expires_at")
-        expires = self._convert(cv.timestamp_from_pb, response.lease_expires_at, "Extend")
-        record_lease_expiry(ctx, expires)
-        return expires
+            body = await self._send(call, timeout)
+        return ops.read_extend(body, ctx)
 
     # -- operations -------------------------------------------------------------------------
 
@@ -562,23 +450,13 @@ class Client:
     ) -> list[DeadLetterRecord]:
         """Remove and return up to `max` dead-lettered jobs, oldest first. Destructive, so never
         retried. `max=0` returns [] without a call."""
-        v.whole_number("max", max, low=0, high=v.UINT32_MAX)
-        if max == 0:
+        call = ops.drain_dead_letters_call(queue, max)
+        if call is None:
             return []
-        msg = pb.DrainDeadLettersRequest(max=max)
-        if queue is not None:
-            msg.queue = v.utf8_text("queue", queue)
         attributes = {"sepp.queue": queue} if queue is not None else {}
         with _otel.client_span("sepp.drain_dead_letters", attributes) as span:
-            body = await self._call(
-                "DrainDeadLetters", msg.SerializeToString(), timeout=timeout, retryable=frozenset()
-            )
-            records: list[DeadLetterRecord] = []
-            for record in _parse(pb.DrainDeadLettersResponse, body, "DrainDeadLetters").records:
-                try:
-                    records.append(cv.dead_letter_from_pb(record))
-                except Exception as exc:
-                    self._log.warning("sepp: skipping a malformed dead-letter record: %s", exc)
+            body = await self._send(call, timeout)
+            records = ops.read_drain_dead_letters(body, self._log)
             span.set("sepp.records", len(records))
         return records
 
@@ -590,9 +468,7 @@ class Client:
     async def _fetch_server_info(self, timeout: float | timedelta | None = None) -> ServerInfo:
         """GetServerInfo without a span (the limits cache fetches with it in the background);
         every answer refreshes the cached limits."""
-        body = await self._call("GetServerInfo", b"", timeout=timeout)
-        msg = _parse(pb.GetServerInfoResponse, body, "GetServerInfo")
-        info = self._convert(cv.server_info_from_pb, msg, "GetServerInfo")
+        info = ops.read_server_info(await self._send(ops.SERVER_INFO_CALL, timeout))
         self._limits.update(info)
         return info
 
@@ -602,43 +478,19 @@ class Client:
         """A call's timeout in seconds: its own, else rpc_timeout (None: no limit)."""
         return self._rpc_timeout if timeout is None else v.seconds("timeout", timeout)
 
-    async def _call(
-        self,
-        method: str,
-        request: bytes,
-        *,
-        timeout: float | timedelta | None,
-        retryable: frozenset[StatusCode] = RETRYABLE,
-        kind: CallKind = "generic",
-        ambiguous_retry_safe: bool = True,
-        retry_request: Callable[[float], bytes] | None = None,
-    ) -> bytes:
-        return await self._call_s(
-            method,
-            request,
-            self._timeout_s(timeout),
-            retryable=retryable,
-            kind=kind,
-            ambiguous_retry_safe=ambiguous_retry_safe,
-            retry_request=retry_request,
-        )
+    async def _send(self, call: ops.Call, timeout: float | timedelta | None) -> bytes:
+        """Send `call` within `timeout` (None: the operation's own, else rpc_timeout)."""
+        if timeout is None and call.timeout_s is not None:
+            return await self._send_s(call, call.timeout_s)
+        return await self._send_s(call, self._timeout_s(timeout))
 
-    async def _call_s(
-        self,
-        method: str,
-        request: bytes,
-        timeout_s: float | None,
-        *,
-        retryable: frozenset[StatusCode] = RETRYABLE,
-        kind: CallKind = "generic",
-        ambiguous_retry_safe: bool = True,
-        retry_request: Callable[[float], bytes] | None = None,
-    ) -> bytes:
-        """One call (with the retry policy's retries), its failure mapped to a SeppError.
-        `retry_request` rebuilds the request for the transport's transparent retries (see
-        Channel.call); only calls the policy never retries (Reserve) pass one."""
+    async def _send_s(self, call: ops.Call, timeout_s: float | None) -> bytes:
+        """One call (with the retry policy's retries), its failure mapped to a SeppError."""
+        fork.check_not_forked(self._opened_in, "sepp.Client", _FORKED_HINT)
+        method, request = call.method, call.request
         metadata = _otel.outgoing_headers() if _otel.AVAILABLE else ()
         try:
+            retry_request = call.retry_request
             if retry_request is not None:
                 return await self._channel.call(
                     method,
@@ -662,34 +514,18 @@ class Client:
                 attempt,
                 method=method,
                 log=self._log,
-                retryable=retryable,
-                ambiguous_retry_safe=ambiguous_retry_safe,
+                retryable=call.retryable,
+                ambiguous_retry_safe=call.ambiguous_retry_safe,
             )
         except RpcError as exc:
             raise error_from_status(
-                exc.code, exc.details, call=kind, method=method, kind=exc.kind, addr=self._address
+                exc.code,
+                exc.details,
+                call=call.kind,
+                method=method,
+                kind=exc.kind,
+                addr=self._address,
             ) from None
-
-    @staticmethod
-    def _convert(fn: Callable[[Any], T], value: object, method: str) -> T:
-        try:
-            return fn(value)
-        except SeppError:
-            raise
-        except Exception as exc:
-            raise MalformedResponseError(f"{method}: {exc}") from exc
-
-
-def _requests(jobs: Iterable[EnqueueRequest]) -> list[EnqueueRequest]:
-    if isinstance(jobs, (str, bytes, EnqueueRequest)):
-        raise ValidationError("jobs", "must be an iterable of EnqueueRequest")
-    requests = list(jobs)
-    if not requests:
-        raise ValidationError("jobs", "must not be empty")
-    for index, job in enumerate(requests):
-        if not isinstance(job, EnqueueRequest):
-            raise ValidationError(f"jobs[{index}]", "must be a sepp.EnqueueRequest")
-    return requests
 
 
 def _batch_attributes(requests: Sequence[EnqueueRequest]) -> dict[str, int | list[str]]:
@@ -735,28 +571,6 @@ def _record_results(
     span.set("sepp.rejected", rejected)
     if len(results) == 1 and isinstance(results[0], EnqueueAck):
         span.set("sepp.job_id", results[0].job_id)
-
-
-def _all_keyed(requests: Sequence[EnqueueRequest]) -> bool:
-    # Without a key on every job, a failure after sending may hide a commit: a retry could
-    # duplicate jobs, so only failures known to precede the server's work are retried.
-    return all(job.idempotency_key for job in requests)
-
-
-def _ctx(ctx: object) -> JobContext:
-    if not isinstance(ctx, JobContext):
-        raise ValidationError("ctx", "must be the JobContext of a reserved job (job.ctx)")
-    return ctx
-
-
-M = TypeVar("M")
-
-
-def _parse(cls: type[M], body: bytes, method: str) -> M:
-    try:
-        return cls.FromString(body)  # type: ignore[attr-defined,no-any-return]
-    except Exception as exc:
-        raise MalformedResponseError(f"{method}: response does not parse: {exc}") from exc
 
 
 @asynccontextmanager

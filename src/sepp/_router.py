@@ -3,7 +3,6 @@ client and hand it to a Worker later."""
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Awaitable, Callable, Iterable
 from contextlib import AbstractAsyncContextManager
 from datetime import timedelta
@@ -14,15 +13,17 @@ from ._backoff import Backoff
 from ._errors import SeppError, ValidationError
 from ._middleware import Middleware, checked_middleware
 from ._outcomes import OnInvalid, check_on_invalid
+from ._thread_handlers import SyncHandler, is_sync_function, run_in_thread
 from ._types import JobContext, Payload, Retry
 
 if TYPE_CHECKING:
     from ._task import Task
 
 Handler = Callable[[Payload | None, JobContext], Awaitable[None]]
-"""An async function `(payload, ctx) -> None` that processes one job."""
+"""An async function `(payload, ctx) -> None` that processes one job. A plain `def` function
+is accepted too: it runs in a worker thread (see "Synchronous code" in the docs)."""
 
-H = TypeVar("H", bound=Callable[[Any, JobContext], Awaitable[None]])
+H = TypeVar("H", bound=Callable[[Any, JobContext], Awaitable[None]] | SyncHandler)
 T = TypeVar("T")
 
 # Takes the sepp.Worker (typed Any: _router cannot import _worker).
@@ -124,7 +125,7 @@ class Router:
     def handle(
         self,
         job_type: str,
-        fn: Callable[[Any, JobContext], Awaitable[None]],
+        fn: Callable[[Any, JobContext], Awaitable[None]] | SyncHandler,
         *,
         timeout: float | timedelta | None = None,
         backoff: BackoffSetting | None = None,
@@ -134,11 +135,10 @@ class Router:
         `backoff` paces the retries of its failed jobs. None inherits the router's, then the
         Worker's."""
         v.utf8_text("job_type", job_type)
-        _check_handler(fn)
         settings = RouteSettings((), optional_timeout(timeout), checked_backoff("backoff", backoff))
         from ._typed_handler import prepare
 
-        self._add(job_type, prepare(fn, job_type, self._on_invalid), settings)
+        self._add(job_type, _checked_handler(prepare(fn, job_type, self._on_invalid)), settings)
         return self
 
     def _add(self, job_type: str, fn: Handler, settings: RouteSettings) -> None:
@@ -171,8 +171,7 @@ class Router:
         def register(
             fn: Callable[[T, JobContext], Awaitable[None]],
         ) -> Callable[[T, JobContext], Awaitable[None]]:
-            _check_handler(fn)
-            self._add(task.job_type, prepare_for_task(fn, task), settings)
+            self._add(task.job_type, _checked_handler(prepare_for_task(fn, task)), settings)
             return fn
 
         return register
@@ -197,12 +196,11 @@ class Router:
 
     def catch_all(self, fn: H) -> H:
         """Run `fn` for job types without a handler (usable as a decorator). Only one."""
-        _check_handler(fn)
         if self._catch_all is not None:
             raise DuplicateHandlerError(None)
         from ._typed_handler import prepare
 
-        self._catch_all = prepare(fn, None, self._on_invalid)
+        self._catch_all = _checked_handler(prepare(fn, None, self._on_invalid))
         return fn
 
     def include(self, other: Router) -> Router:
@@ -271,10 +269,12 @@ def checked_backoff(field: str, backoff: object) -> BackoffSetting | None:
     raise ValidationError(field, f"must be a sepp.Backoff or sepp.Retry.DEFAULT, got {backoff!r}")
 
 
-def _check_handler(fn: object) -> None:
-    # A plain `def` would only fail at the first job; refuse it now. (Other callables, e.g.
-    # partials or objects with an async __call__, are trusted.)
-    if inspect.isfunction(fn) and not inspect.iscoroutinefunction(fn):
-        raise ValidationError("handler", f"{fn.__qualname__} must be `async def`")
+def _checked_handler(fn: Handler | SyncHandler) -> Handler:
+    """The handler to run: `fn`, or for a plain `def` function an adapter that runs it in a
+    worker thread. (Other callables, e.g. partials or objects with an async __call__, are
+    trusted to be async.)"""
+    if is_sync_function(fn):
+        return run_in_thread(fn)  # type: ignore[arg-type]
     if not callable(fn):
-        raise ValidationError("handler", f"must be an async function, got {type(fn).__name__}")
+        raise ValidationError("handler", f"must be a function, got {type(fn).__name__}")
+    return fn  # type: ignore[return-value]

@@ -46,6 +46,7 @@ from ._router import (
 from ._router import DuplicateHandlerError as DuplicateHandlerError  # public as sepp.*
 from ._router import Handler as Handler  # public as sepp.Handler
 from ._shutdown import ShutdownHandle as ShutdownHandle  # public as sepp.ShutdownHandle
+from ._thread_handlers import SyncHandler
 from ._types import Job, JobContext, Retry, set_handler_context
 from ._worker_client import WorkerClient
 from ._worker_slots import WorkerSlots
@@ -283,7 +284,7 @@ class Worker:
     def handle(
         self,
         job_type: str,
-        fn: Callable[[Any, JobContext], Awaitable[None]],
+        fn: Callable[[Any, JobContext], Awaitable[None]] | SyncHandler,
         *,
         timeout: float | timedelta | None = None,
         backoff: BackoffSetting | None = None,

@@ -166,17 +166,20 @@ def fence_languages(path: Path) -> set[str]:
 
 @asynccontextmanager
 async def redirected_example_address(address: str) -> AsyncIterator[None]:
-    """`sepp.open(EXAMPLE_ADDRESS)` connects to `address` while examples run."""
+    """`sepp.open(EXAMPLE_ADDRESS)` (and a SyncClient, which opens through it) connects to
+    `address` while examples run."""
+    from sepp import _sync
+
     real_open: Callable[..., Any] = sepp.open
 
     def open_here(target: str, *args: Any, **kwargs: Any) -> Any:
         return real_open(address if target == EXAMPLE_ADDRESS else target, *args, **kwargs)
 
-    sepp.open = open_here  # type: ignore[assignment]
+    sepp.open = _sync.open_client = open_here  # type: ignore[assignment]
     try:
         yield
     finally:
-        sepp.open = real_open  # type: ignore[assignment]
+        sepp.open = _sync.open_client = real_open  # type: ignore[assignment]
 
 
 def evaluate_document(path: Path, address: str, cwd: Path) -> list[str]:

@@ -29,6 +29,7 @@ DEFERRED = (
     "sepp._router",
     "sepp._schedule",
     "sepp._scheduler",
+    "sepp._sync",
     "zoneinfo",
     "sepp._rejection_reasons",
     "json",
