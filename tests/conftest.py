@@ -38,6 +38,7 @@ _CATEGORY_BY_DIR = {
     "interop": "real_server",
     "hostile": "fixture",
     "chaos": "real_server",
+    "proxies": "real_server",
 }
 # Tests that talk to our misbehaving h2 server or to a scripted fake client.
 _FIXTURE_FILES = {"test_wire_transport.py", "test_worker.py"}
