@@ -44,12 +44,14 @@ _CATEGORY_BY_DIR = {
 _FIXTURE_FILES = {"test_wire_transport.py", "test_worker.py"}
 _passed: Counter[str] = Counter()
 # The suites that run once per wire engine (our codec and the h2 reference): the sans-IO
-# engine tests, the transport and hostile-server suites, and the real-server client tests.
+# engine tests, the transport and hostile-server suites, the real-server client tests and
+# the proxy tests.
 _BOTH_ENGINES = {
     "test_wire_connection.py",
     "test_wire_transport.py",
     "test_hostile_server.py",
     "test_client_real.py",
+    "test_proxies_real.py",
 }
 
 

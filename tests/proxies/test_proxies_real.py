@@ -16,110 +16,39 @@ how to get them, only when nginx or HAProxy is not installed (scripts/ensure-pro
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pytest
 import trio
 from fixtures.fake_client import RecordingLogger
 from fixtures.proxies import haproxy_proxy, nginx_proxy
+from fixtures.proxy_load import (
+    QUEUE,
+    Load,
+    arrival_problems,
+    enqueue_through,
+    jobs_on_server,
+    payload_of,
+)
 
 import sepp
 from sepp.testing import SeppServer
 
-QUEUE = "proxied"
 TEST_TIMEOUT_S = 120.0
 
 
-@dataclass
-class Load:
-    """What the producers were told."""
-
-    sent: int = 0
-    done: int = 0
-    failures: list[str] = field(default_factory=list)
-    deduplicated: list[str] = field(default_factory=list)
-
-    def payloads(self, prefix: str) -> set[bytes]:
-        return {_payload(prefix, i) for i in range(self.sent)}
-
-
-def _payload(prefix: str, index: int) -> bytes:
-    return f"{prefix}-{index}".encode()
-
-
-async def enqueue_through(
-    address: str,
-    count: int,
-    *,
-    tasks: int,
-    prefix: str = "job",
-    load: Load | None = None,
-    **open_options: Any,
-) -> Load:
-    """`count` single enqueues from `tasks` tasks on one client; even-numbered jobs keyed."""
-    load = load if load is not None else Load()
-    load.sent = count
-    next_index = iter(range(count))
-
-    async def producer(client: sepp.Client) -> None:
-        for index in next_index:
-            payload = _payload(prefix, index)
-            key = payload.decode() if index % 2 == 0 else None
-            try:
-                ack = await client.enqueue(
-                    QUEUE, "proxied", payload=sepp.Payload.bytes(payload), idempotency_key=key
-                )
-            except sepp.SeppError as exc:
-                load.failures.append(f"{payload.decode()}: {exc!r}")
-            else:
-                if ack.deduplicated:
-                    load.deduplicated.append(payload.decode())
-            load.done += 1
-
-    async with sepp.open(address, **open_options) as client, trio.open_nursery() as nursery:
-        for _ in range(tasks):
-            nursery.start_soon(producer, client)
-    return load
-
-
-async def jobs_on_server(server: SeppServer) -> Counter[bytes]:
-    """Reserve everything in QUEUE straight from the server: payload → how many jobs."""
-    seen: Counter[bytes] = Counter()
-    async with sepp.open(server.address) as client:
-        while jobs := await client.reserve(
-            QUEUE, lease_duration=300, wait_timeout=0.2, max_jobs=256
-        ):
-            seen.update(job.payload.data for job in jobs if job.payload is not None)
-    return seen
-
-
 def assert_each_once(seen: Counter[bytes], expected: set[bytes]) -> None:
-    missing = sorted(expected - set(seen))
-    extra = sorted(set(seen) - expected)
-    twice = sorted(p for p, n in seen.items() if n > 1)
-    assert (missing[:10], extra[:10], twice[:10]) == ([], [], []), (
-        f"{len(missing)} missing, {len(extra)} unexpected, {len(twice)} more than once"
+    missing, extra, twice = arrival_problems(seen, expected)
+    assert (missing, extra, twice) == (0, 0, 0), (
+        f"{missing} missing, {extra} unexpected, {twice} more than once"
     )
 
 
-def assert_no_failures(load: Load) -> None:
+async def check_all_arrived(server: SeppServer, load: Load) -> None:
     assert load.failures == [], f"{len(load.failures)} of {load.sent} failed: {load.failures[:5]}"
     assert load.deduplicated == [], f"calls processed twice: {load.deduplicated[:5]}"
     assert load.done == load.sent
-
-
-async def check_all_arrived(server: SeppServer, load: Load, prefix: str = "job") -> None:
-    assert_no_failures(load)
-    assert_each_once(await jobs_on_server(server), load.payloads(prefix))
-
-
-async def _progress(load: Load, at_least: int) -> None:
-    while True:
-        if load.done >= at_least:
-            return
-        await trio.sleep(0.01)
+    assert_each_once(await jobs_on_server(server.address), load.payloads())
 
 
 # -- nginx ---------------------------------------------------------------------------------------
@@ -159,7 +88,7 @@ async def test_nginx_reload_three_times_under_load_fails_no_call(
 
             async def reload_three_times() -> None:
                 for at in (500, 1200, 1900):
-                    await _progress(load, at)
+                    await load.reached(at)
                     await proxy.reload()
 
             async with trio.open_nursery() as nursery:
@@ -209,7 +138,7 @@ async def test_worker_drains_through_nginx_tls_without_a_failed_ack(
     sepp_server: SeppServer, tmp_path: Path
 ) -> None:
     jobs = 1200
-    expected = {_payload("work", i) for i in range(jobs)}
+    expected = {payload_of("work", i) for i in range(jobs)}
     async with sepp.open(sepp_server.address) as direct:
         requests = [
             sepp.EnqueueRequest(QUEUE, "work", payload=sepp.Payload.bytes(p)) for p in expected
@@ -240,7 +169,7 @@ async def test_worker_drains_through_nginx_tls_without_a_failed_ack(
     assert_each_once(handled, expected)
     # Nothing came back for another run (a nack, or an ack that did not stick and a lease
     # that ran out) and nothing is left over.
-    assert await jobs_on_server(sepp_server) == Counter()
+    assert await jobs_on_server(sepp_server.address) == Counter()
 
 
 # -- HAProxy -------------------------------------------------------------------------------------
