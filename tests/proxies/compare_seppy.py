@@ -134,7 +134,9 @@ async def main(args: argparse.Namespace) -> None:
         for name, run in clients.items():
             outcomes = []
             for i in range(args.runs):
-                outcome = await measure(scenario, workdir / f"{scenario.key}-{i}", run)
+                outcome = await measure(
+                    scenario, workdir / f"{scenario.key}-{name.split()[0]}-{i}", run
+                )
                 outcomes.append(outcome)
                 all_errors[name].update(outcome.errors)
                 print(f"{scenario.key} {name} run {i + 1}: {outcome}", flush=True)
