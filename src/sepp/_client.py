@@ -449,6 +449,12 @@ class Client:
         attributes: dict[str, str | int | list[str]] = {"sepp.queues": names}
         if worker_id is not None:
             attributes["sepp.worker_id"] = worker_id
+
+        def remaining_wait(elapsed_s: float) -> bytes:
+            # The server never saw the first attempt (GOAWAY, refused): wait only what is left.
+            cv.duration_to_pb(max(0.0, wait_s - elapsed_s), msg.wait_timeout)
+            return msg.SerializeToString()
+
         with _otel.client_span("sepp.reserve", attributes) as span:
             body = await self._call(
                 "Reserve",
@@ -456,6 +462,7 @@ class Client:
                 timeout=wait_s + RESERVE_DEADLINE_SLACK_S,
                 retryable=frozenset(),
                 kind="reserve",
+                retry_request=remaining_wait,
             )
             response = _parse(pb.ReserveResponse, body, "Reserve")
             jobs: list[Job] = []
@@ -591,6 +598,7 @@ class Client:
         retryable: frozenset[StatusCode] = RETRYABLE,
         kind: CallKind = "generic",
         ambiguous_retry_safe: bool = True,
+        retry_request: Callable[[float], bytes] | None = None,
     ) -> bytes:
         return await self._call_s(
             method,
@@ -599,6 +607,7 @@ class Client:
             retryable=retryable,
             kind=kind,
             ambiguous_retry_safe=ambiguous_retry_safe,
+            retry_request=retry_request,
         )
 
     async def _call_s(
@@ -610,10 +619,21 @@ class Client:
         retryable: frozenset[StatusCode] = RETRYABLE,
         kind: CallKind = "generic",
         ambiguous_retry_safe: bool = True,
+        retry_request: Callable[[float], bytes] | None = None,
     ) -> bytes:
-        """One call (with the retry policy's retries), its failure mapped to a SeppError."""
+        """One call (with the retry policy's retries), its failure mapped to a SeppError.
+        `retry_request` rebuilds the request for the transport's transparent retries (see
+        Channel.call); only calls the policy never retries (Reserve) pass one."""
         metadata = _otel.outgoing_headers() if _otel.AVAILABLE else ()
         try:
+            if retry_request is not None:
+                return await self._channel.call(
+                    method,
+                    request,
+                    timeout=timeout_s,
+                    metadata=metadata,
+                    retry_request=retry_request,
+                )
             if self._retry_policy.max_attempts == 1:  # the default: no retry loop to set up
                 return await self._channel.call(
                     method, request, timeout=timeout_s, metadata=metadata

@@ -10,6 +10,7 @@ from datetime import timedelta
 
 import trio
 
+from . import _otel
 from . import _validate as v
 from ._address import parse_address
 from ._batching import Batching
@@ -135,6 +136,8 @@ class ConnectOptions:
             keepalive_interval=self.keepalive_interval_s,
             keepalive_timeout=self.keepalive_timeout_s,
             wire_engine=self.wire_engine,
+            log=self.log,
+            on_transparent_retry=_otel.count_transparent_retry,
         )
 
 

@@ -217,3 +217,22 @@ class WorkerMetrics:
         instrument = self._get(name)
         if instrument is not None:
             instrument.record(value, attributes)
+
+
+_transparent_retries: Any = None
+
+
+def count_transparent_retry(method: str, kind: object) -> None:
+    """Count one call the server never processed that the transport sent again (a rare
+    path: without the otel extra this is one flag check)."""
+    global _transparent_retries
+    if not _available():
+        return
+    if _transparent_retries is None:
+        meter = _metrics.get_meter(_INSTRUMENTATION, __version__)
+        _transparent_retries = meter.create_counter(
+            "sepp.client.transparent_retries",
+            unit="{call}",
+            description="Calls the server never processed, sent again by the transport",
+        )
+    _transparent_retries.add(1, {"rpc.method": method, "sepp.reason": str(kind)})

@@ -630,7 +630,7 @@ class CodecGrpcConnection(CallTable[_Call]):
             self._forget(doomed)
             self._abandon(doomed)
             out.append(goaway_result(doomed))
-        out.append(GoAwayReceived(last, error_code))
+        out.append(GoAwayReceived(last, error_code, bytes(data[start + 8 : stop])))
 
     def _on_window_update(
         self, data: bytes, start: int, stop: int, flags: int, stream_id: int, out: list[Event]

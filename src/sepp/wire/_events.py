@@ -25,10 +25,12 @@ class CallFinished:
 
 @dataclass(frozen=True, slots=True)
 class GoAwayReceived:
-    """The server will take no new streams; streams above `last_stream_id` already failed."""
+    """The server will take no new streams; streams above `last_stream_id` already failed.
+    `debug_data` is the GOAWAY's opaque payload (`too_many_pings` from a gRPC server)."""
 
     last_stream_id: int
     error_code: int
+    debug_data: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)

@@ -243,7 +243,8 @@ class H2GrpcConnection(CallTable[_Call]):
         for stream_id in [s for s in self._calls if s > last]:
             del self._calls[stream_id]
             out.append(goaway_result(stream_id))
-        out.append(GoAwayReceived(last, int(event.error_code or 0)))
+        debug = bytes(event.additional_data or b"")
+        out.append(GoAwayReceived(last, int(event.error_code or 0), debug))
 
     def _on_ping_ack(self, event: h2.events.PingAckReceived, out: list[Event]) -> None:
         out.append(PingAcknowledged(bytes(event.ping_data or b"")))

@@ -23,6 +23,7 @@ from ._status import (
 FRAME_HEADER_BYTES = 9
 _SETTINGS_TYPE = 0x4
 _ACK_FLAG = 0x1
+_REFUSED_STREAM = 0x7
 
 
 class ResponseState:
@@ -127,6 +128,15 @@ def reset_result(stream_id: int, state: ResponseState, error_code: int) -> CallF
     """A call the server reset: the status it sent first, if any, wins over the reset."""
     if state.grpc_status is not None:
         return finish(stream_id, state)
+    if error_code == _REFUSED_STREAM and not state.headers_received:
+        # RFC 9113 §8.7: no application processing happened, so it is safe to send it again.
+        return CallFinished(
+            stream_id,
+            StatusCode.UNAVAILABLE,
+            "server refused the stream (REFUSED_STREAM) before processing the call",
+            None,
+            FailureKind.REFUSED,
+        )
     return CallFinished(
         stream_id,
         status_from_rst(error_code),

@@ -11,8 +11,9 @@ import math
 import os
 import socket
 import ssl
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import trio
 
@@ -32,8 +33,16 @@ from ._waiters import Deadlines, Waiter
 
 _RECEIVE_BYTES = 256 * 1024
 _GOAWAY_FLUSH_S = 0.25
+# How many times in all a call the server provably never processed (FailureKind.unprocessed)
+# is sent; a peer that refuses every stream must not keep a caller busy until its deadline.
+MAX_TRANSPARENT_ATTEMPTS = 8
+_ENHANCE_YOUR_CALM = 0xB
+_TOO_MANY_PINGS = b"too_many_pings"
 
-_log = logging.getLogger("sepp.wire")
+
+class _Logger(Protocol):
+    def debug(self, msg: str, /, *args: object) -> None: ...
+    def warning(self, msg: str, /, *args: object) -> None: ...
 
 
 class RpcError(Exception):
@@ -58,6 +67,12 @@ class Endpoint:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"{host}:{self.port}"
 
+    @property
+    def request_authority(self) -> str:
+        """What `:authority` carries: the TLS server-name override when one is set (as
+        grpc's `ssl_target_name_override` does, so a proxy routes by the name), else host:port."""
+        return self.server_hostname or self.authority
+
 
 class _Connection:
     """One live HTTP/2 connection and the tasks that drive it."""
@@ -80,6 +95,11 @@ class _Connection:
         self._writing = False
         self._raw = _raw_socket(stream)
         self._ping_acks: dict[bytes, trio.Event] = {}
+        # The newest stream started, and the newest whose request bytes went (at least in part)
+        # to the socket: when the connection dies, the calls above `written_through` provably
+        # never left this client, and may go out again on another connection.
+        self.last_started = 0
+        self.written_through = 0
 
     @property
     def usable(self) -> bool:
@@ -102,6 +122,7 @@ class _Connection:
         except OSError as exc:
             self.die(_describe_io_error(exc))
             return
+        self.written_through = self.last_started
         if sent < len(data):
             self._backlog = data[sent:]
             self._writing = True
@@ -144,7 +165,19 @@ class _Connection:
         self.dead = True
         self.reason = reason
         self.ready.set()
+        # Requests still queued in the engine are dropped unsent (only the GOAWAY that
+        # _close_stream queues goes out), so the calls they belong to may be sent again.
+        self.proto.data_to_send()
+        written = self.written_through
         for finished in self.proto.connection_lost(reason):
+            if finished.stream_id > written and finished.error_kind is FailureKind.CONNECTION:
+                finished = CallFinished(
+                    finished.stream_id,
+                    StatusCode.UNAVAILABLE,
+                    f"{reason} (before the request was sent)",
+                    None,
+                    FailureKind.UNSENT,
+                )
             self._deliver(finished)
         for waiter in self.waiters.values():  # defensive: nothing should be left
             waiter.finish(
@@ -212,9 +245,7 @@ class _Connection:
                         if ack is not None:
                             ack.set()
                     elif type(event) is GoAwayReceived:
-                        _log.debug("server sent GOAWAY (last stream %d)", event.last_stream_id)
-                        self._channel.forget(self)
-                        self.slots.unpark_all()
+                        self._channel.goaway_received(self, event)
                     elif type(event) is ConnectionBroken:
                         self.die(event.reason)
                         return
@@ -236,6 +267,7 @@ class _Connection:
                     if not data:
                         break
                     self._writing = True
+                    self.written_through = self.last_started
                     await self.stream.send_all(data)
                 self._writing = False
         except Exception as exc:
@@ -299,6 +331,8 @@ class Channel:
         keepalive_interval: float | None = 30.0,
         keepalive_timeout: float = 10.0,
         wire_engine: WireEngine | None = None,
+        log: _Logger | None = None,
+        on_transparent_retry: Callable[[str, FailureKind], None] | None = None,
     ) -> None:
         self.endpoint = endpoint
         # None: the package default, read here so tests can run a whole suite on each engine.
@@ -319,6 +353,9 @@ class Channel:
         self._connect_failure: tuple[StatusCode, str, FailureKind | None] | None = None
         self._closed = False
         self.connections_opened = 0
+        self._log: _Logger = log if log is not None else logging.getLogger("sepp.wire")
+        self._on_transparent_retry = on_transparent_retry
+        self._warned_too_many_pings = False
 
     def forget(self, conn: _Connection) -> None:
         """Stop placing new calls on `conn` (GOAWAY or death)."""
@@ -327,58 +364,138 @@ class Channel:
         if conn.dead:
             self._all.discard(conn)
 
+    def _retire(self, conn: _Connection) -> None:
+        """`conn` takes no new calls: the next call opens one new connection, and the callers
+        parked for a stream on `conn` move to it; `conn`'s own calls finish where they are."""
+        self.forget(conn)
+        conn.slots.unpark_all()
+
+    def goaway_received(self, conn: _Connection, event: GoAwayReceived) -> None:
+        self._log.debug(
+            "sepp: server sent GOAWAY (last stream %d, error code %d); draining its connection",
+            event.last_stream_id,
+            event.error_code,
+        )
+        self._retire(conn)
+        interval = self.keepalive_interval
+        if (
+            event.error_code == _ENHANCE_YOUR_CALM
+            and event.debug_data == _TOO_MANY_PINGS
+            and interval is not None
+        ):
+            # gRFC A8: the server thinks we ping too often; back off on later connections.
+            self.keepalive_interval = interval * 2
+            if self._warned_too_many_pings:
+                log = self._log.debug
+            else:
+                self._warned_too_many_pings = True
+                log = self._log.warning
+            log(
+                "sepp: the server ended a connection for too many pings (GOAWAY "
+                "too_many_pings); keepalive interval doubled to %gs",
+                interval * 2,
+            )
+
     async def call(
         self,
         method: str,
         request: bytes,
         *,
         timeout: float | None,
-        metadata: Iterable[Header] = (),
+        metadata: Sequence[Header] = (),
+        retry_request: Callable[[float], bytes] | None = None,
     ) -> bytes:
         """Make one unary call; returns the response message or raises RpcError.
 
         `timeout` bounds this call; the caller's own trio deadline also applies, and the
         smaller of the two is sent as grpc-timeout. Cancellation resets the stream.
+
+        A call the server provably never processed (above a GOAWAY's last stream id, refused
+        with REFUSED_STREAM, or never written before its connection died) is sent again,
+        within the same deadline, up to MAX_TRANSPARENT_ATTEMPTS times in all: it cannot
+        have had any effect. `retry_request(elapsed_s)`, if given, builds the request for such
+        a retry (a long poll's remaining wait).
         """
         now = trio.current_time()
+        started = now
         own_deadline = now + timeout if timeout is not None else math.inf
-        conn = self._current
-        if conn is None or not conn.usable or not conn.proto.can_start_call:
-            conn = await self._wait_for_slot(own_deadline, timeout)
+        attempts = 1
+        while True:
+            conn = self._current
+            if conn is None or not conn.usable or not conn.proto.can_start_call:
+                conn = await self._wait_for_slot(own_deadline, timeout)
+                now = trio.current_time()
+            else:
+                await trio.lowlevel.checkpoint_if_cancelled()
+            deadline = min(own_deadline, trio.current_effective_deadline())
+            try:
+                stream_id = conn.proto.start_call(
+                    method,
+                    request,
+                    timeout=deadline - now if deadline != math.inf else None,
+                    metadata=metadata,
+                )
+            except Exception as exc:
+                conn.die(f"cannot start a call: {exc!r}")
+                raise RpcError(
+                    StatusCode.UNAVAILABLE, conn_reason(exc), FailureKind.CONNECTION
+                ) from exc
+            conn.last_started = stream_id
+            if conn.proto.draining:  # its stream ids ran out: later calls go elsewhere
+                self._retire(conn)
+            waiter = Waiter(stream_id, own_deadline)
+            waiters = conn.waiters
+            waiters[stream_id] = waiter
+            conn.deadlines.add(waiter, len(waiters))
+            # A lone call writes at once; with others in flight, calls starting in the same
+            # scheduler pass (typically woken by one read) share the writer task's next write.
+            conn.flush(direct=len(waiters) == 1)
+            result = await conn.wait(waiter)
+            if result is None:
+                raise _deadline_exceeded(timeout)
+            code = result.code
+            if code is StatusCode.OK and result.body is not None:
+                return result.body
+            kind = result.error_kind
+            if kind is None or not kind.unprocessed:
+                break
+            self._before_transparent_retry(method, result, attempts, own_deadline)
+            attempts += 1
+            if retry_request is not None:
+                request = retry_request(trio.current_time() - started)
             now = trio.current_time()
-        else:
-            await trio.lowlevel.checkpoint_if_cancelled()
-        deadline = min(own_deadline, trio.current_effective_deadline())
-        try:
-            stream_id = conn.proto.start_call(
-                method,
-                request,
-                timeout=deadline - now if deadline != math.inf else None,
-                metadata=metadata,
-            )
-        except Exception as exc:
-            conn.die(f"cannot start a call: {exc!r}")
-            raise RpcError(
-                StatusCode.UNAVAILABLE, conn_reason(exc), FailureKind.CONNECTION
-            ) from exc
-        waiter = Waiter(stream_id, own_deadline)
-        waiters = conn.waiters
-        waiters[stream_id] = waiter
-        conn.deadlines.add(waiter, len(waiters))
-        # A lone call writes at once; with others in flight, calls starting in the same
-        # scheduler pass (typically woken by one read) share the writer task's next write.
-        conn.flush(direct=len(waiters) == 1)
-        result = await conn.wait(waiter)
-        if result is None:
-            raise _deadline_exceeded(timeout)
-        code = result.code
-        if code is StatusCode.OK and result.body is not None:
-            return result.body
         if code is StatusCode.CANCELLED and trio.current_time() >= own_deadline:
             # The server enforced the grpc-timeout we sent (tonic answers CANCELLED "Timeout
             # expired") just before our own deadline check ran: it is the same deadline.
             raise _deadline_exceeded(timeout)
         raise RpcError(code, result.details, result.error_kind)
+
+    def _before_transparent_retry(
+        self, method: str, result: CallFinished, attempts: int, own_deadline: float
+    ) -> None:
+        """Let a call the server never processed go out again, or raise RpcError: attempts
+        used up, or its deadline passed (then it fails as unprocessed, not as a timeout that
+        might hide a commit)."""
+        kind = result.error_kind
+        assert kind is not None
+        if attempts >= MAX_TRANSPARENT_ATTEMPTS:
+            raise RpcError(
+                result.code,
+                f"{result.details}; gave up after {attempts} attempts, none processed by the "
+                "server (sent again transparently)",
+                kind,
+            )
+        if trio.current_time() >= own_deadline:
+            raise RpcError(result.code, result.details, kind)
+        self._log.debug(
+            "sepp: %s was not processed by the server (%s: %s); sending it again (attempt %d)",
+            method,
+            kind,
+            result.details,
+            attempts + 1,
+        )
+        if self._on_transparent_retry is not None:
+            self._on_transparent_retry(method, kind)
 
     async def _wait_for_slot(self, own_deadline: float, timeout: float | None) -> _Connection:
         """The slow path: connect, or wait for a stream slot, within the call's deadline."""
@@ -449,7 +566,7 @@ class Channel:
                             FailureKind.CONNECT,
                         )
                 proto = self._connection_class(
-                    authority=ep.authority,
+                    authority=ep.request_authority,
                     scheme="https" if ep.ssl_context is not None else "http",
                     user_agent=self._user_agent,
                     metadata=self._metadata,
