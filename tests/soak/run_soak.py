@@ -31,6 +31,7 @@ import argparse
 import os
 import platform
 import random
+import signal
 import statistics
 import sys
 import tempfile
@@ -486,10 +487,33 @@ def results_markdown(
     return "\n".join(lines) + "\n"
 
 
+async def run_until_signalled(
+    args: argparse.Namespace, workdir: Path
+) -> tuple[Soak, dict[str, Any]] | None:
+    """`run`, but SIGTERM or SIGINT stops it cleanly (nginx and the server are stopped too),
+    even when started in the background, where SIGINT is ignored."""
+    outcome: tuple[Soak, dict[str, Any]] | None = None
+    async with trio.open_nursery() as nursery:
+
+        async def stop_on_signal() -> None:
+            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async for signum in signals:
+                    print(f"soak: stopped by signal {signum}", flush=True)
+                    nursery.cancel_scope.cancel()
+
+        nursery.start_soon(stop_on_signal)
+        outcome = await run(args, workdir)
+        nursery.cancel_scope.cancel()
+    return outcome
+
+
 def main() -> int:
     args = parse_args(sys.argv[1:])
     workdir = Path(tempfile.mkdtemp(prefix="sepp-soak-"))
-    soak, result = trio.run(run, args, workdir)
+    outcome = trio.run(run_until_signalled, args, workdir)
+    if outcome is None:
+        return 1
+    soak, result = outcome
     rows, problems = evaluate(soak, result)
     text = results_markdown(soak, result, rows, problems)
     print(text)
