@@ -82,7 +82,9 @@ async def test_non_retryable_codes_are_called_once(code: StatusCode) -> None:
         (S.UNAVAILABLE, FailureKind.PROTOCOL, 1),
         (S.UNAVAILABLE, FailureKind.CONNECT, 2),  # never reached the server
         (S.UNAVAILABLE, FailureKind.GOAWAY, 2),  # above last_stream_id: not processed
-        (S.UNAVAILABLE, FailureKind.RESET, 2),  # REFUSED_STREAM
+        (S.UNAVAILABLE, FailureKind.RESET, 2),  # REFUSED_STREAM after headers
+        (S.UNAVAILABLE, FailureKind.REFUSED, 2),  # REFUSED_STREAM past the transparent retries
+        (S.UNAVAILABLE, FailureKind.UNSENT, 2),  # the request never left
         (S.RESOURCE_EXHAUSTED, None, 2),
     ],
 )

@@ -583,6 +583,25 @@ def test_rst_stream_mid_response(error_code: ErrorCodes, code: StatusCode) -> No
     assert pair.finished(other).body == b"fine"
 
 
+def test_refused_stream_before_response_headers_is_unprocessed() -> None:
+    pair = Pair()
+    sid = pair.call()
+    pair.server.reset_stream(sid, ErrorCodes.REFUSED_STREAM)
+    pair.to_client()
+    result = pair.finished(sid)
+    assert (result.code, result.error_kind) == (StatusCode.UNAVAILABLE, FailureKind.REFUSED)
+    assert result.error_kind.unprocessed
+    assert "REFUSED_STREAM" in result.details
+
+
+def test_goaway_carries_its_debug_data() -> None:
+    pair = Pair()
+    pair.call()
+    frame = GoAwayFrame(0, last_stream_id=0, error_code=0xB, additional_data=b"too_many_pings")
+    events = pair.to_client(frame.serialize())
+    assert events[-1] == GoAwayReceived(0, 0xB, b"too_many_pings")
+
+
 def test_rst_stream_after_a_status_keeps_the_status() -> None:
     pair = Pair()
     sid = pair.call()

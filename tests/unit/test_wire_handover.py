@@ -14,8 +14,10 @@ import trio
 from fixtures.h2_server import H2Server, ServerCall
 from h2.errors import ErrorCodes
 from h2.settings import SettingCodes
-from test_wire_transport import echo, serving
+from test_wire_transport import GUARD_S, echo, serving
 
+import sepp
+from sepp._otel import count_transparent_retry
 from sepp.wire._failure import FailureKind
 from sepp.wire._status import StatusCode
 from sepp.wire._transport import MAX_TRANSPARENT_ATTEMPTS, Channel, RpcError
@@ -192,6 +194,20 @@ async def test_a_peer_that_never_processes_anything_ends_after_the_attempt_bound
         assert len(server.connections) == expected_connections
 
 
+async def test_a_deadline_passing_before_the_retry_is_sent_fails_it_as_unprocessed() -> None:
+    async def handler(call: ServerCall) -> None:
+        call.conn.server.silent = True  # the next connection never becomes usable
+        await call.conn.goaway(0)
+
+    async with serving(handler) as (server, channel):
+        with pytest.raises(RpcError) as info:
+            await channel.call("EnqueueBatch", b"x", timeout=0.5)
+        # Not DEADLINE_EXCEEDED, which would read as "may have been committed".
+        assert (info.value.code, info.value.kind) == (StatusCode.UNAVAILABLE, FailureKind.GOAWAY)
+        assert len(server.calls) == 1
+        assert len(server.connections) == 2
+
+
 async def test_calls_refused_when_the_server_lowers_its_stream_limit_go_out_again() -> None:
     held: list[ServerCall] = []
     results: dict[int, bytes | RpcError] = {}
@@ -337,3 +353,65 @@ async def test_enhance_your_calm_without_too_many_pings_keeps_the_interval() -> 
     async with serving(handler, channel_kwargs={"keepalive_interval": 7.0}) as (_, channel):
         assert await channel.call("Ack", b"x", timeout=5) == b"echo:x"
         assert channel.keepalive_interval == 7.0
+
+
+# -- through the Client ---------------------------------------------------------------------------
+
+
+async def test_a_reserve_above_the_goaway_goes_out_again_with_its_remaining_wait() -> None:
+    from sepp._pb import queue_pb2 as pb
+
+    async def handler(call: ServerCall) -> None:
+        if call.conn.index == 0:
+            await call.conn.goaway(0)  # nginx reloading: the long poll was never processed
+        else:
+            await call.respond(pb.ReserveResponse().SerializeToString())
+
+    with trio.fail_after(GUARD_S):
+        async with trio.open_nursery() as nursery:
+            server = await H2Server(handler).start(nursery)
+            address = f"127.0.0.1:{server.port}"
+            async with sepp.open(address, validate_locally=False) as client:
+                assert await client.reserve("q", wait_timeout=5) is None
+            nursery.cancel_scope.cancel()
+    waits = [
+        pb.ReserveRequest.FromString(c.message).wait_timeout.ToTimedelta().total_seconds()
+        for c in server.calls
+    ]
+    assert [c.conn.index for c in server.calls] == [0, 1]
+    assert waits[0] == 5.0
+    assert 4.0 < waits[1] < 5.0  # what is left of the caller's wait, not the whole of it
+    assert not server.errors
+
+
+async def test_transparent_retries_are_counted_in_the_otel_metrics() -> None:
+    from otel_support import install
+
+    _, reader = install()
+
+    def retries() -> dict[tuple[str, str], int]:
+        data = reader.get_metrics_data()
+        counts: dict[tuple[str, str], int] = {}
+        for resource in data.resource_metrics if data else ():
+            for scope in resource.scope_metrics:
+                for metric in scope.metrics:
+                    if metric.name == "sepp.client.transparent_retries":
+                        for point in metric.data.data_points:
+                            key = (point.attributes["rpc.method"], point.attributes["sepp.reason"])
+                            counts[key] = point.value
+        return counts
+
+    before = retries()
+
+    async def handler(call: ServerCall) -> None:
+        if call.index < 2:
+            await call.reset(ErrorCodes.REFUSED_STREAM)
+        else:
+            await echo(call)
+
+    kwargs = {"on_transparent_retry": count_transparent_retry}
+    async with serving(handler, channel_kwargs=kwargs) as (_, channel):
+        assert await channel.call("Ack", b"x", timeout=5) == b"echo:x"
+    after = retries()
+    key = ("Ack", "refused")
+    assert after[key] - before.get(key, 0) == 2

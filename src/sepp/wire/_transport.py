@@ -420,10 +420,18 @@ class Channel:
         started = now
         own_deadline = now + timeout if timeout is not None else math.inf
         attempts = 1
+        unprocessed: CallFinished | None = None  # the previous attempt's, when retrying
         while True:
             conn = self._current
             if conn is None or not conn.usable or not conn.proto.can_start_call:
-                conn = await self._wait_for_slot(own_deadline, timeout)
+                try:
+                    conn = await self._wait_for_slot(own_deadline, timeout)
+                except RpcError as exc:
+                    if unprocessed is None or exc.kind is not FailureKind.DEADLINE:
+                        raise
+                    # Nothing of this call was ever processed: say so, not "deadline" (which
+                    # would stop a retry policy, as if it might have been committed).
+                    raise _unprocessed_error(unprocessed) from None
                 now = trio.current_time()
             else:
                 await trio.lowlevel.checkpoint_if_cancelled()
@@ -460,6 +468,7 @@ class Channel:
             if kind is None or not kind.unprocessed:
                 break
             self._before_transparent_retry(method, result, attempts, own_deadline)
+            unprocessed = result
             attempts += 1
             if retry_request is not None:
                 request = retry_request(trio.current_time() - started)
@@ -486,7 +495,7 @@ class Channel:
                 kind,
             )
         if trio.current_time() >= own_deadline:
-            raise RpcError(result.code, result.details, kind)
+            raise _unprocessed_error(result)
         self._log.debug(
             "sepp: %s was not processed by the server (%s: %s); sending it again (attempt %d)",
             method,
@@ -616,6 +625,10 @@ class Channel:
             conn.die("the client is closed")
         self._all.clear()
         self._current = None
+
+
+def _unprocessed_error(result: CallFinished) -> RpcError:
+    return RpcError(result.code, result.details, result.error_kind)
 
 
 def _deadline_exceeded(timeout: float | None) -> RpcError:
