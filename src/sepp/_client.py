@@ -769,7 +769,8 @@ async def open(
 
     `address` is `host:port`, `[v6]:port`, `http://host:port` or `https://host:port`.
     TLS is on for `https://`, `tls=True` (system roots), a `tls_ca_cert` (PEM bytes or a
-    path), a `tls_domain` (server-name override) or a caller's `ssl.SSLContext`.
+    path), a `tls_domain` (server-name override, also sent as `:authority`) or a caller's
+    `ssl.SSLContext`.
     `wire_engine` picks the HTTP/2 implementation: None (the default engine, "codec", our
     own) or "h2" (the reference engine, built on the h2 package).
     """
