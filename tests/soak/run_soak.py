@@ -449,7 +449,8 @@ def results_markdown(
         " failed call retried with the same key) and"
         f" {args.idle_polls} idle long-polls (20 s) over h2c, a `sepp.Worker` (16 in flight)"
         f' over TLS ended at nginx. The sepp server (`persist_mode = "sync_data"`) was'
-        f" restarted {args.restarts} times on its data dir (SIGTERM, down 0.5-2 s) and nginx"
+        f" restarted {args.restarts} times on its data dir (SIGTERM, which waits for its"
+        " connections to close, then 0.5-2 s down) and nginx"
         f" reloaded {args.reloads} times. Events: {'; '.join(soak.events)}.",
         "",
         f"## The client process after {warmup:g} minutes of warm-up",
