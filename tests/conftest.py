@@ -48,6 +48,7 @@ _passed: Counter[str] = Counter()
 # the proxy tests.
 _BOTH_ENGINES = {
     "test_wire_connection.py",
+    "test_wire_limits.py",
     "test_wire_transport.py",
     "test_wire_handover.py",
     "test_hostile_server.py",

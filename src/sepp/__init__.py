@@ -45,13 +45,16 @@ from .wire._status import StatusCode as StatusCode
 # Worker, Router and Scheduler machinery (and zoneinfo, which schedules need), and the
 # rejection reasons (15 dataclasses, created when a rejection first appears).
 _LAZY = {
+    "Backoff": "_backoff",
+    "CallNext": "_middleware",
+    "Middleware": "_middleware",
     "DuplicateHandlerError": "_router",
     "Handler": "_router",
     "Router": "_router",
     "Schedule": "_schedule",
     "Scheduler": "_scheduler",
     "HandlerError": "_worker",
-    "ShutdownHandle": "_worker",
+    "ShutdownHandle": "_shutdown",
     "Worker": "_worker",
     "CustomEntriesTooMany": "_rejection_reasons",
     "CustomKeyTooLong": "_rejection_reasons",
@@ -69,9 +72,23 @@ _LAZY = {
     "UnknownQueue": "_rejection_reasons",
     "UnknownRejection": "_rejection_reasons",
     "describe_job_rejection": "_rejection_reasons",
+    "Task": "_task",
+    "PayloadCodec": "_codecs",
+    "PayloadDecodeError": "_codecs",
+    "JsonCodec": "_codecs",
+    "PydanticCodec": "_codecs",
+    "MsgspecCodec": "_codecs",
 }
 
 if TYPE_CHECKING:
+    from ._backoff import Backoff as Backoff
+    from ._codecs import JsonCodec as JsonCodec
+    from ._codecs import MsgspecCodec as MsgspecCodec
+    from ._codecs import PayloadCodec as PayloadCodec
+    from ._codecs import PayloadDecodeError as PayloadDecodeError
+    from ._codecs import PydanticCodec as PydanticCodec
+    from ._middleware import CallNext as CallNext
+    from ._middleware import Middleware as Middleware
     from ._rejection_reasons import CustomEntriesTooMany as CustomEntriesTooMany
     from ._rejection_reasons import CustomKeyTooLong as CustomKeyTooLong
     from ._rejection_reasons import CustomMapTooLarge as CustomMapTooLarge
@@ -93,16 +110,19 @@ if TYPE_CHECKING:
     from ._router import Router as Router
     from ._schedule import Schedule as Schedule
     from ._scheduler import Scheduler as Scheduler
+    from ._shutdown import ShutdownHandle as ShutdownHandle
+    from ._task import Task as Task
     from ._worker import HandlerError as HandlerError
-    from ._worker import ShutdownHandle as ShutdownHandle
     from ._worker import Worker as Worker
 
 __all__ = [
     "DEFAULT_MAX_RECEIVE_MESSAGE_BYTES",
     "AttemptMismatchError",
+    "Backoff",
     "BatchRejection",
     "Batching",
     "BatchValidationError",
+    "CallNext",
     "Client",
     "ClientError",
     "ConnectError",
@@ -122,6 +142,7 @@ __all__ = [
     "InvalidRequestError",
     "Job",
     "JobContext",
+    "JsonCodec",
     "JobNotFoundError",
     "JobRejectedError",
     "JobRejection",
@@ -130,9 +151,14 @@ __all__ = [
     "LeaseError",
     "MalformedResponseError",
     "MessageTooLargeError",
+    "MsgspecCodec",
+    "Middleware",
     "OverloadedError",
     "Payload",
+    "PayloadCodec",
+    "PayloadDecodeError",
     "PayloadTooLarge",
+    "PydanticCodec",
     "QueueClosing",
     "QueueFull",
     "QueueNameTooLong",
@@ -147,6 +173,7 @@ __all__ = [
     "ServerInternalError",
     "ShutdownHandle",
     "StatusCode",
+    "Task",
     "TraceContext",
     "TransportError",
     "UnauthenticatedError",

@@ -16,7 +16,7 @@ import trio
 from trio.lowlevel import Abort, Task, current_task, reschedule, wait_task_rescheduled
 
 from . import _validate as v
-from ._chunking import estimated_bytes
+from ._chunking import SERVER_MAX_MESSAGE_BYTES, estimated_bytes
 from ._errors import SeppError, error_from_status
 from ._rejections import JobRejection
 from ._types import EnqueueAck, EnqueueRequest
@@ -33,7 +33,9 @@ class Batching:
     Otherwise it collects jobs until one of them finishes, until it holds
     `max_batch` jobs (never more than the server's `max_enqueue_batch`) or would exceed
     `max_batch_bytes`, or until `max_delay` after its first job, whichever comes first.
-    `eager_calls=0` always waits for a full batch or `max_delay`. Every caller still gets its
+    `eager_calls=0` always waits for a full batch or `max_delay`. `max_batch_bytes` may be at
+    most 16 MiB, the server's message cap (sepp's `max_message_bytes`, which it does not
+    advertise). Every caller still gets its
     own EnqueueAck or JobRejectedError; a failure of the whole request raises the same typed
     error in each.
     """
@@ -46,7 +48,14 @@ class Batching:
     def __post_init__(self) -> None:
         v.whole_number("batching.max_batch", self.max_batch, low=1, high=100_000)
         v.seconds("batching.max_delay", self.max_delay, allow_zero=True)
-        v.whole_number("batching.max_batch_bytes", self.max_batch_bytes, low=1, high=2**31)
+        # A batch over the server's (unadvertised) message cap would fail whole; the estimate
+        # is an upper bound, so a batch kept under it always fits.
+        v.whole_number(
+            "batching.max_batch_bytes",
+            self.max_batch_bytes,
+            low=1,
+            high=SERVER_MAX_MESSAGE_BYTES,
+        )
         v.whole_number("batching.eager_calls", self.eager_calls, low=0, high=1_000)
 
 

@@ -10,7 +10,10 @@ from ._types import EnqueueRequest
 # The server's defaults: max_enqueue_batch is advertised (GetServerInfo), max_message_bytes
 # (16 MiB, restart-only) is not. A chunk's estimate stays under half the latter.
 DEFAULT_MAX_ENQUEUE_BATCH = 256
-MAX_CHUNK_BYTES = 8 * 1024 * 1024
+# sepp 0.1.1's max_message_bytes: the largest request it decodes. Not advertised, so a request
+# we could only know to fail (an atomic batch, an auto-batch) is refused or capped by it here.
+SERVER_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+MAX_CHUNK_BYTES = SERVER_MAX_MESSAGE_BYTES // 2
 # Chunks of one enqueue_batch in flight at once.
 MAX_CONCURRENT_CHUNKS = 4
 _ENVELOPE_BYTES = 64  # per-job protobuf overhead beyond the variable fields, generously

@@ -17,7 +17,12 @@ from . import _convert as cv
 from . import _otel
 from . import _validate as v
 from ._batching import Batching, EnqueueBatcher
-from ._chunking import DEFAULT_MAX_ENQUEUE_BATCH, MAX_CONCURRENT_CHUNKS, split_batch
+from ._chunking import (
+    DEFAULT_MAX_ENQUEUE_BATCH,
+    MAX_CONCURRENT_CHUNKS,
+    SERVER_MAX_MESSAGE_BYTES,
+    split_batch,
+)
 from ._errors import (
     BatchValidationError,
     JobRejectedError,
@@ -312,9 +317,17 @@ class Client:
             if refused:
                 raise BatchValidationError(refused)
         with _otel.client_span("sepp.enqueue_atomic", _batch_attributes(requests)) as span:
+            request = cv.enqueue_batch_to_pb(requests, span.trace_context)
+            if len(request) > SERVER_MAX_MESSAGE_BYTES:
+                raise ValidationError(
+                    "jobs",
+                    f"an atomic enqueue of {len(requests)} jobs encodes to {len(request)} bytes,"
+                    f" over the server's {SERVER_MAX_MESSAGE_BYTES}-byte message cap"
+                    " (max_message_bytes); enqueue_batch splits bigger ones",
+                )
             body = await self._call(
                 "EnqueueAtomic",
-                cv.enqueue_batch_to_pb(requests, span.trace_context),
+                request,
                 timeout=_left_s(deadline),
                 ambiguous_retry_safe=_all_keyed(requests),
             )
@@ -468,7 +481,7 @@ class Client:
             jobs: list[Job] = []
             for job_msg in response.jobs:
                 try:
-                    jobs.append(cv.job_from_pb(job_msg, worker_id))
+                    jobs.append(cv.job_from_pb(job_msg, worker_id, self))
                 except Exception as exc:  # one bad job must not cost the others
                     self._log.warning("sepp: skipping a malformed job from Reserve: %s", exc)
             span.set("sepp.jobs", len(jobs))

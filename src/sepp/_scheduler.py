@@ -26,6 +26,7 @@ from ._schedule import (
     format_occurrence,
     overdue_to_keep,
 )
+from ._shutdown import ShutdownHandle
 from ._types import EnqueueAck, EnqueueRequest, ServerInfo
 
 # The server's default max_schedule_horizon; the advertised one is checked at start.
@@ -75,12 +76,30 @@ class _ServerClock:
         return self._trio_time + (when - self._server_time).total_seconds()
 
 
+class _Enqueued(enum.Enum):
+    NEW = "new"  # a job was created
+    ALREADY = "already"  # some scheduler had enqueued it: the key deduplicated it
+    REFUSED = "refused"  # this occurrence's own failure; retried with backoff
+    OUTAGE = "outage"  # the server looks unreachable; every enqueue pauses
+
+
 class _Track:
     """One entry's occurrences: those not planned yet, and those planned but not enqueued."""
 
-    __slots__ = ("_upcoming", "entry", "failures", "next_occurrence", "pending", "retry_at")
+    __slots__ = (
+        "_upcoming",
+        "entry",
+        "failures",
+        "missed_at_start",
+        "next_occurrence",
+        "pending",
+        "retry_at",
+        "unchecked",
+    )
 
-    def __init__(self, entry: Entry, after: datetime, overdue: list[datetime]) -> None:
+    def __init__(
+        self, entry: Entry, after: datetime, overdue: list[datetime], *, check_missed: bool
+    ) -> None:
         self.entry = entry
         self._upcoming: Iterator[datetime] = entry.rule.occurrences(after)
         self.next_occurrence = next(self._upcoming, None)
@@ -88,6 +107,11 @@ class _Track:
         self.pending = dict.fromkeys(overdue)
         self.failures: dict[datetime, int] = {}
         self.retry_at: dict[datetime, float] = {}
+        # Past occurrences at start; the first one this start enqueues itself is logged.
+        self.missed_at_start = frozenset(overdue)
+        # missed="all": the start's overdue occurrences, of which those some scheduler already
+        # enqueued are found with a few probes before the rest are replayed.
+        self.unchecked = list(overdue) if check_missed and len(overdue) > 1 else []
 
     def plan_until(self, horizon: datetime) -> None:
         while self.next_occurrence is not None and self.next_occurrence <= horizon:
@@ -168,6 +192,7 @@ class Scheduler:
 
         self._state = _RunState.NEW
         self._shutdown_requested = False
+        self._token: trio.lowlevel.TrioToken | None = None
         self._scope = trio.CancelScope()
         self._clock: _ServerClock | None = None
         self._clock_refresh_at = 0.0
@@ -188,15 +213,34 @@ class Scheduler:
     def shutdown(self) -> None:
         """Stop the scheduler: `run()` returns promptly (an enqueue in flight is abandoned; its
         occurrence is safe to enqueue again, by the key). Idempotent; call it from a task of the
-        same trio run, before or during `run()`."""
+        same trio run, before or during `run()`; from another thread or a signal handler use
+        `shutdown_handle().shutdown()`."""
         self._shutdown_requested = True
         self._scope.cancel()
+
+    def shutdown_handle(self) -> ShutdownHandle:
+        """A handle whose `shutdown()` is safe from another thread or a signal handler."""
+        return ShutdownHandle(self)
+
+    def _request_shutdown(self, *, from_task: bool, now: bool = False) -> None:
+        # Flag first, token second; run() stores the token first and reads the flag second.
+        self._shutdown_requested = True
+        token = self._token
+        if token is None:
+            return
+        try:
+            token.run_sync_soon(self._scope.cancel, idempotent=True)
+        except trio.RunFinishedError:
+            pass
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Enqueue occurrences until `shutdown()`. A scheduler runs once."""
         if self._state is not _RunState.NEW:
             raise RuntimeError("Scheduler.run() can only be called once; create a new Scheduler")
         self._state = _RunState.RUNNING
+        self._token = trio.lowlevel.current_trio_token()
+        if self._shutdown_requested:
+            self._scope.cancel()
         started = False
         try:
             with self._scope:
@@ -208,6 +252,7 @@ class Scheduler:
                 await self._loop()
         finally:
             self._state = _RunState.DONE
+            self._token = None
         if not started:
             task_status.started()  # shut down before it ever started
 
@@ -265,7 +310,7 @@ class Scheduler:
             overdue = first_overdue(
                 entry.rule, self._missed, now, grace=grace, oldest=self._oldest(now)
             )
-            self._tracks.append(_Track(entry, now, overdue))
+            self._tracks.append(_Track(entry, now, overdue, check_missed=self._missed == "all"))
         self._log.info(
             "sepp: scheduler started at server time %s: %d entries, missed=%r enqueues %d past"
             " occurrence(s)",
@@ -333,6 +378,9 @@ class Scheduler:
         now = trio.current_time()
         if now < self._outage_until:
             return
+        for track in self._tracks:
+            if track.unchecked and not await self._skip_already_enqueued(track):
+                return
         due = sorted(
             (occurrence, index)
             for index, track in enumerate(self._tracks)
@@ -340,11 +388,46 @@ class Scheduler:
             if track.retry_at.get(occurrence, -float("inf")) <= now
         )
         for occurrence, index in due:
-            if not await self._enqueue(self._tracks[index], occurrence):
+            if await self._enqueue(self._tracks[index], occurrence) is _Enqueued.OUTAGE:
                 return  # the server looks unreachable: the rest would fail the same way
 
-    async def _enqueue(self, track: _Track, occurrence: datetime) -> bool:
-        """Try one occurrence; False when the failure is not this job's own."""
+    async def _skip_already_enqueued(self, track: _Track) -> bool:
+        """missed="all" at start: drop the overdue occurrences some scheduler already enqueued,
+        so a restart replays only what was missed, not the whole dedup window. Schedulers
+        enqueue in order, so those form a prefix: probe the newest, then bisect (each probe
+        is an enqueue; one that creates a job has found a missed occurrence, enqueued a little
+        ahead of older missed ones). False when the server looks unreachable."""
+        unchecked = [occurrence for occurrence in track.unchecked if occurrence in track.pending]
+        low, high = 0, len(unchecked)  # the first missed occurrence is in [low, high]
+        probe = high - 1
+        while low < high:
+            outcome = await self._enqueue(track, unchecked[probe])
+            if outcome is _Enqueued.OUTAGE:
+                return False
+            if outcome is _Enqueued.REFUSED:
+                break  # its own retries take over; the rest are replayed, deduplicated
+            if outcome is _Enqueued.ALREADY:
+                low = probe + 1
+            else:
+                high = probe
+            probe = (low + high) // 2
+        else:
+            for occurrence in unchecked[:low]:
+                if occurrence in track.pending:
+                    track.forget(occurrence)
+            self._log.info(
+                "sepp: scheduler: %d of %d past occurrence(s) of %r were enqueued before this"
+                " start; replaying the %d missed (missed='all')",
+                low,
+                len(unchecked),
+                track.entry.name,
+                len(unchecked) - low,
+            )
+        track.unchecked = []
+        return True
+
+    async def _enqueue(self, track: _Track, occurrence: datetime) -> _Enqueued:
+        """Try one occurrence (it is settled unless the outcome is REFUSED or OUTAGE)."""
         name = track.entry.name
         try:
             ack = await self._client.enqueue(track.entry.request(occurrence))
@@ -358,7 +441,7 @@ class Scheduler:
                 delay,
                 failures,
             )
-            return True
+            return _Enqueued.REFUSED
         except Exception as exc:  # the loop must outlive every failure
             self._outage_failures += 1
             delay = _backoff(self._outage_failures)
@@ -369,7 +452,7 @@ class Scheduler:
                 delay,
                 self._outage_failures,
             )
-            return False
+            return _Enqueued.OUTAGE
         track.forget(occurrence)
         if self._outage_failures:
             self._log.info(
@@ -383,7 +466,21 @@ class Scheduler:
             ack.job_id,
             " (already enqueued)" if ack.deduplicated else "",
         )
-        return True
+        if ack.deduplicated:
+            return _Enqueued.ALREADY
+        if occurrence in track.missed_at_start:
+            # No scheduler enqueued it in time: on a first deploy this runs a past occurrence
+            # now, which "latest" (the default) means to do; say so where it can be seen.
+            track.missed_at_start = frozenset()
+            self._log.warning(
+                "sepp: scheduler: occurrence %s of %r was due before this start and no scheduler"
+                " had enqueued it: enqueued now, as missed=%r says%s",
+                format_occurrence(occurrence),
+                name,
+                self._missed,
+                " (missed='skip' waits for the next one)" if self._missed != "skip" else "",
+            )
+        return _Enqueued.NEW
 
     def _log_failure(self, what: str, exc: Exception, delay: float, failures: int = 0) -> None:
         count = f" (failure {failures})" if failures else ""

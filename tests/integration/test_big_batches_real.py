@@ -76,3 +76,21 @@ async def test_enqueue_atomic_over_256_jobs_is_refused_before_sending(
         with pytest.raises(sepp.ValidationError, match="at most 256 jobs"):
             await client.enqueue_atomic([R("atomic-big", "t") for _ in range(300)])
         assert calls == []
+
+
+async def test_enqueue_atomic_over_the_servers_message_size_is_refused_before_sending(
+    sepp_server: SeppServer,
+) -> None:
+    # 17 jobs of 1,000,000 bytes: 17 MB, over the 16 MiB the server decodes (it does not
+    # advertise the cap, so the client knows it from the tested version).
+    payload = sepp.Payload.bytes(b"p" * 1_000_000)
+    async with sepp.open(sepp_server.address) as client:
+        await client.get_server_info()
+        calls = count_calls(client)
+        with pytest.raises(sepp.ValidationError, match="message cap") as info:
+            await client.enqueue_atomic([R("atomic-heavy", "t", payload=payload)] * 17)
+        assert info.value.field == "jobs"
+        assert calls == []
+        # Just under the cap still goes out whole.
+        acks = await client.enqueue_atomic([R("atomic-heavy", "t", payload=payload)] * 16)
+        assert len(acks) == 16 and calls == ["EnqueueAtomic"]

@@ -8,6 +8,8 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 import trio
+import trio.testing
+from fixtures.counting import count_calls
 
 import sepp
 from sepp.testing import SeppServer, sepp_server
@@ -126,19 +128,32 @@ async def test_empty_long_poll_returns_none_after_wait(client: sepp.Client) -> N
     assert trio.current_time() - start >= 0.4
 
 
+async def reserve_parked_on_server(client: sepp.Client) -> None:
+    """Return once a reserve started by another task is waiting on the server: that task is
+    blocked on its response, so its request was written, and a later call on the same
+    connection has made a round trip, so the server has read the request before it."""
+    await trio.testing.wait_all_tasks_blocked()
+    await client.get_server_info()
+
+
 async def test_enqueue_wakes_a_waiting_reserve(client: sepp.Client) -> None:
-    got: list[sepp.Job] = []
+    got: list[sepp.Job] | None = None
+    calls = count_calls(client)
 
     async def consumer() -> None:
-        jobs = await client.reserve("wake", wait_timeout=10)
-        got.extend(jobs or [])
+        nonlocal got
+        got = await client.reserve("wake", wait_timeout=10)
 
-    start = trio.current_time()
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(consumer)
-        await trio.sleep(0.2)
-        await client.enqueue("wake", "t")
-    assert len(got) == 1 and trio.current_time() - start < 5
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(consumer)
+            await reserve_parked_on_server(client)
+            assert calls == ["Reserve", "GetServerInfo"]  # the reserve is out, and waiting
+            ack = await client.enqueue("wake", "t")
+    # Woken by the enqueue: a reserve left waiting would have ended empty (None) at its
+    # wait_timeout, and only this one reserve was ever sent.
+    assert got is not None and [job.id for job in got] == [ack.job_id]
+    assert calls == ["Reserve", "GetServerInfo", "EnqueueBatch"]
 
 
 LIMITED = config(
@@ -430,21 +445,20 @@ async def test_server_stopped_mid_call_then_next_call_reconnects(sepp_server: Se
 
 async def test_graceful_server_stop_ends_long_poll(sepp_server: SeppServer) -> None:
     async with sepp.open(sepp_server.address) as client:
-        await client.get_server_info()
-        result: list[object] = []
+        result: list[list[sepp.Job] | None] = []
 
         async def poll() -> None:
-            try:
-                result.append(await client.reserve("drain", wait_timeout=20))
-            except sepp.TransportError as exc:
-                result.append(exc)
+            result.append(await client.reserve("drain", wait_timeout=60))
 
-        with trio.fail_after(15):
+        with trio.fail_after(30):  # the poll's own wait is 60 s: only the stop can end it
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(poll)
-                await trio.sleep(0.3)
+                await reserve_parked_on_server(client)
                 await sepp_server.stop()
-        assert result == [None] or isinstance(result[0], sepp.TransportError)
+        # SIGTERM, not the SIGKILL stop() falls back to: the server exited by itself, and
+        # ended the waiting reserve with an empty reply (None), not an error.
+        assert sepp_server.returncode == 0
+        assert result == [None]
         await sepp_server.start()
         assert (await client.get_server_info()).server_version
 

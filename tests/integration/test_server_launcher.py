@@ -7,6 +7,7 @@ it, or set ``SEPP_BIN``). A missing binary makes them FAIL, never skip.
 from __future__ import annotations
 
 import os
+import re
 import socket
 import stat
 import subprocess
@@ -25,6 +26,7 @@ from sepp.testing import (
     find_sepp_binary,
     sepp_server,
 )
+from sepp.testing._config_schema import SCHEMA, TableList
 
 pytest_plugins = ["pytester"]
 
@@ -168,9 +170,69 @@ async def test_queues_and_named_api_keys_config() -> None:
 async def test_plain_string_api_keys_are_refused_by_this_server() -> None:
     # sepp 0.1.1 only takes named entries: api_keys = [{ name = ..., key = ... }].
     with trio.fail_after(60), pytest.raises(SeppServerStartError) as info:
-        async with sepp_server({"auth": {"api_keys": ["plain-key"]}}):
+        async with sepp_server({"auth": {"api_keys": ["plain-key"]}}, check_config=False):
             pass  # pragma: no cover
-    assert "api_keys" in str(info.value)
+    assert "api_keys" in str(info.value) and info.value.returncode == 1
+
+
+async def test_a_config_key_of_the_wrong_type_is_named_before_the_server_starts() -> None:
+    config = {"limits": {"max_enqueue_batch": "10"}}
+    # The server alone exits with a raw deserialiser dump that names neither key nor type.
+    with trio.fail_after(60), pytest.raises(SeppServerStartError) as raw:
+        async with sepp_server(config, check_config=False):
+            pass  # pragma: no cover
+    assert raw.value.returncode == 1
+    with pytest.raises(SeppServerStartError) as info:
+        async with sepp_server(config):
+            pass  # pragma: no cover
+    assert str(info.value).startswith(
+        "config key 'limits.max_enqueue_batch' must be an integer from 0 to 4294967295, got '10'"
+    )
+    assert info.value.returncode is None and info.value.output_lines == []
+
+
+async def test_a_misspelled_config_key_is_named_instead_of_ignored() -> None:
+    config = {"limits": {"max_enqueue_batches": 10}}
+    # The server alone starts and keeps the default: the misspelling would go unnoticed.
+    with trio.fail_after(60):
+        async with sepp_server(config, check_config=False) as server:
+            assert alive(server)
+    with pytest.raises(
+        SeppServerStartError, match=r"unknown config key 'limits\.max_enqueue_batches'"
+    ):
+        async with sepp_server(config):
+            pass  # pragma: no cover
+
+
+def test_the_config_check_knows_every_key_of_the_servers_example_config() -> None:
+    # `sepp config example` lists every key, the optional ones commented out.
+    example = subprocess.run(
+        [find_sepp_binary(), "config", "example"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
+    ).stdout
+    section = ""
+    listed: set[str] = set()
+    for line in example.splitlines():
+        header = re.fullmatch(r"#?\[\[?(\w+)\]\]?\s*", line)
+        if header:
+            section = header.group(1)
+        entry = re.match(r"#?(\w+) = ", line)
+        if entry and section:
+            listed.add(f"{section}.{entry.group(1)}")
+    known = {
+        f"{name}.{key}"
+        for name, table in SCHEMA.items()
+        for key in (table.keys if isinstance(table, TableList) else table)
+    }
+    assert len(listed) > 50
+    # The example shows queue entries with a few of their keys, and leaves out
+    # limits.max_queue_depth (absent means unlimited); every other key must match.
+    assert listed - known == set()
+    unlisted = {key for key in known - listed if not key.startswith("queues.")}
+    assert unlisted == {"limits.max_queue_depth"}
 
 
 async def test_invalid_config_reports_server_output() -> None:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+import dataclasses
+import json
+import uuid
+from datetime import date, datetime, timedelta, timezone
 
 import pytest
 import trio
@@ -136,3 +139,55 @@ async def test_our_producer_span_links_to_sepp_py_process_span(sepp_server: Sepp
         assert trace_id in result["link_trace_ids"]
         assert result["process_span"]["name"] == "sepp.process"
     assert any(s.name == "sepp.enqueue" for s in exporter.get_finished_spans())
+
+
+@dataclasses.dataclass(frozen=True)
+class Shipment:
+    order: uuid.UUID
+    ship_on: date
+    items: list[str]
+    express: bool = False
+
+
+SHIP = sepp.Task("interop_typed", "ship", Shipment)
+
+
+async def test_typed_jobs_are_plain_json_both_ways_with_sepp_py(sepp_server: SeppServer) -> None:
+    """sepp-py reads a typed job's bytes as plain JSON, and a typed handler decodes the JSON a
+    sepp-py producer enqueues (what a service written with sepp-py would send)."""
+    sent = Shipment(uuid.UUID(int=5), date(2026, 3, 1), ["a", "b"])
+    async with sepp.open(sepp_server.address) as client, seppy_driver(sepp_server.address) as py:
+        await SHIP.enqueue(client, sent)
+        (job,) = await py.call("reserve", queues=["interop_typed"], lease_s=30, wait_s=10)
+        assert job["encoding"] == "application/json"
+        document = json.loads(unb64(job["payload_b64"]))
+        assert document == {
+            "order": "00000000-0000-0000-0000-000000000005",
+            "ship_on": "2026-03-01",
+            "items": ["a", "b"],
+            "express": False,
+        }
+        await py.call("ack", job_id=job["id"])
+
+        # The sepp-py side enqueues its own JSON: keys in another order, a default left out.
+        reply = {"items": [*document["items"], "c"], "ship_on": "2026-03-02", "order": "5" * 32}
+        await py.call(
+            "enqueue",
+            queue="interop_typed",
+            job_type="ship",
+            payload_b64=b64(json.dumps(reply).encode()),
+            encoding="application/json",
+        )
+        received: list[Shipment] = []
+        worker = sepp.Worker(client, "interop_typed", wait_timeout=1)
+
+        @worker.task(SHIP)
+        async def ship(job: Shipment, ctx: sepp.JobContext) -> None:
+            received.append(job)
+            worker.shutdown()
+
+        with trio.fail_after(15):
+            await worker.run()
+        assert received == [
+            Shipment(uuid.UUID("5" * 32), date(2026, 3, 2), ["a", "b", "c"], express=False)
+        ]

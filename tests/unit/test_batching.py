@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
+import pytest
 import trio
 from trio.testing import MockClock
 
@@ -436,3 +437,10 @@ async def test_waiting_jobs_fail_if_the_client_nursery_goes_away_without_close(
 
 def test_the_closed_error_is_the_wire_layers() -> None:
     assert_closed_error(CLOSED)
+
+
+def test_max_batch_bytes_over_the_servers_message_cap_is_refused() -> None:
+    assert sepp.Batching(max_batch_bytes=16 * 1024 * 1024).max_batch_bytes == 16 * 1024 * 1024
+    with pytest.raises(sepp.ValidationError, match="between 1 and 16777216") as info:
+        sepp.Batching(max_batch_bytes=16 * 1024 * 1024 + 1)
+    assert info.value.field == "batching.max_batch_bytes"

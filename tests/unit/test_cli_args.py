@@ -126,6 +126,9 @@ def test_a_full_job_line() -> None:
     ("line", "message"),
     [
         ("{", "not JSON"),
+        ('{"queue": "q", "job_type": "t", "json": NaN}', "NaN is not JSON"),
+        ('{"queue": "q", "job_type": "t", "json": [-Infinity]}', "-Infinity is not JSON"),
+        ('{"queue": "q", "job_type": "t", "json": 1e400}', "payload: not JSON-serialisable"),
         ("[]", "expected a JSON object, got list"),
         ('"q"', "expected a JSON object, got str"),
         ('{"job_type": "t"}', "'queue' is required"),
@@ -153,7 +156,11 @@ def test_bad_lines_are_invalid_with_a_reason(line: str, message: str | None) -> 
 
 
 JSON_VALUES = st.recursive(
-    st.none() | st.booleans() | INT64 | st.floats(allow_nan=False) | st.text(),
+    st.none()
+    | st.booleans()
+    | INT64
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
     max_leaves=8,
 )
@@ -231,6 +238,9 @@ def test_payloads_are_readable_when_that_keeps_their_bytes() -> None:
     spaced = sepp.Payload(b'{"a": 1}', "application/json")  # not our canonical form
     assert payload_to_json(spaced) == {"encoding": "application/json", "text": '{"a": 1}'}
     assert payload_to_json(sepp.Payload(b"\xff", "x/y")) == {"encoding": "x/y", "base64": "/w=="}
+    # Python reads 1e400 as inf, which is not JSON to write back: the exact text is kept.
+    huge = sepp.Payload(b"[1e400]", "application/json")
+    assert payload_to_json(huge) == {"encoding": "application/json", "text": "[1e400]"}
 
 
 @pytest.mark.parametrize(

@@ -69,7 +69,7 @@ async def test_the_bodys_error_comes_out_unwrapped() -> None:
         await run_until_signalled(body, [])
 
 
-# -- Worker._end_grace_period (what the second signal calls) -----------------------------------
+# -- Worker.shutdown(now=True) (what the second signal calls) ------------------------------------
 
 
 def make_worker(fake: FakeClient) -> sepp.Worker:
@@ -102,7 +102,7 @@ async def test_ending_the_grace_period_cancels_handlers_and_nacks_their_jobs_now
         await trio.sleep(1)
         worker.shutdown()  # first signal: graceful, 30 s
         await trio.sleep(1)
-        worker._end_grace_period()  # second signal, at t=2
+        worker.shutdown(now=True)  # second signal, at t=2
     assert trio.current_time() == 2
     assert [(c.job_id, c.at) for c in fake.acks] == [(quick, 1.5)]
     assert [(c.job_id, c.at, c.retry, c.reason) for c in fake.nacks] == [
@@ -136,7 +136,7 @@ async def test_ending_the_grace_period_first_shuts_down_at_once(
         await nursery.start(worker.run)
         await trio.sleep(1)
         if stop_now:
-            worker._end_grace_period()
+            worker.shutdown(now=True)
         else:
             worker.shutdown()
     assert trio.current_time() == ended_at and worker.is_shutdown
@@ -144,3 +144,24 @@ async def test_ending_the_grace_period_first_shuts_down_at_once(
     log = worker._log._target
     assert isinstance(log, RecordingLogger)
     assert log.matching(logged)
+
+
+async def test_a_shutdown_handle_stops_now_from_another_thread() -> None:
+    fake = FakeClient()
+    worker = make_worker(fake)
+    job = fake.add()
+    started = trio.Event()
+
+    @worker.handler("work")
+    async def work(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
+        started.set()
+        await trio.sleep_forever()
+
+    handle = worker.shutdown_handle()
+    with trio.fail_after(10):  # without now=True the 30 s grace would hold the run
+        async with trio.open_nursery() as nursery:
+            await nursery.start(worker.run)
+            await started.wait()
+            await trio.to_thread.run_sync(lambda: handle.shutdown(now=True))
+    assert handle.is_shutdown
+    assert [(c.job_id, c.reason) for c in fake.nacks] == [(job, "worker shutdown")]

@@ -32,6 +32,10 @@ DEFERRED = (
     "zoneinfo",
     "sepp._rejection_reasons",
     "json",
+    "sepp._task",  # typed jobs: on first use of sepp.Task or a codec
+    "sepp._codecs",
+    "pydantic",  # never, unless a model of theirs is used
+    "msgspec",
 )
 
 
@@ -95,6 +99,25 @@ def test_every_public_name_resolves_in_a_fresh_interpreter() -> None:
     assert result["missing"] == []
     assert set(result["all"]) <= set(result["star"])
     assert set(result["all"]) <= set(result["dir"])
+
+
+def test_dataclass_tasks_never_import_pydantic_or_msgspec() -> None:
+    # Both are installed in the dev environment; a codec is picked without importing them.
+    modules = imported(
+        "import dataclasses, sepp, trio",
+        "from sepp.testing import job_context",
+        "W = dataclasses.make_dataclass('W', [('user', int)])",
+        "task = sepp.Task('q', 'w', W)",
+        "router = sepp.Router()",
+        "exec('async def handle(job, ctx): pass')",
+        "router.task(task)(handle)",
+        "trio.run(router.lookup('w'), task.encode(W(1)), job_context())",
+        "assert task.decode(task.encode(W(1))) == W(1)",
+    )
+    assert "sepp._codecs" in modules
+    assert not loaded(modules, "pydantic") and not loaded(modules, "msgspec")
+    with_models = imported("import pydantic, sepp", "sepp.Task('q', 'w', pydantic.BaseModel)")
+    assert loaded(with_models, "pydantic") and not loaded(with_models, "msgspec")
 
 
 def test_lazy_names_are_the_defining_modules_objects() -> None:

@@ -126,6 +126,73 @@ async def test_missed_policy_at_start(
     assert all(c.at == 0 for c in fake.calls)  # past occurrences go out at once
 
 
+def enqueued_before(fake: FakeServer, occurrences: Sequence[datetime]) -> None:
+    """As if an earlier scheduler had enqueued these occurrences of every(60)."""
+    for occurrence in occurrences:
+        request = every(60)._entries["tick"].request(occurrence)
+        assert request.idempotency_key is not None
+        fake.jobs[request.idempotency_key] = request
+
+
+@pytest.mark.parametrize("missed_count", [0, 1, 7, 60])
+async def test_missed_all_replays_only_what_this_start_missed(
+    autojump_clock: MockClock, missed_count: int
+) -> None:
+    fake = FakeServer(offset_s=X + 150)
+    window = [at(X + s) for s in range(-3420, 121, 60)]  # the 60 occurrences "all" may replay
+    done, missed = window[: len(window) - missed_count], window[len(window) - missed_count :]
+    enqueued_before(fake, done)  # a scheduler ran until the last `len(done)` of them
+    log = RecordingLogger()
+    scheduler = sepp.Scheduler(
+        fake, every(60), lookahead=10, missed="all", dedup_window=3600, logger=log
+    )
+    await run_for(scheduler, 5)
+    assert fake.occurrences() == window
+    created = [c.request.scheduled_at for c in fake.succeeded() if not c.deduplicated]
+    assert sorted(created) == missed  # each missed occurrence once
+    # A probe of the newest, then a bisection: not a call for each of the 60.
+    probes = [c for c in fake.calls if c.deduplicated]
+    assert len(fake.calls) == missed_count + len(probes) and len(probes) <= 7
+    if missed_count < len(window):
+        assert log.matching(f"{len(done)} of 60 past occurrence(s) of 'tick' were enqueued")
+
+
+async def test_missed_all_replays_in_order_after_the_probes(autojump_clock: MockClock) -> None:
+    fake = FakeServer(offset_s=X + 150)
+    window = [at(X + s) for s in range(-3420, 121, 60)]
+    enqueued_before(fake, window[:40])
+    await run_for(sepp.Scheduler(fake, every(60), lookahead=10, missed="all", dedup_window=3600), 5)
+    created = [c.request.scheduled_at for c in fake.succeeded() if not c.deduplicated]
+    # The bisection's own finds go first (at most a handful); the rest follow in order.
+    replayed = [t for t in created if t not in created[:6]]
+    assert replayed == sorted(replayed) and sorted(created) == window[40:]
+
+
+@pytest.mark.parametrize("missed", ["latest", "skip", "all"])
+async def test_a_past_occurrence_no_scheduler_enqueued_is_logged_at_start(
+    autojump_clock: MockClock, missed: sepp._schedule.Missed
+) -> None:
+    log = RecordingLogger()
+    fake = FakeServer(offset_s=X + 150)
+    scheduler = sepp.Scheduler(
+        fake, every(60), lookahead=10, missed=missed, grace=90, dedup_window=3600, logger=log
+    )
+    await run_for(scheduler, 5)
+    first_deploy = log.matching("was due before this start and no scheduler had enqueued it")
+    assert len(first_deploy) == 1 and f"missed={missed!r}" in first_deploy[0][1]
+
+
+async def test_a_restart_that_missed_nothing_logs_no_first_start_warning(
+    autojump_clock: MockClock,
+) -> None:
+    log = RecordingLogger()
+    fake = FakeServer(offset_s=X + 150)
+    enqueued_before(fake, [at(X + 120)])
+    await run_for(sepp.Scheduler(fake, every(60), lookahead=10, logger=log), 5)
+    assert [c.deduplicated for c in fake.calls] == [True]
+    assert not log.matching("no scheduler had enqueued it")
+
+
 # -- missed occurrences while the server is down -----------------------------------------------
 
 
@@ -265,6 +332,27 @@ async def test_shutdown_stops_the_loop(autojump_clock: MockClock) -> None:
     assert len(fake.calls) == made
     with pytest.raises(RuntimeError, match="only be called once"):
         await scheduler.run()
+
+
+async def test_a_shutdown_handle_stops_the_scheduler_from_another_thread() -> None:
+    fake = FakeServer(offset_s=5)
+    scheduler = sepp.Scheduler(fake, every(10), lookahead=2)
+    handle = scheduler.shutdown_handle()
+    with trio.fail_after(10):  # the loop would otherwise sleep until the next occurrence
+        async with trio.open_nursery() as nursery:
+            await nursery.start(scheduler.run)
+            assert not handle.is_shutdown
+            await trio.to_thread.run_sync(handle.shutdown)
+    assert handle.is_shutdown and scheduler.is_shutdown
+
+
+async def test_a_shutdown_handle_used_before_run_ends_it_at_once(autojump_clock: MockClock) -> None:
+    fake = FakeServer()
+    scheduler = sepp.Scheduler(fake, every(10))
+    scheduler.shutdown_handle().shutdown()
+    with trio.fail_after(1):
+        await scheduler.run()
+    assert fake.info_calls == [] and fake.calls == []
 
 
 async def test_shutdown_before_run_returns_without_calling_the_server(

@@ -67,6 +67,13 @@ def test_payload_helpers_build_and_read() -> None:
         sepp.Payload.json(object())
 
 
+@pytest.mark.parametrize("number", [float("nan"), float("inf"), -float("inf")])
+def test_payload_json_refuses_nan_and_infinity(number: float) -> None:
+    # Python would write NaN/Infinity, which no other client's JSON parser reads.
+    with pytest.raises(sepp.ValidationError, match="not JSON-serialisable"):
+        sepp.Payload.json({"x": [number]})
+
+
 def test_naive_datetime_rejected_aware_normalised_to_utc() -> None:
     plus2 = timezone(timedelta(hours=2))
     req = R("q", "t", scheduled_at=datetime(2030, 1, 1, 12, tzinfo=plus2))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import h2.events
 import hpack
 import pytest
+from hpack import NeverIndexedHeaderTuple
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_wire_connection import OK_HEADERS, Pair
@@ -222,13 +223,13 @@ def _goaway_code(data: bytes) -> int | None:
         (b"\x00\x00\x04\x08\x00\x00\x00\x00\x00\x7f\xff\xff\xff", 0x3),  # window overflow
         (b"\x00\x00\x00\x05\x04\x00\x00\x00\x01", 0x1),  # PUSH_PROMISE: PROTOCOL_ERROR
         (b"\x00\x00\x02\x09\x04\x00\x00\x00\x01ab", 0x1),  # stray CONTINUATION
-        (b"\x00\x00\x00\x00\x00\x00\x00\x00\x03", 0x5),  # DATA after stream 3 ended
+        (b"\x00\x00\x00\x00\x00\x00\x00\x00\x05", 0x1),  # DATA on idle stream 5
     ],
 )
 def test_a_connection_error_sends_goaway_with_its_code(frames: bytes, code: int) -> None:
     pair = Pair()
     a, b = pair.call(), pair.call()
-    pair.respond(b)  # stream 3 ended by the server
+    pair.respond(b)  # stream 3 ended by the server (its late frames are ignored)
     pair.to_server()
     pair.client.data_to_send()
     events = pair.client.receive_data(frames)
@@ -245,3 +246,21 @@ def test_an_oversized_header_list_is_enhance_your_calm() -> None:
     events = pair.client.receive_data(frames)
     assert isinstance(events[-1], ConnectionBroken)
     assert _goaway_code(pair.client.data_to_send()) == 0xB
+
+
+def test_the_header_block_cache_is_bounded_in_bytes() -> None:
+    """Big blocks that leave the table alone (here on streams already closed, whose blocks are
+    still decoded for the table) are decoded but never remembered."""
+    pair = Pair()
+    sids = [pair.client.start_call("Ack", b"x") for _ in range(_HeaderBlocks._MAX_ENTRIES)]
+    for sid in sids:
+        pair.client.cancel_call(sid)
+    encoder = hpack.Encoder()
+    for index, sid in enumerate(sids):
+        pad = b"%03d" % index + b"p" * (60 * 1024)
+        block = encoder.encode([NeverIndexedHeaderTuple(b"x-pad", pad)], huffman=False)
+        assert pair.client.receive_data(frame(0x1, 0x4, sid, block)) == []
+    cache = pair.client._blocks._cache  # type: ignore[attr-defined]
+    held = sum(len(block) + sum(len(n) + len(v) for n, v in f) for block, f in cache.items())
+    assert held <= 128 * 1024  # 128 blocks of at most 1 KiB (docs/wire-engines.md)
+    assert pair.client.broken is None

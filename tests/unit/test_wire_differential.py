@@ -28,7 +28,11 @@ steers clear and a test below pins both behaviours down (if h2 changes, they fai
 - an informational (1xx) header block on a stream already reset: h2's state machine raises a
   connection error where it ignores any other late frame; the codec ignores it;
 - a SETTINGS frame naming one setting twice: the codec checks each value in order (RFC 9113
-  §6.5.3), hyperframe keeps only the last one, so h2 misses an invalid earlier value.
+  §6.5.3), hyperframe keeps only the last one, so h2 misses an invalid earlier value;
+- frames on a stream the server already ended: the codec ignores them, like frames on any
+  closed stream, so that it needs no memory of how each stream closed (a late frame can then
+  never end the connection); h2 answers DATA with RST_STREAM (a stream error) and ends the
+  connection over HEADERS.
 """
 
 from __future__ import annotations
@@ -71,6 +75,8 @@ class Script:
     # Streams that got any frame: an informational (1xx) block goes only to a fresh one (see
     # test_informational_headers_on_a_reset_stream).
     touched: set[int] = field(default_factory=set)
+    # Streams the server ended: no more frames go to them (see test_frames_after_the_stream_ended).
+    ended: set[int] = field(default_factory=set)
 
     def add(self, data: bytes) -> None:
         self.parts.append(data)
@@ -162,7 +168,7 @@ _OK_HEADERS = [(b":status", b"200"), (b"content-type", b"application/grpc")]
 def response(draw: st.DrawFn, script: Script, hostile: bool) -> None:
     """A whole response for one stream: in a hostile script, often an odd one."""
     if hostile:
-        sid = draw(_HEADER_STREAMS.filter(lambda s: s not in script.doomed))
+        sid = draw(_HEADER_STREAMS.filter(lambda s: s not in script.doomed | script.ended))
     else:
         fresh = [c for c in CALLS if c not in script.touched]
         if not fresh:
@@ -175,6 +181,7 @@ def response(draw: st.DrawFn, script: Script, hostile: bool) -> None:
     trailers = draw(_TRAILERS) if hostile or draw(st.integers(0, 3)) == 0 else _OK_TRAILERS
     if draw(st.integers(0, 5)) == 0:  # trailers-only
         _header_frames(draw, script, sid, script.block(headers + trailers), True, hostile)
+        script.ended.add(sid)
         return
     _header_frames(draw, script, sid, script.block(headers), False, hostile)
     message = draw(st.binary(max_size=MAX_RECEIVE + 8 if hostile else MAX_RECEIVE))
@@ -194,6 +201,7 @@ def response(draw: st.DrawFn, script: Script, hostile: bool) -> None:
     if body:
         _data_frames(draw, script, sid, body)
     _header_frames(draw, script, sid, script.block(trailers), True, hostile)
+    script.ended.add(sid)
 
 
 @st.composite
@@ -225,7 +233,7 @@ def benign(draw: st.DrawFn, script: Script) -> None:
 def control(draw: st.DrawFn, script: Script) -> None:
     """One control or odd frame."""
     kind = draw(st.integers(0, 13))
-    sid = draw(_STREAMS)
+    sid = draw(_STREAMS.filter(lambda s: s not in script.ended))
     script.touched.add(sid)
     if kind == 0:
         script.add(raw_frame(0x3, 0, sid, struct.pack(">L", draw(st.integers(0, 15)))))
@@ -278,7 +286,8 @@ def control(draw: st.DrawFn, script: Script) -> None:
         script.add(draw(st.binary(min_size=1, max_size=16)))
     else:  # a header block that is not HPACK
         block = draw(st.binary(min_size=1, max_size=8))
-        script.add(raw_frame(0x1, 0x5, draw(_HEADER_STREAMS), block))
+        stream = draw(_HEADER_STREAMS.filter(lambda s: s not in script.ended))
+        script.add(raw_frame(0x1, 0x5, stream, block))
 
 
 @st.composite
@@ -473,6 +482,19 @@ def test_repeated_setting_identifiers() -> None:
     settings = struct.pack(">HLHL", 5, 2, 5, 16_384)  # MAX_FRAME_SIZE 2 (invalid), then 16384
     (_, codec_dead), (_, h2_dead) = _both(raw_frame(0x4, 0, 0, settings))
     assert (codec_dead, h2_dead) == (True, False)
+
+
+def test_frames_after_the_stream_ended() -> None:
+    script = Script()
+    _ok_response(script, 1)
+    script.add(raw_frame(0x0, 0, 1, encode_message(b"late")))
+    (codec, codec_dead), (h2, h2_dead) = _both(script.data())
+    assert not codec_dead and not h2_dead  # h2: a stream error, RST_STREAM STREAM_CLOSED
+    assert codec == h2 == {1: (StatusCode.OK, b"ok"), 3: None, 5: None}
+    script.add(raw_frame(0x1, 0x4, 1, script.block(_OK_HEADERS)))
+    (codec, codec_dead), (_, h2_dead) = _both(script.data())
+    assert (codec_dead, h2_dead) == (False, True)  # h2: a connection error, STREAM_CLOSED
+    assert codec == {1: (StatusCode.OK, b"ok"), 3: None, 5: None}
 
 
 DOOMED = (StatusCode.UNAVAILABLE, None)  # above the GOAWAY's last stream id

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 import socket
 import ssl
@@ -14,6 +15,7 @@ import trio
 from fixtures.h2_server import H2Server, ServerCall, frame_message
 from h2.errors import ErrorCodes
 
+from sepp.wire._constants import MAX_QUEUED_CONTROL_REPLY_BYTES
 from sepp.wire._failure import FailureKind
 from sepp.wire._status import StatusCode
 from sepp.wire._transport import Channel, Endpoint, RpcError
@@ -748,3 +750,103 @@ async def test_writes_the_socket_cannot_take_at_once_go_through_the_writer_in_or
     assert bytes(received) == b"".join(chunks)
     conn._raw.close()
     await stream.aclose()
+
+
+# -- limits against a server that floods or stalls (docs/wire-engines.md, "Resource limits") -----
+
+
+def _raw_frame(frame_type: int, flags: int, payload: bytes = b"") -> bytes:
+    return len(payload).to_bytes(3, "big") + bytes((frame_type, flags)) + bytes(4) + payload
+
+
+async def _attach(nursery: trio.Nursery, stream: trio.abc.Stream) -> tuple[Channel, Any]:
+    """A Channel whose current connection runs over `stream` (the server's preface is the
+    test's to send); no keepalive, so nothing else ends the connection."""
+    from sepp.wire import _engine
+    from sepp.wire._transport import _Connection
+
+    channel = Channel(Endpoint("test", 1), nursery, user_agent="t", keepalive_interval=None)
+    proto = _engine.connection_class(_engine.DEFAULT_WIRE_ENGINE)(authority="test:1")
+    proto.initiate()
+    proto.data_to_send()  # the server side here does not check our preface
+    conn = _Connection(stream, proto, channel)
+    await nursery.start(conn.run)
+    channel._current = conn
+    channel._all.add(conn)
+    return channel, conn
+
+
+async def test_a_server_that_floods_pings_and_never_reads_is_cut_off(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Our PING ACKs cannot leave (the server never reads), so they would pile up without end;
+    the engine's cap ends the connection, and the call on it fails like any lost connection."""
+    ours, theirs = trio.testing.lockstep_stream_pair()  # a write blocks until the peer reads
+    failures: list[RpcError] = []
+    batch = _raw_frame(0x6, 0, b"floodme!") * 10_000
+    sent = 0
+    with trio.fail_after(GUARD_S):
+        async with trio.open_nursery() as nursery:
+            channel, conn = await _attach(nursery, ours)
+            await theirs.send_all(_raw_frame(0x4, 0))
+
+            async def caller() -> None:
+                with pytest.raises(RpcError) as info:
+                    await channel.call("Ack", b"x", timeout=None)
+                failures.append(info.value)
+
+            nursery.start_soon(caller)
+            with contextlib.suppress(trio.BrokenResourceError):
+                while not conn.dead and sent < 20:
+                    await theirs.send_all(batch)
+                    sent += 1
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.cancel_scope.cancel()
+    assert conn.dead and "did not read" in conn.reason
+    # What the driver took before it blocked (one read), then the cap: a few batches, not all.
+    assert sent * len(batch) <= 3 * MAX_QUEUED_CONTROL_REPLY_BYTES + len(batch)
+    assert [(f.code, f.kind) for f in failures] == [(StatusCode.UNAVAILABLE, FailureKind.PROTOCOL)]
+
+
+async def test_settings_wake_parked_callers_only_for_streams_they_can_have() -> None:
+    """Callers parked for a stream wake when the server's stream limit lets some of them start,
+    and only as many as it lets: not all of them on every SETTINGS frame."""
+
+    class CountSteps(trio.abc.Instrument):
+        steps = 0
+
+        def before_task_step(self, task: trio.lowlevel.Task) -> None:
+            if task.name.endswith(".parked_caller"):
+                self.steps += 1
+
+    ours, theirs = trio.testing.memory_stream_pair()
+    counter = CountSteps()
+    with trio.fail_after(GUARD_S):
+        async with trio.open_nursery() as nursery:
+            channel, conn = await _attach(nursery, ours)
+            await theirs.send_all(
+                _raw_frame(0x4, 0, (3).to_bytes(2, "big") + (1).to_bytes(4, "big"))
+            )
+            await trio.testing.wait_all_tasks_blocked()
+
+            async def parked_caller() -> None:
+                await channel.call("Ack", b"x", timeout=None)
+
+            for _ in range(30):
+                nursery.start_soon(parked_caller)
+            await trio.testing.wait_all_tasks_blocked()
+            assert conn.proto.active_calls == 1  # the other 29 wait for a stream
+            trio.lowlevel.add_instrument(counter)
+            try:
+                for _ in range(10):
+                    await theirs.send_all(_raw_frame(0x4, 0))  # SETTINGS that change nothing
+                    await trio.testing.wait_all_tasks_blocked()
+                assert counter.steps == 0
+                limit_3 = (3).to_bytes(2, "big") + (3).to_bytes(4, "big")
+                await theirs.send_all(_raw_frame(0x4, 0, limit_3))
+                await trio.testing.wait_all_tasks_blocked()
+            finally:
+                trio.lowlevel.remove_instrument(counter)
+            assert conn.proto.active_calls == 3
+            assert counter.steps == 2  # two callers woke, and both started their call
+            nursery.cancel_scope.cancel()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Iterable
 
@@ -14,12 +13,14 @@ from .._validate import CustomValue
 from ._connect import open_client
 from ._failures import EXIT_OK, UsageError
 from ._output import note
+from ._tasks import load_task, typed_payload
 from ._values import (
     after,
     custom_entry,
     custom_str_entry,
     positive_int,
     seconds,
+    strict_json,
     timestamp,
 )
 
@@ -30,10 +31,17 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="enqueue one job and print its id",
         description="Enqueue one job and print its id (one line) on stdout. A job whose"
         " idempotency key was seen before is not enqueued again: the earlier job's id is"
-        " printed and a note goes to stderr.",
+        " printed and a note goes to stderr. With --task MODULE:ATTR (a sepp.Task) instead of"
+        " QUEUE JOB_TYPE, --json is checked against the task's payload type before anything is"
+        " sent, and the task's defaults apply.",
     )
-    parser.add_argument("queue", metavar="QUEUE")
-    parser.add_argument("job_type", metavar="JOB_TYPE")
+    parser.add_argument("queue", metavar="QUEUE", nargs="?")
+    parser.add_argument("job_type", metavar="JOB_TYPE", nargs="?")
+    parser.add_argument(
+        "--task",
+        metavar="MODULE:ATTR",
+        help="a sepp.Task: its queue, job type and defaults, and --json checked against its type",
+    )
     body = parser.add_argument_group("payload (at most one; default: none)")
     choice = body.add_mutually_exclusive_group()
     choice.add_argument("--json", metavar="VALUE", help="a JSON document, e.g. '{\"user\": 42}'")
@@ -84,7 +92,7 @@ def _payload(args: argparse.Namespace) -> sepp.Payload | None:
         raise UsageError("--encoding labels --data-file; it cannot be used without it")
     if args.json is not None:
         try:
-            value = json.loads(args.json)
+            value = strict_json(args.json)
         except ValueError as exc:
             raise UsageError(f"--json: not valid JSON: {exc}") from None
         return sepp.Payload.json(value)
@@ -103,6 +111,11 @@ def _payload(args: argparse.Namespace) -> sepp.Payload | None:
 
 
 def request_from_args(args: argparse.Namespace) -> sepp.EnqueueRequest:
+    if args.task is not None:
+        return _task_request(args)
+    if args.queue is None or args.job_type is None:
+        missing = "JOB_TYPE" if args.queue is not None else "QUEUE, JOB_TYPE"
+        raise UsageError(f"the following arguments are required: {missing} (or --task MODULE:ATTR)")
     return sepp.EnqueueRequest(
         args.queue,
         args.job_type,
@@ -111,6 +124,32 @@ def request_from_args(args: argparse.Namespace) -> sepp.EnqueueRequest:
         priority=args.priority,
         max_attempts=args.max_attempts,
         custom=custom_map([*args.custom, *args.custom_str]),
+        scheduled_at=after(args.delay) if args.delay is not None else args.at,
+    )
+
+
+def _task_request(args: argparse.Namespace) -> sepp.EnqueueRequest:
+    if args.queue is not None:
+        raise UsageError("--task names the queue and job type; omit QUEUE and JOB_TYPE")
+    if args.text is not None or args.data_file is not None:
+        raise UsageError("--task takes its payload as --json")
+    task = load_task(args.task)
+    document = None
+    if args.json is not None:
+        try:
+            document = strict_json(args.json)
+        except ValueError as exc:
+            raise UsageError(f"--json: not valid JSON: {exc}") from None
+    try:
+        payload = typed_payload(task, document)
+    except sepp.PayloadDecodeError as exc:
+        raise UsageError(f"--json does not fit task {task.job_type!r}: {exc}") from None
+    return task.encoded_request(
+        payload,
+        idempotency_key=args.idempotency_key,
+        priority=args.priority,
+        max_attempts=args.max_attempts,
+        custom=custom_map([*args.custom, *args.custom_str]) or None,
         scheduled_at=after(args.delay) if args.delay is not None else args.at,
     )
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import sys
 from dataclasses import dataclass
+from typing import Any
 
 import trio
 
@@ -15,7 +15,8 @@ import sepp
 from ._connect import open_client
 from ._failures import EXIT_FAILURE, EXIT_OK, CliError
 from ._output import Progress
-from ._values import timestamp
+from ._tasks import load_task, typed_payload
+from ._values import strict_json, timestamp
 
 JOB_KEYS = (
     "queue",
@@ -45,9 +46,16 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         ' "scheduled_at" (ISO 8601 with an offset). Blank lines are skipped. Jobs go out in'
         " EnqueueBatch chunks of at most the server's max_enqueue_batch. Invalid and rejected"
         " lines are reported on stderr with their numbers; the summary goes to stdout. Exit"
-        " status 1 if any line was invalid or rejected.",
+        " status 1 if any line was invalid or rejected. With --task MODULE:ATTR (a sepp.Task),"
+        ' "queue" and "job_type" default to the task\'s, its defaults apply, and each "json"'
+        " is checked against the task's payload type (a line that does not fit is invalid).",
     )
     parser.add_argument("file", metavar="FILE|-")
+    parser.add_argument(
+        "--task",
+        metavar="MODULE:ATTR",
+        help='a sepp.Task: every line is one of its jobs, its "json" checked against its type',
+    )
     parser.set_defaults(run=run)
 
 
@@ -55,9 +63,9 @@ class InvalidLine(ValueError):
     """A line that does not describe a job."""
 
 
-def request_from_line(line: str) -> sepp.EnqueueRequest:
+def request_from_line(line: str, task: sepp.Task[Any] | None = None) -> sepp.EnqueueRequest:
     try:
-        job = json.loads(line)
+        job = strict_json(line)
     except ValueError as exc:
         raise InvalidLine(f"not JSON: {exc}") from None
     if not isinstance(job, dict):
@@ -65,6 +73,8 @@ def request_from_line(line: str) -> sepp.EnqueueRequest:
     unknown = sorted(set(job) - set(JOB_KEYS))
     if unknown:
         raise InvalidLine(f"unknown key(s) {', '.join(map(repr, unknown))}")
+    if task is not None:
+        return _task_request(job, task)
     for key in ("queue", "job_type"):
         if key not in job:
             raise InvalidLine(f"{key!r} is required")
@@ -98,6 +108,34 @@ def request_from_line(line: str) -> sepp.EnqueueRequest:
         raise InvalidLine(str(exc)) from None
 
 
+def _task_request(job: dict[str, Any], task: sepp.Task[Any]) -> sepp.EnqueueRequest:
+    if job.get("job_type", task.job_type) != task.job_type:
+        raise InvalidLine(f"job_type {job['job_type']!r} is not the task's {task.job_type!r}")
+    if "text" in job:
+        raise InvalidLine("a task's payload is 'json', not 'text'")
+    try:
+        payload = typed_payload(task, job.get("json"))
+    except sepp.PayloadDecodeError as exc:
+        raise InvalidLine(f"'json' does not fit task {task.job_type!r}: {exc}") from None
+    scheduled_at = job.get("scheduled_at")
+    try:
+        if scheduled_at is not None:
+            if not isinstance(scheduled_at, str):
+                raise InvalidLine("'scheduled_at' must be an ISO 8601 string")
+            scheduled_at = timestamp(scheduled_at)
+        return task.encoded_request(
+            payload,
+            queue=job.get("queue"),
+            idempotency_key=job.get("idempotency_key"),
+            priority=job.get("priority"),
+            max_attempts=job.get("max_attempts"),
+            custom=job.get("custom"),
+            scheduled_at=scheduled_at,
+        )
+    except (sepp.ValidationError, argparse.ArgumentTypeError) as exc:
+        raise InvalidLine(str(exc)) from None
+
+
 @dataclass
 class Tally:
     enqueued: int = 0
@@ -115,8 +153,11 @@ class Tally:
 class _Loader:
     """Reads numbered lines, reports bad ones, and sends the rest in chunks."""
 
-    def __init__(self, client: sepp.Client, max_batch: int) -> None:
+    def __init__(
+        self, client: sepp.Client, max_batch: int, task: sepp.Task[Any] | None = None
+    ) -> None:
         self.client = client
+        self.task = task
         self.max_batch = max_batch
         self.tally = Tally()
         self.progress = Progress()
@@ -128,7 +169,7 @@ class _Loader:
         if not raw.strip():
             return
         try:
-            request = request_from_line(raw.decode("utf-8"))
+            request = request_from_line(raw.decode("utf-8"), self.task)
         except (InvalidLine, UnicodeDecodeError) as exc:
             self.tally.invalid += 1
             self.progress.note(f"line {line_number}: invalid: {exc}")
@@ -191,11 +232,12 @@ async def _load(loader: _Loader, source: io.BufferedReader) -> None:
 
 
 async def run(args: argparse.Namespace) -> int:
+    task = load_task(args.task) if args.task is not None else None
     source = await trio.to_thread.run_sync(_open_source, args.file)
     try:
         async with open_client(args) as client:
             info = await client.get_server_info()
-            loader = _Loader(client, info.max_enqueue_batch or FALLBACK_MAX_BATCH)
+            loader = _Loader(client, info.max_enqueue_batch or FALLBACK_MAX_BATCH, task)
             await _load(loader, source)
     finally:
         source.close()

@@ -32,11 +32,11 @@ def payload_to_json(payload: sepp.Payload | None) -> dict[str, object] | None:
     if payload.encoding == JSON_ENCODING:
         try:
             value = json.loads(payload.data)
-        except ValueError:
-            pass
-        else:
+            # Not JSON we would write (spacing, or 1e400 read as inf): keep the exact text.
             if sepp.Payload.json(value).data == payload.data:
                 return {"encoding": payload.encoding, "json": value}
+        except ValueError:  # not JSON at all (sepp.ValidationError is a ValueError too)
+            pass
     try:
         text = payload.data.decode("utf-8")
     except UnicodeDecodeError:

@@ -3,14 +3,25 @@
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import re
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
 from .._validate import CustomValue
 
 _INT = re.compile(r"[+-]?\d+")
 _FLOAT = re.compile(r"[+-]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][+-]?\d+)?")
+
+
+def _not_json(constant: str) -> Any:
+    raise ValueError(f"{constant} is not JSON (JSON has no NaN or Infinity)")
+
+
+def strict_json(text: str | bytes) -> Any:
+    """`json.loads`, but NaN, Infinity and -Infinity are refused, as JSON parsers elsewhere do."""
+    return json.loads(text, parse_constant=_not_json)
 
 
 def typed_custom_value(text: str) -> CustomValue:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import trio
 
+from ._config_schema import config_problem
 from ._toml import dumps as toml_dumps
 
 SEPP_SERVER_VERSION = "0.1.1"
@@ -245,8 +246,10 @@ class SeppServer:
         env: Mapping[str, str] | None,
         startup_timeout: float,
         nursery: trio.Nursery,
+        check_config: bool = True,
     ) -> None:
         self.binary = binary
+        self._check_config = check_config
         self.config_path = config_path
         self.data_dir = data_dir
         self.host = "127.0.0.1"
@@ -319,7 +322,9 @@ class SeppServer:
         ~500 ms debounce; it logs ``configuration reloaded`` on success and
         ``config reload failed`` (keeping the old config) on an invalid one.
         Restart-only keys (``server.*``, ``storage.*``,
-        ``limits.max_message_bytes``) need :meth:`restart`.  To wait for the
+        ``limits.max_message_bytes``) need :meth:`restart`.  An unknown key
+        or a value of the wrong type raises ``ValueError`` and writes nothing
+        (unless the server was started with ``check_config=False``).  To wait for the
         reload::
 
             mark = server.output_line_count
@@ -327,7 +332,11 @@ class SeppServer:
             with trio.fail_after(10):
                 await server.wait_for_output("configuration reloaded", after=mark)
         """
-        self._config = dict(config or {})
+        new = dict(config or {})
+        problem = config_problem(new) if self._check_config else None
+        if problem is not None:
+            raise ValueError(f"{problem} (sepp {SEPP_SERVER_VERSION})")
+        self._config = new
         _write_config_file(self.config_path, self._config)
 
     async def wait_for_output(self, pattern: str | re.Pattern[str], *, after: int = 0) -> str:
@@ -623,6 +632,7 @@ async def sepp_server(
     env: Mapping[str, str] | None = None,
     startup_timeout: float = 30.0,
     data_dir: str | os.PathLike[str] | None = None,
+    check_config: bool = True,
 ) -> AsyncIterator[SeppServer]:
     """Run a real ``sepp`` server on loopback for the duration of the block.
 
@@ -649,13 +659,26 @@ async def sepp_server(
     (which run in a nursery this context manager owns) finish, and the temp
     dirs are removed.
 
+    ``config`` is checked first against the keys and value types that the
+    tested server version (:data:`SEPP_SERVER_VERSION`) reads: the server
+    itself ignores a misspelled key and reports a wrong type as a raw
+    deserialiser dump, so an unknown key or a wrong type raises
+    :class:`SeppServerStartError` naming the key and what it expects, before
+    the server starts.  ``check_config=False`` skips that (for a newer
+    server with keys this version does not know).
+
     ``binary`` defaults to :func:`find_sepp_binary`.  Raises
     :class:`SeppServerNotFound` if there is no binary, and
     :class:`SeppServerStartError` (with the server's output) if it does not
     come up within ``startup_timeout`` seconds.
     """
-    resolved = find_sepp_binary() if binary is None else _resolve_binary(binary)
     config = dict(config or {})
+    problem = config_problem(config) if check_config else None
+    if problem is not None:
+        raise SeppServerStartError(
+            f"{problem} (sepp {SEPP_SERVER_VERSION}; check_config=False skips this check)", []
+        )
+    resolved = find_sepp_binary() if binary is None else _resolve_binary(binary)
     workdir, config_path, data_path = _make_workdir(data_dir)
     try:
         caught: BaseException | None = None
@@ -668,6 +691,7 @@ async def sepp_server(
                 env=env,
                 startup_timeout=startup_timeout,
                 nursery=nursery,
+                check_config=check_config,
             )
             # Exceptions are carried out of the nursery by hand so callers see
             # them as raised, not wrapped in an ExceptionGroup.

@@ -5,12 +5,18 @@ from __future__ import annotations
 
 from typing import Generic, TypeVar
 
+from ._constants import MAX_STREAM_ID
 from ._events import CallFinished, ConnectionBroken, Event
 from ._failure import FailureKind
 from ._response import FRAME_HEADER_BYTES, ResponseState, not_http2_reason
 from ._status import StatusCode
 
 CallT = TypeVar("CallT", bound=ResponseState)
+
+
+class StreamIdsExhausted(Exception):
+    """start_call on a connection whose stream ids are spent (2^31-1 is the last, RFC 9113
+    §5.1.1). The connection drains once it hands out the last id; new calls need a new one."""
 
 
 class CallTable(Generic[CallT]):
@@ -48,6 +54,16 @@ class CallTable(Generic[CallT]):
         if limit is None:
             return self._settings_received or not self._calls
         return len(self._calls) < limit
+
+    @property
+    def free_streams(self) -> int:
+        """How many more calls may start now (MAX_STREAM_ID when the server set no limit)."""
+        if self.draining or self.broken is not None:
+            return 0
+        limit = self._remote_max_streams
+        if limit is None:
+            return MAX_STREAM_ID if self._settings_received else int(not self._calls)
+        return max(0, limit - len(self._calls))
 
     @property
     def usable(self) -> bool:

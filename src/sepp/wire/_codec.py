@@ -14,17 +14,21 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable, Iterable, Sequence
 
-from hpack import Decoder
 from hpack.exceptions import OversizedHeaderListError
 
-from ._calls import CallTable
+from ._calls import CallTable, StreamIdsExhausted
 from ._constants import (
     DEFAULT_CONNECTION_WINDOW,
     DEFAULT_MAX_FRAME_SIZE,
     DEFAULT_MAX_HEADER_LIST_SIZE,
     DEFAULT_STREAM_WINDOW,
+    MAX_HEADER_BLOCK_BYTES,
+    MAX_INFORMATIONAL_RESPONSES,
+    MAX_QUEUED_CONTROL_REPLY_BYTES,
     MAX_STREAM_ID,
     SERVICE_PATH,
+    TOO_MANY_1XX,
+    TOO_MANY_REPLIES,
     Header,
 )
 from ._events import (
@@ -37,7 +41,7 @@ from ._events import (
 )
 from ._failure import FailureKind
 from ._framing import FramingError, encode_message
-from ._hpack import encode_authority, encode_field
+from ._hpack import BoundedDecoder, encode_authority, encode_field
 from ._response import (
     FRAME_HEADER_BYTES,
     ResponseState,
@@ -93,7 +97,6 @@ _MAX_WINDOW = 2**31 - 1
 _MIN_FRAME_SIZE = 16_384
 _MAX_FRAME_SIZE_LIMIT = 2**24 - 1
 _MAX_CONTINUATIONS = 64
-_MAX_ABANDONED = 4096
 
 # Frame header: 24-bit length (as 16 + 8 bits), type, flags, reserved bit + 31-bit stream id.
 _FRAME = struct.Struct(">HBBBL")
@@ -140,15 +143,18 @@ class _HeaderBlocks:
     the table untouched, and everything remembered is forgotten whenever the table changes:
     a remembered result is always what decoding the block now would give. The server encodes
     its steady responses (`:status 200`, content-type, `grpc-status 0`) as references to
-    entries it inserted once, so after the first calls nearly every block is a dict hit.
+    entries it inserted once, so after the first calls nearly every block is a dict hit. Only
+    small blocks are remembered (block and fields within _MAX_ENTRY_BYTES), so the cache holds
+    at most _MAX_ENTRIES * _MAX_ENTRY_BYTES bytes of them whatever the server sends.
     """
 
     __slots__ = ("_cache", "_decoder")
 
     _MAX_ENTRIES = 128
+    _MAX_ENTRY_BYTES = 1024
 
     def __init__(self, max_header_list_size: int) -> None:
-        self._decoder = Decoder(max_header_list_size=max_header_list_size)
+        self._decoder = BoundedDecoder(max_header_list_size=max_header_list_size)
         self._cache: dict[bytes, tuple[Header, ...]] = {}
 
     def decode(self, block: bytes) -> tuple[Header, ...]:
@@ -172,15 +178,15 @@ class _HeaderBlocks:
             ) from None
         fields = tuple((n, v) for n, v in headers if n in _INTERESTING)
         if (
-            len(entries) == count
-            and table.maxsize == max_size
-            and (entries[0] if entries else None) is newest
+            len(entries) != count
+            or table.maxsize != max_size
+            or (entries[0] if entries else None) is not newest
         ):
+            self._cache.clear()
+        elif len(block) + sum(len(n) + len(v) for n, v in fields) <= self._MAX_ENTRY_BYTES:
             if len(self._cache) >= self._MAX_ENTRIES:
                 self._cache.clear()
             self._cache[bytes(block)] = fields
-        else:
-            self._cache.clear()
         return fields
 
 
@@ -222,10 +228,10 @@ class CodecGrpcConnection(CallTable[_Call]):
 
         # Calls whose request body waits for flow-control window, in stream order.
         self._blocked: dict[int, _Call] = {}
-        # Streams reset or given up on (oldest first, bounded): their late frames are ignored.
-        self._abandoned: dict[int, None] = {}
         self._next_stream_id = 1
         self._out: list[bytes | memoryview] = []
+        # Bytes of PING and SETTINGS ACKs in _out (see _queue_reply).
+        self._queued_replies = 0
 
         # What the server allows us (its SETTINGS and WINDOW_UPDATEs).
         self._send_window = _DEFAULT_WINDOW
@@ -235,9 +241,9 @@ class CodecGrpcConnection(CallTable[_Call]):
         self._recv_window = connection_window
         self._max_inbound_frame = DEFAULT_MAX_FRAME_SIZE
 
-        # Received bytes not yet a whole frame, and how many bytes would complete it.
-        self._pending: list[bytes] = []
-        self._pending_bytes = 0
+        # Received bytes not yet a whole frame (one buffer, however small the reads), and how
+        # many bytes would complete it.
+        self._pending = bytearray()
         self._needed = 0
         # A header block split over CONTINUATION frames: (stream id, END_STREAM) and parts.
         self._continuing: tuple[int, bool] | None = None
@@ -282,6 +288,7 @@ class CodecGrpcConnection(CallTable[_Call]):
             return b""
         data = b"".join(out)
         out.clear()
+        self._queued_replies = 0
         return data
 
     def start_call(
@@ -310,10 +317,12 @@ class CodecGrpcConnection(CallTable[_Call]):
         for name, value in metadata:
             block += encode_field(name, value, sensitive=True)
         stream_id = self._next_stream_id
-        self._next_stream_id = stream_id + 2
         if stream_id + 2 > MAX_STREAM_ID:
+            if stream_id > MAX_STREAM_ID:
+                raise StreamIdsExhausted(f"stream id {stream_id} is past the last (2^31-1)")
             # Stream ids are spent: let this connection drain; the driver dials a fresh one.
             self.draining = True
+        self._next_stream_id = stream_id + 2
         call = _Call(self._max_receive, self._peer_initial_window, self._stream_window)
         self._calls[stream_id] = call
         body = encode_message(request)
@@ -346,7 +355,6 @@ class CodecGrpcConnection(CallTable[_Call]):
         if self._calls.pop(stream_id, None) is None:
             return
         self._blocked.pop(stream_id, None)
-        self._abandon(stream_id)
         if self.broken is None:
             self._out.append(frame(RST_STREAM, 0, stream_id, _U32.pack(CANCEL)))
 
@@ -366,13 +374,13 @@ class CodecGrpcConnection(CallTable[_Call]):
             if first is None:
                 return failed
             data = first
-        if self._pending:
-            self._pending.append(data)
-            self._pending_bytes += len(data)
-            if self._pending_bytes < self._needed:
+        pending = self._pending
+        if pending:
+            pending += data
+            if len(pending) < self._needed:
                 return []
-            data = b"".join(self._pending)
-            self._pending.clear()
+            data = bytes(pending)
+            pending.clear()
         out: list[Event] = []
         pos = 0
         end = len(data)
@@ -403,13 +411,13 @@ class CodecGrpcConnection(CallTable[_Call]):
             self._connection_error(exc.code, str(exc), out)
             return out
         if pos < end:
-            rest = data[pos:]
-            self._pending.append(rest)
-            self._pending_bytes = len(rest)
-            if len(rest) < FRAME_HEADER_BYTES:
+            pending += memoryview(data)[pos:]
+            if len(pending) < FRAME_HEADER_BYTES:
                 self._needed = FRAME_HEADER_BYTES
             else:
-                self._needed = FRAME_HEADER_BYTES + ((rest[0] << 16) | (rest[1] << 8) | rest[2])
+                self._needed = FRAME_HEADER_BYTES + (
+                    (pending[0] << 16) | (pending[1] << 8) | pending[2]
+                )
         return out
 
     def _set_next_stream_id(self, stream_id: int) -> None:
@@ -437,7 +445,7 @@ class CodecGrpcConnection(CallTable[_Call]):
         self._recv_window = window
         call = self._calls.get(stream_id)
         if call is None:
-            self._untracked_stream(stream_id, "DATA", closes=True)
+            self._untracked_stream(stream_id, "DATA")
             return
         stream_window = call.recv_window - flow_length
         if stream_window < 0:
@@ -459,7 +467,6 @@ class CodecGrpcConnection(CallTable[_Call]):
                     else StatusCode.INTERNAL
                 )
                 self._forget(stream_id)
-                self._abandon(stream_id)
                 self._out.append(frame(RST_STREAM, 0, stream_id, _U32.pack(CANCEL)))
                 out.append(CallFinished(stream_id, code, str(exc), None, exc.kind))
                 out.append(StreamCapacityChanged())
@@ -482,6 +489,8 @@ class CodecGrpcConnection(CallTable[_Call]):
             if stream_id in self._calls:  # (a late frame on a reset stream is not checked)
                 _check_dependency(data, start, stream_id)
             start += 5  # otherwise ignored: priority signals are deprecated (RFC 9113 §5.3.2)
+        if stop - start > MAX_HEADER_BLOCK_BYTES:
+            raise _ConnectionError(ENHANCE_YOUR_CALM, "header block exceeds our limit")
         block = data[start:stop]
         end_stream = bool(flags & END_STREAM)
         if flags & END_HEADERS:
@@ -503,7 +512,7 @@ class CodecGrpcConnection(CallTable[_Call]):
         # compressed block that could not decode within our header list limit anyway.
         if len(self._block_parts) > _MAX_CONTINUATIONS:
             raise _ConnectionError(ENHANCE_YOUR_CALM, "too many CONTINUATION frames")
-        if self._block_bytes > 2 * DEFAULT_MAX_HEADER_LIST_SIZE:
+        if self._block_bytes > MAX_HEADER_BLOCK_BYTES:
             raise _ConnectionError(ENHANCE_YOUR_CALM, "header block exceeds our limit")
         if flags & END_HEADERS:
             block = b"".join(self._block_parts)
@@ -518,7 +527,7 @@ class CodecGrpcConnection(CallTable[_Call]):
         fields = self._blocks.decode(block)
         call = self._calls.get(stream_id)
         if call is None:
-            self._untracked_stream(stream_id, "HEADERS", closes=True)
+            self._untracked_stream(stream_id, "HEADERS")
             return
         if call.headers_received:
             if not end_stream:
@@ -528,7 +537,11 @@ class CodecGrpcConnection(CallTable[_Call]):
             if is_informational(fields):
                 if end_stream:
                     raise _ConnectionError(PROTOCOL_ERROR, "END_STREAM on a 1xx response")
-                return  # an informational response precedes the real one
+                # An informational response precedes the real one; gRPC sends none.
+                call.informational += 1
+                if call.informational > MAX_INFORMATIONAL_RESPONSES:
+                    self._stream_error(stream_id, ENHANCE_YOUR_CALM, TOO_MANY_1XX, out)
+                return
             call.read_headers(fields)
             call.response_started()
         if end_stream:
@@ -554,7 +567,6 @@ class CodecGrpcConnection(CallTable[_Call]):
         if call is None:
             return  # nothing to reset (like h2, even for a stream never opened)
         self._forget(stream_id)
-        self._abandon(stream_id)  # a reset stream's late frames are ignored, whoever reset it
         out.append(reset_result(stream_id, call, _U32.unpack_from(data, start)[0]))
         out.append(StreamCapacityChanged())
 
@@ -569,19 +581,18 @@ class CodecGrpcConnection(CallTable[_Call]):
             return
         if (stop - start) % 6:
             raise _ConnectionError(FRAME_SIZE_ERROR, "SETTINGS payload is not a multiple of 6")
+        # Every value is checked in order (RFC 9113 §6.5.3), but a setting named many times
+        # takes effect once, with its last value: a frame of many entries costs its length.
+        max_streams = self._remote_max_streams
+        window = self._peer_initial_window
         for offset in range(start, stop, 6):
             code, value = _SETTING.unpack_from(data, offset)
             if code == SETTINGS_MAX_CONCURRENT_STREAMS:
-                self._remote_max_streams = value
+                max_streams = value
             elif code == SETTINGS_INITIAL_WINDOW_SIZE:
                 if value > _MAX_WINDOW:
                     raise _ConnectionError(FLOW_CONTROL_ERROR, "INITIAL_WINDOW_SIZE too large")
-                delta = value - self._peer_initial_window
-                self._peer_initial_window = value
-                for call in self._calls.values():
-                    call.send_window += delta
-                    if call.send_window > _MAX_WINDOW:
-                        raise _ConnectionError(FLOW_CONTROL_ERROR, "a stream window overflowed")
+                window = value
             elif code == SETTINGS_MAX_FRAME_SIZE:
                 if not _MIN_FRAME_SIZE <= value <= _MAX_FRAME_SIZE_LIMIT:
                     raise _ConnectionError(PROTOCOL_ERROR, f"invalid MAX_FRAME_SIZE {value}")
@@ -592,10 +603,21 @@ class CodecGrpcConnection(CallTable[_Call]):
                 raise _ConnectionError(PROTOCOL_ERROR, f"invalid ENABLE_CONNECT_PROTOCOL {value}")
             # HEADER_TABLE_SIZE: our encoder never indexes, so the server's table size is moot.
             # MAX_HEADER_LIST_SIZE is advisory; unknown settings are ignored (§6.5.2).
-        self._out.append(_SETTINGS_ACK)
-        self._settings_received = True
-        self._flush_blocked()
-        out.append(StreamCapacityChanged())
+        delta = window - self._peer_initial_window
+        if delta:
+            self._peer_initial_window = window
+            for call in self._calls.values():
+                call.send_window += delta
+                if call.send_window > _MAX_WINDOW:
+                    raise _ConnectionError(FLOW_CONTROL_ERROR, "a stream window overflowed")
+            if delta > 0:
+                self._flush_blocked()
+        self._queue_reply(_SETTINGS_ACK)
+        # Callers waiting for a stream wake only when the server's limit may let them start.
+        if max_streams != self._remote_max_streams or not self._settings_received:
+            self._remote_max_streams = max_streams
+            self._settings_received = True
+            out.append(StreamCapacityChanged())
 
     def _on_push_promise(
         self, data: bytes, start: int, stop: int, flags: int, stream_id: int, out: list[Event]
@@ -613,7 +635,7 @@ class CodecGrpcConnection(CallTable[_Call]):
         if flags & ACK:
             out.append(PingAcknowledged(opaque))
         else:
-            self._out.append(frame(PING, ACK, 0, opaque))
+            self._queue_reply(frame(PING, ACK, 0, opaque))
 
     def _on_goaway(
         self, data: bytes, start: int, stop: int, flags: int, stream_id: int, out: list[Event]
@@ -628,7 +650,6 @@ class CodecGrpcConnection(CallTable[_Call]):
         # Streams up to last_stream_id may still finish (RFC 9113 §6.8).
         for doomed in [s for s in self._calls if s > last]:
             self._forget(doomed)
-            self._abandon(doomed)
             out.append(goaway_result(doomed))
         out.append(GoAwayReceived(last, error_code, bytes(data[start + 8 : stop])))
 
@@ -648,7 +669,7 @@ class CodecGrpcConnection(CallTable[_Call]):
             return
         call = self._calls.get(stream_id)
         if call is None:
-            self._untracked_stream(stream_id, "WINDOW_UPDATE", closes=False)
+            self._untracked_stream(stream_id, "WINDOW_UPDATE")
             return
         call.send_window += increment
         if call.send_window > _MAX_WINDOW:
@@ -658,6 +679,16 @@ class CodecGrpcConnection(CallTable[_Call]):
             self._send_body(stream_id, call)
 
     # -- helpers ----------------------------------------------------------------------------
+
+    def _queue_reply(self, reply: bytes) -> None:
+        """Queue an ACK the peer asked for, within MAX_QUEUED_CONTROL_REPLY_BYTES not yet taken
+        by the driver: a peer that floods PINGs or SETTINGS and never reads is cut off instead
+        of growing our memory (nghttp2 and Go's server cap these replies too)."""
+        self._queued_replies += len(reply)
+        if self._queued_replies > MAX_QUEUED_CONTROL_REPLY_BYTES:
+            self._out.clear()  # it does not read them anyway
+            raise _ConnectionError(ENHANCE_YOUR_CALM, TOO_MANY_REPLIES)
+        self._out.append(reply)
 
     def _queue_header_block(self, stream_id: int, block: bytes) -> None:
         """HEADERS plus CONTINUATION frames, each within the server's MAX_FRAME_SIZE."""
@@ -706,27 +737,19 @@ class CodecGrpcConnection(CallTable[_Call]):
         del self._calls[stream_id]
         self._blocked.pop(stream_id, None)
 
-    def _untracked_stream(self, stream_id: int, what: str, *, closes: bool) -> None:
+    def _untracked_stream(self, stream_id: int, what: str) -> None:
         """A frame for a stream without a call (RFC 9113 §5.1). Never opened: a protocol error.
-        Reset (by either side) or given up (above a GOAWAY's last stream id): late frames are
-        expected, and ignored. Ended by the server's END_STREAM: a WINDOW_UPDATE may still
-        come, but HEADERS or DATA (`closes`) is a connection error, as in h2."""
+        Closed, however (reset by either side, given up above a GOAWAY's last stream id, or
+        ended): ignored, with no memory of which streams closed how, so a late frame can never
+        end the connection however long ago its stream closed. RFC 9113 §5.1 allows this for
+        every closed stream; Go's client and grpc-go do the same. (The caller still decoded a
+        HEADERS block for the HPACK table and counted DATA against the connection window.)"""
         if stream_id & 1 == 0 or stream_id >= self._next_stream_id:
             raise _ConnectionError(PROTOCOL_ERROR, f"{what} frame on idle stream {stream_id}")
-        if closes and stream_id not in self._abandoned:
-            raise _ConnectionError(STREAM_CLOSED, f"{what} frame on closed stream {stream_id}")
-
-    def _abandon(self, stream_id: int) -> None:
-        """Remember a reset or given-up stream, whose late frames are to be ignored."""
-        abandoned = self._abandoned
-        abandoned[stream_id] = None
-        if len(abandoned) > _MAX_ABANDONED:
-            del abandoned[next(iter(abandoned))]
 
     def _stream_error(self, stream_id: int, code: int, what: str, out: list[Event]) -> None:
         """The server broke HTTP/2 on one stream: reset it and fail its call only."""
         self._forget(stream_id)
-        self._abandon(stream_id)
         self._out.append(frame(RST_STREAM, 0, stream_id, _U32.pack(code)))
         reason = f"HTTP/2 stream error from server: {what}"
         out.append(CallFinished(stream_id, StatusCode.INTERNAL, reason, None, FailureKind.PROTOCOL))

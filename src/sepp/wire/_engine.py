@@ -56,6 +56,10 @@ class GrpcConnection(Protocol):
         """False while the server's MAX_CONCURRENT_STREAMS is reached, or after GOAWAY."""
 
     @property
+    def free_streams(self) -> int:
+        """How many more calls may start now (MAX_STREAM_ID when the server set no limit)."""
+
+    @property
     def usable(self) -> bool:
         """Whether new calls may be placed on this connection (now or once a slot frees)."""
 
@@ -67,7 +71,8 @@ class GrpcConnection(Protocol):
         timeout: float | None = None,
         metadata: Iterable[Header] = (),
     ) -> int:
-        """Open a stream for `method` and queue its request; returns the stream id."""
+        """Open a stream for `method` and queue its request; returns the stream id. Raises
+        StreamIdsExhausted past the last stream id."""
 
     def cancel_call(self, stream_id: int) -> None:
         """Forget a call and reset its stream with CANCEL; the connection stays usable."""

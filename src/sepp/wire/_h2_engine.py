@@ -15,14 +15,18 @@ import h2.settings
 from h2.errors import ErrorCodes
 from hpack import NeverIndexedHeaderTuple
 
-from ._calls import CallTable
+from ._calls import CallTable, StreamIdsExhausted
 from ._constants import (
     DEFAULT_CONNECTION_WINDOW,
     DEFAULT_MAX_FRAME_SIZE,
     DEFAULT_MAX_HEADER_LIST_SIZE,
     DEFAULT_STREAM_WINDOW,
+    MAX_INFORMATIONAL_RESPONSES,
+    MAX_QUEUED_CONTROL_REPLY_BYTES,
     MAX_STREAM_ID,
     SERVICE_PATH,
+    TOO_MANY_1XX,
+    TOO_MANY_REPLIES,
     Header,
 )
 from ._events import (
@@ -46,6 +50,12 @@ from ._response import (
 from ._status import StatusCode, encode_grpc_timeout
 
 _H2_DEFAULT_WINDOW = 65_535
+_PING_ACK_BYTES = 17
+_SETTINGS_ACK_BYTES = 9
+
+
+class _TooManyReplies(Exception):
+    """The peer asked for more PING/SETTINGS ACKs than we queue (see the codec's)."""
 
 
 class _Call(ResponseState):
@@ -92,6 +102,8 @@ class H2GrpcConnection(CallTable[_Call]):
             *(NeverIndexedHeaderTuple(k, v) for k, v in secret_metadata),
         ]
         self._method_headers: dict[str, list[Header]] = {}
+        # Bytes of PING and SETTINGS ACKs h2 queued since the driver last took our output.
+        self._queued_replies = 0
 
     # -- driver API -------------------------------------------------------------------------
 
@@ -103,6 +115,7 @@ class H2GrpcConnection(CallTable[_Call]):
             self._h2.increment_flow_control_window(extra)
 
     def data_to_send(self) -> bytes:
+        self._queued_replies = 0
         return self._h2.data_to_send()
 
     def start_call(
@@ -125,7 +138,10 @@ class H2GrpcConnection(CallTable[_Call]):
             per_call.append(NeverIndexedHeaderTuple(b"grpc-timeout", encode_grpc_timeout(timeout)))
         for name, value in metadata:
             per_call.append(NeverIndexedHeaderTuple(name, value))
-        stream_id = self._h2.get_next_available_stream_id()
+        try:
+            stream_id = self._h2.get_next_available_stream_id()
+        except h2.exceptions.NoAvailableStreamIDError:
+            raise StreamIdsExhausted("stream ids are past the last (2^31-1)") from None
         self._h2.open_calls = len(self._calls)
         self._h2.send_headers(stream_id, headers + per_call if per_call else headers)
         call = _Call(self._max_receive, encode_message(request))
@@ -172,6 +188,10 @@ class H2GrpcConnection(CallTable[_Call]):
             # what a handler asks of it afterwards); all of them mean the peer broke HTTP/2 and
             # the connection cannot be trusted any more. Calls already finished keep their result.
             reason = f"HTTP/2 protocol error from server: {type(exc).__name__}: {exc}"
+            if isinstance(exc, _TooManyReplies):
+                self._h2.clear_outbound_data_buffer()  # the peer does not read them anyway
+                self._h2.close_connection(ErrorCodes.ENHANCE_YOUR_CALM)
+                reason = f"HTTP/2 protocol error from server: {exc}"
             self.broken = reason
             events.extend(self._fail_all(StatusCode.UNAVAILABLE, reason, FailureKind.PROTOCOL))
             events.append(ConnectionBroken(reason))
@@ -182,6 +202,23 @@ class H2GrpcConnection(CallTable[_Call]):
         self._h2.highest_outbound_stream_id = stream_id - 2
 
     # -- h2 event handlers ------------------------------------------------------------------
+
+    def _on_informational(
+        self, event: h2.events.InformationalResponseReceived, out: list[Event]
+    ) -> None:
+        stream_id = event.stream_id
+        call = self._calls.get(stream_id)
+        if call is None:
+            return
+        call.informational += 1
+        if call.informational > MAX_INFORMATIONAL_RESPONSES:
+            del self._calls[stream_id]
+            self._reset(stream_id, ErrorCodes.ENHANCE_YOUR_CALM)
+            reason = f"HTTP/2 stream error from server: {TOO_MANY_1XX}"
+            out.append(
+                CallFinished(stream_id, StatusCode.INTERNAL, reason, None, FailureKind.PROTOCOL)
+            )
+            out.append(StreamCapacityChanged())
 
     def _on_response(self, event: h2.events.ResponseReceived, out: list[Event]) -> None:
         call = self._calls.get(event.stream_id)
@@ -249,18 +286,31 @@ class H2GrpcConnection(CallTable[_Call]):
     def _on_ping_ack(self, event: h2.events.PingAckReceived, out: list[Event]) -> None:
         out.append(PingAcknowledged(bytes(event.ping_data or b"")))
 
+    def _on_ping(self, event: h2.events.PingReceived, out: list[Event]) -> None:
+        self._count_reply(_PING_ACK_BYTES)  # h2 queued the ACK
+
     def _on_settings(self, event: h2.events.RemoteSettingsChanged, out: list[Event]) -> None:
-        self._settings_received = True
-        changed = event.changed_settings.get(h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS)
-        if changed is not None:
-            self._remote_max_streams = changed.new_value
-        self._flush_all()
-        out.append(StreamCapacityChanged())
+        self._count_reply(_SETTINGS_ACK_BYTES)  # h2 queued the ACK
+        codes = h2.settings.SettingCodes
+        if codes.INITIAL_WINDOW_SIZE in event.changed_settings:
+            self._flush_all()
+        # Callers waiting for a stream wake only when the server's limit may let them start.
+        changed = event.changed_settings.get(codes.MAX_CONCURRENT_STREAMS)
+        max_streams = changed.new_value if changed is not None else self._remote_max_streams
+        if max_streams != self._remote_max_streams or not self._settings_received:
+            self._remote_max_streams = max_streams
+            self._settings_received = True
+            out.append(StreamCapacityChanged())
 
     def _on_window(self, event: h2.events.WindowUpdated, out: list[Event]) -> None:
         self._flush_all()
 
     # -- helpers ----------------------------------------------------------------------------
+
+    def _count_reply(self, size: int) -> None:
+        self._queued_replies += size
+        if self._queued_replies > MAX_QUEUED_CONTROL_REPLY_BYTES:
+            raise _TooManyReplies(TOO_MANY_REPLIES)
 
     def _flush_outbound(self, stream_id: int, call: _Call) -> None:
         """Send as much of the request as flow control allows; END_STREAM with the last byte."""
@@ -296,6 +346,8 @@ class H2GrpcConnection(CallTable[_Call]):
 
 _Handler = Callable[[H2GrpcConnection, Any, list[Event]], None]
 _DISPATCH: dict[type[h2.events.Event], _Handler] = {
+    h2.events.InformationalResponseReceived: H2GrpcConnection._on_informational,
+    h2.events.PingReceived: H2GrpcConnection._on_ping,
     h2.events.ResponseReceived: H2GrpcConnection._on_response,
     h2.events.TrailersReceived: H2GrpcConnection._on_trailers,
     h2.events.DataReceived: H2GrpcConnection._on_data,

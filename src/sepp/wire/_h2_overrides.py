@@ -10,10 +10,25 @@ from __future__ import annotations
 import h2.config
 import h2.connection
 import h2.events
+import h2.exceptions
+import h2.frame_buffer
 import h2.settings
-from hyperframe.frame import Frame, GoAwayFrame
+from hyperframe.frame import ContinuationFrame, Frame, GoAwayFrame
 
-from ._hpack import StatelessEncoder
+from ._constants import MAX_HEADER_BLOCK_BYTES
+from ._hpack import BoundedDecoder, StatelessEncoder
+
+
+class _BoundedFrameBuffer(h2.frame_buffer.FrameBuffer):
+    """h2's frame buffer, which caps a header block at 64 CONTINUATION frames of any size (up
+    to 64 MiB buffered here), with the codec's byte cap as well."""
+
+    def _update_header_buffer(self, f: Frame | None) -> Frame | None:
+        if self._headers_buffer and isinstance(f, ContinuationFrame):
+            size = len(f.data) + sum(len(part.data) for part in self._headers_buffer)
+            if size > MAX_HEADER_BLOCK_BYTES:
+                raise h2.exceptions.DenialOfServiceError("header block exceeds our limit")
+        return super()._update_header_buffer(f)
 
 
 class PatchedH2Connection(h2.connection.H2Connection):
@@ -48,6 +63,9 @@ class PatchedH2Connection(h2.connection.H2Connection):
         super().__init__(config=config)
         # Stateless request-header encoding (see _hpack.py): cacheable, never in the table.
         self.encoder = StatelessEncoder()  # type: ignore[assignment]
+        # The same header block limits as the codec (see _constants.py).
+        self.decoder = BoundedDecoder()
+        self.incoming_buffer = _BoundedFrameBuffer(server=False)
         self.local_settings = h2.settings.Settings(
             client=True,
             initial_values={

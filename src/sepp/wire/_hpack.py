@@ -13,8 +13,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from hpack import HeaderTuple
+from hpack import Decoder, HeaderTuple
+from hpack.exceptions import HPACKDecodingError, OversizedHeaderListError
 from hpack.table import HeaderTable
+
+from ._constants import MAX_HEADER_BLOCK_BYTES, MAX_TABLE_SIZE_UPDATES
 
 _STATIC_FULL: dict[tuple[bytes, bytes], int] = {}
 _STATIC_NAME: dict[bytes, int] = {}
@@ -62,6 +65,35 @@ def encode_field(name: bytes, value: bytes, *, sensitive: bool) -> bytes:
     if name_index is not None:
         return encode_integer(name_index, 4, prefix) + _string(value)
     return bytes([prefix]) + _string(name) + _string(value)
+
+
+class BoundedDecoder(Decoder):
+    """hpack's Decoder with the two limits it lacks, for both engines: a compressed block over
+    MAX_HEADER_BLOCK_BYTES is refused unread, and so is a block that starts with more than two
+    dynamic table size updates (hpack takes any number, at about 1 µs each)."""
+
+    def decode(self, data: bytes, raw: bool = False) -> Iterable[HeaderTuple]:
+        if len(data) > MAX_HEADER_BLOCK_BYTES:
+            raise OversizedHeaderListError(
+                f"a compressed header block of {len(data)} bytes exceeds our limit"
+            )
+        if data and data[0] & 0xE0 == 0x20:
+            _check_table_size_updates(data)
+        return super().decode(data, raw)
+
+
+def _check_table_size_updates(data: bytes) -> None:
+    pos = updates = 0
+    end = len(data)
+    while pos < end and data[pos] & 0xE0 == 0x20:  # §6.3: 001xxxxx, a 5-bit prefix integer
+        updates += 1
+        if updates > MAX_TABLE_SIZE_UPDATES:
+            raise HPACKDecodingError("more than two dynamic table size updates in one block")
+        pos += 1
+        if data[pos - 1] & 0x1F == 0x1F:
+            while pos < end and data[pos] & 0x80:
+                pos += 1
+            pos += 1
 
 
 class StatelessEncoder:

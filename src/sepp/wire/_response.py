@@ -37,6 +37,7 @@ class ResponseState:
         "grpc_status",
         "headers_received",
         "http_status",
+        "informational",
     )
 
     def __init__(self, max_receive_bytes: int | None) -> None:
@@ -47,6 +48,7 @@ class ResponseState:
         self.grpc_message: bytes | None = None
         self.grpc_body = False  # whether the response headers announced gRPC messages
         self.headers_received = False
+        self.informational = 0  # 1xx responses so far
 
     def read_headers(self, headers: Iterable[tuple[bytes, bytes]]) -> None:
         for name, value in headers:

@@ -201,7 +201,19 @@ class _Connection:
         if self.waiters.pop(waiter.stream_id, None) is not None and not self.dead:
             self.proto.cancel_call(waiter.stream_id)
             self.flush()
+            self.wake_parked()
+
+    def wake_parked(self) -> None:
+        """Wake as many callers parked for a stream as may start one now (not all of them:
+        each would find no stream and park again, O(parked) task switches per event). On a
+        connection that takes no more calls (draining, stream ids spent), all of them: they
+        go on to another connection."""
+        if not self.proto.usable:
             self.slots.unpark_all()
+            return
+        free = self.proto.free_streams
+        if free:
+            self.slots.unpark(count=free)
 
     def _expire(self, waiter: Waiter) -> None:
         self.abandon(waiter)
@@ -233,11 +245,12 @@ class _Connection:
                 if not data:
                     self.die("connection closed by the server")
                     return
+                capacity_changed = False
                 for event in self.proto.receive_data(bytes(data)):
                     if type(event) is CallFinished:
                         self._deliver(event)
                     elif type(event) is StreamCapacityChanged:
-                        self.slots.unpark_all()
+                        capacity_changed = True
                         if self.proto.remote_settings_received:
                             self.ready.set()
                     elif type(event) is PingAcknowledged:
@@ -249,6 +262,8 @@ class _Connection:
                     elif type(event) is ConnectionBroken:
                         self.die(event.reason)
                         return
+                if capacity_changed:
+                    self.wake_parked()
                 if self.proto.draining and self.proto.active_calls == 0:
                     self.die("connection drained after GOAWAY")
                     return

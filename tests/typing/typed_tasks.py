@@ -1,0 +1,73 @@
+"""`sepp.Task[T]`: producers must enqueue a T, and a task's handler must take a T
+(test_typing.py: the lines mypy must refuse carry `# type: ignore[code]`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sepp
+
+
+@dataclass
+class Welcome:
+    user: int
+
+
+@dataclass
+class NotWelcome:
+    account: str
+
+
+send_welcome = sepp.Task("emails", "send_welcome", Welcome, priority=5)
+router = sepp.Router()
+
+
+async def produce(client: sepp.Client) -> None:
+    ack: sepp.EnqueueAck = await send_welcome.enqueue(client, Welcome(42), idempotency_key="k")
+    request: sepp.EnqueueRequest = send_welcome.request(Welcome(1), priority=9)
+    await client.enqueue_batch([request, send_welcome.request(Welcome(2))])
+    assert ack.job_id
+    welcome: Welcome = send_welcome.decode(send_welcome.encode(Welcome(3)))
+    assert welcome.user == 3
+
+    await send_welcome.enqueue(client, NotWelcome("a"))  # type: ignore[arg-type]
+    send_welcome.request(NotWelcome("a"))  # type: ignore[arg-type]
+    send_welcome.request({"user": 42})  # type: ignore[arg-type]
+    await send_welcome.enqueue(client, Welcome(1), colour="red")  # type: ignore[call-arg]
+
+
+@router.task(send_welcome)
+async def handle(job: Welcome, ctx: sepp.JobContext) -> None:
+    assert job.user >= 0
+
+
+@router.task(send_welcome)
+async def takes_anything(job: object, ctx: sepp.JobContext) -> None: ...
+
+
+@router.task(send_welcome)  # type: ignore[arg-type]
+async def wrong_type(job: NotWelcome, ctx: sepp.JobContext) -> None: ...
+
+
+@router.task(send_welcome)  # type: ignore[arg-type]
+async def one_argument(job: Welcome) -> None: ...
+
+
+@router.task(send_welcome)  # type: ignore[arg-type]
+def not_awaitable(job: Welcome, ctx: sepp.JobContext) -> int:
+    return 0
+
+
+@router.handler("plain_typed")
+async def plain_typed(job: Welcome, ctx: sepp.JobContext) -> None: ...
+
+
+@router.handler("raw")
+async def raw(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None: ...
+
+
+codec: sepp.PayloadCodec = sepp.JsonCodec()
+codec = sepp.PydanticCodec()
+codec = sepp.MsgspecCodec("msgpack")
+decoded: Welcome = codec.decode(None, Welcome)
+sepp.MsgspecCodec("yaml")  # type: ignore[arg-type]
