@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: test demo docs gen check-gen lint typecheck bench venv chaos
+.PHONY: test demo docs gen check-gen lint typecheck bench venv chaos soak
 
 test:            ## set up (venv, deps, sepp server) and run lint, types and every test
 	bash scripts/test.sh
@@ -36,3 +36,8 @@ bench: venv      ## side-by-side benchmark against sepp-py (BENCH_ARGS="--quick"
 chaos: venv      ## long chaos run (20,000 jobs, 5 server crashes); figures to tests/chaos/RESULTS.md
 	SEPP_BIN="$$(bash scripts/ensure-sepp-server.sh | tail -n 1)" PYTHONPATH=src:tests \
 		$(PY) tests/chaos/run_long.py --results tests/chaos/RESULTS.md $(CHAOS_ARGS)
+
+soak: venv       ## 30 min through nginx with restarts/reloads; figures to tests/soak/RESULTS.md
+	bash scripts/ensure-proxies.sh
+	SEPP_BIN="$$(bash scripts/ensure-sepp-server.sh | tail -n 1)" PYTHONPATH=src:tests \
+		$(PY) tests/soak/run_soak.py --results tests/soak/RESULTS.md $(SOAK_ARGS)

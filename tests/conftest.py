@@ -38,12 +38,14 @@ _CATEGORY_BY_DIR = {
     "interop": "real_server",
     "hostile": "fixture",
     "chaos": "real_server",
+    "proxies": "real_server",
 }
 # Tests that talk to our misbehaving h2 server or to a scripted fake client.
 _FIXTURE_FILES = {"test_wire_transport.py", "test_wire_handover.py", "test_worker.py"}
 _passed: Counter[str] = Counter()
 # The suites that run once per wire engine (our codec and the h2 reference): the sans-IO
-# engine tests, the transport and hostile-server suites, and the real-server client tests.
+# engine tests, the transport and hostile-server suites, the real-server client tests and
+# the proxy tests.
 _BOTH_ENGINES = {
     "test_wire_connection.py",
     "test_wire_limits.py",
@@ -51,6 +53,7 @@ _BOTH_ENGINES = {
     "test_wire_handover.py",
     "test_hostile_server.py",
     "test_client_real.py",
+    "test_proxies_real.py",
 }
 
 

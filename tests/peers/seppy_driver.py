@@ -744,6 +744,51 @@ class Driver:
         t1, c1 = time.perf_counter(), time.process_time()
         return {"elapsed_s": t1 - t0, "cpu_s": c1 - c0, "n": n}
 
+    async def op_enqueue_count(self, req: dict[str, Any]) -> dict[str, Any]:
+        """``n`` single enqueues from ``concurrency`` tasks, payloads ``<prefix>-<i>``, even
+        ones keyed with their payload; failures are counted, not raised. ``signal_at``
+        (``{pid, signum, after: [counts]}``) sends a signal once that many calls have ended
+        (the proxy comparison reloads nginx this way, at the same points for both clients)."""
+        client = self.need_client()
+        queue, n = req["queue"], int(req["n"])
+        concurrency = max(1, int(req.get("concurrency", 1)))
+        prefix = req.get("prefix", "job")
+        signal_at = req.get("signal_at") or {}
+        marks = sorted(int(a) for a in signal_at.get("after", ()))
+        indexes = iter(range(n))
+        ended = [0]
+        errors: dict[str, int] = {}
+
+        async def producer() -> None:
+            for i in indexes:
+                data = f"{prefix}-{i}".encode()
+                key = data.decode() if i % 2 == 0 else None
+                try:
+                    await client.enqueue(
+                        EnqueueRequest(
+                            queue,
+                            "proxied",
+                            payload=Payload(data, "application/octet-stream"),
+                            idempotency_key=key,
+                        )
+                    )
+                except Exception as exc:
+                    name = f"{type(exc).__name__}: {str(exc)[:80]}"
+                    errors[name] = errors.get(name, 0) + 1
+                ended[0] += 1
+                while marks and ended[0] >= marks[0]:
+                    marks.pop(0)
+                    os.kill(int(signal_at["pid"]), int(signal_at["signum"]))
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(producer() for _ in range(min(concurrency, max(n, 1)))))
+        return {
+            "n": n,
+            "failed": sum(errors.values()),
+            "errors": errors,
+            "elapsed_s": time.perf_counter() - t0,
+        }
+
     async def op_bench_enqueue_batch(self, req: dict[str, Any]) -> dict[str, Any]:
         client = self.need_client()
         queue = req["queue"]

@@ -1,0 +1,184 @@
+"""Calls through real proxies in front of a real sepp server: not one of them fails.
+
+nginx (`grpc_pass`, its defaults) ends every client connection with GOAWAY after
+`keepalive_requests` calls and on every reload, and runs at most 128 calls at once on one
+connection; HAProxy speaks HTTP/2 on both sides. The proxies run from the configs the docs
+publish (docs/proxies/, see fixtures/proxies.py), and the client runs with its defaults (no
+RetryPolicy): a call the proxy never passed on must go out again by itself.
+
+Each test asserts 0 failed calls, then drains the queue from the server directly and checks
+that every job is there exactly once (counted by payload). Half the jobs carry an
+idempotency key, half none, so a call sent twice after the server had processed it would
+show up as a second job (no key) or a deduplicated ack (key). The proxy tests skip, saying
+how to get them, only when nginx or HAProxy is not installed (scripts/ensure-proxies.sh).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import trio
+from fixtures.fake_client import RecordingLogger
+from fixtures.proxies import haproxy_proxy, nginx_proxy
+from fixtures.proxy_load import (
+    QUEUE,
+    Load,
+    arrival_problems,
+    enqueue_through,
+    jobs_on_server,
+    payload_of,
+)
+
+import sepp
+from sepp.testing import SeppServer
+
+TEST_TIMEOUT_S = 120.0
+
+
+def assert_each_once(seen: Counter[bytes], expected: set[bytes]) -> None:
+    missing, extra, twice = arrival_problems(seen, expected)
+    assert (missing, extra, twice) == (0, 0, 0), (
+        f"{missing} missing, {extra} unexpected, {twice} more than once"
+    )
+
+
+async def check_all_arrived(server: SeppServer, load: Load) -> None:
+    assert load.failures == [], f"{len(load.failures)} of {load.sent} failed: {load.failures[:5]}"
+    assert load.deduplicated == [], f"calls processed twice: {load.deduplicated[:5]}"
+    assert load.done == load.sent
+    assert_each_once(await jobs_on_server(server.address), load.payloads())
+
+
+# -- nginx ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("keepalive_requests", "jobs"),
+    [(1000, 2500), (100, 1000)],
+    ids=["keepalive_requests=1000", "keepalive_requests=100"],
+)
+async def test_nginx_h2c_goaway_after_keepalive_requests_fails_no_call(
+    sepp_server: SeppServer, tmp_path: Path, keepalive_requests: int, jobs: int
+) -> None:
+    with trio.fail_after(TEST_TIMEOUT_S):
+        async with nginx_proxy(
+            sepp_server.address, tmp_path, keepalive_requests=keepalive_requests
+        ) as proxy:
+            load = await enqueue_through(proxy.h2c_address, jobs, tasks=64)
+        await check_all_arrived(sepp_server, load)
+
+
+async def test_nginx_tls_terminated_at_the_proxy_fails_no_call(
+    sepp_server: SeppServer, tmp_path: Path
+) -> None:
+    with trio.fail_after(TEST_TIMEOUT_S):
+        async with nginx_proxy(sepp_server.address, tmp_path, keepalive_requests=100) as proxy:
+            load = await enqueue_through(proxy.tls_address, 1000, tasks=64, **proxy.tls_options())
+        await check_all_arrived(sepp_server, load)
+
+
+async def test_nginx_reload_three_times_under_load_fails_no_call(
+    sepp_server: SeppServer, tmp_path: Path
+) -> None:
+    load = Load()
+    with trio.fail_after(TEST_TIMEOUT_S):
+        async with nginx_proxy(sepp_server.address, tmp_path) as proxy:
+
+            async def reload_three_times() -> None:
+                for at in (500, 1200, 1900):
+                    await load.reached(at)
+                    await proxy.reload()
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(reload_three_times)
+                await enqueue_through(proxy.h2c_address, 2500, tasks=32, load=load)
+            assert proxy.reloads == 3
+        await check_all_arrived(sepp_server, load)
+
+
+async def test_nginx_more_concurrent_calls_than_its_stream_limit_fails_no_call(
+    sepp_server: SeppServer, tmp_path: Path
+) -> None:
+    with trio.fail_after(TEST_TIMEOUT_S):
+        async with nginx_proxy(sepp_server.address, tmp_path) as proxy:
+            # 300 tasks on one connection against nginx's 128 streams, and one GOAWAY.
+            load = await enqueue_through(proxy.h2c_address, 1500, tasks=300)
+        await check_all_arrived(sepp_server, load)
+
+
+async def test_long_poll_through_nginx_survives_goaway_and_is_woken_by_an_enqueue(
+    sepp_server: SeppServer, tmp_path: Path
+) -> None:
+    with trio.fail_after(TEST_TIMEOUT_S):
+        async with (
+            nginx_proxy(sepp_server.address, tmp_path, keepalive_requests=100) as proxy,
+            sepp.open(proxy.h2c_address) as client,
+        ):
+            reserved: list[sepp.Job] | None = None
+
+            async def long_poll() -> None:
+                nonlocal reserved
+                reserved = await client.reserve(QUEUE, lease_duration=60, wait_timeout=25)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(long_poll)
+                await trio.sleep(0.5)  # let it park on the server (no job yet either way)
+                # 150 more calls on the same client: nginx ends the long-poll's connection
+                # with GOAWAY after its 100th call, and the long-poll must live on.
+                for _ in range(150):
+                    await client.get_server_info()
+                await client.enqueue(QUEUE, "wake", payload=sepp.Payload.bytes(b"wake"))
+            assert reserved is not None
+            assert [job.payload for job in reserved] == [sepp.Payload.bytes(b"wake")]
+
+
+async def test_worker_drains_through_nginx_tls_without_a_failed_ack(
+    sepp_server: SeppServer, tmp_path: Path
+) -> None:
+    jobs = 1200
+    expected = {payload_of("work", i) for i in range(jobs)}
+    async with sepp.open(sepp_server.address) as direct:
+        requests = [
+            sepp.EnqueueRequest(QUEUE, "work", payload=sepp.Payload.bytes(p)) for p in expected
+        ]
+        for start in range(0, jobs, 200):
+            await direct.enqueue_batch(requests[start : start + 200])
+    handled: Counter[bytes] = Counter()
+    log = RecordingLogger()
+    with trio.fail_after(TEST_TIMEOUT_S):
+        async with (
+            nginx_proxy(sepp_server.address, tmp_path, keepalive_requests=100) as proxy,
+            sepp.open(proxy.tls_address, logger=log, **proxy.tls_options()) as client,
+        ):
+            worker = sepp.Worker(
+                client, QUEUE, lease_duration=60, max_in_flight=32, wait_timeout=2, logger=log
+            )
+
+            @worker.handler("work")
+            async def work(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
+                assert payload is not None
+                handled[payload.data] += 1
+                if len(handled) == jobs:
+                    worker.shutdown()
+
+            await worker.run()
+    problems = log.at("warning") + log.at("error")
+    assert problems == [], f"{len(problems)} warnings/errors, e.g. {problems[:3]}"
+    assert_each_once(handled, expected)
+    # Nothing is left waiting on the server (a nack would have put its job back). A failed
+    # ack leaves its job leased for 60 s; the Worker logs it, which the first check catches.
+    assert await jobs_on_server(sepp_server.address) == Counter()
+
+
+# -- HAProxy -------------------------------------------------------------------------------------
+
+
+async def test_haproxy_h2_on_both_sides_fails_no_call(
+    sepp_server: SeppServer, tmp_path: Path
+) -> None:
+    with trio.fail_after(TEST_TIMEOUT_S):
+        async with haproxy_proxy(sepp_server.address, tmp_path) as proxy:
+            load = await enqueue_through(proxy.address, 2000, tasks=64)
+        await check_all_arrived(sepp_server, load)
