@@ -7,7 +7,7 @@ import math
 import os
 import ssl
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
@@ -29,6 +29,7 @@ from ._errors import (
 )
 from ._limits import LimitsCache, ServerLimits
 from ._log import Log, LoggerLike
+from ._opening import Opening
 from ._options import DEFAULT_MAX_RECEIVE_MESSAGE_BYTES as DEFAULT_MAX_RECEIVE_MESSAGE_BYTES
 from ._options import ConnectOptions
 from ._rejections import BatchRejection, JobRejection
@@ -96,6 +97,8 @@ class Client:
         self._nursery = nursery
         self._validate_locally = validate_locally
         self._limits = LimitsCache(self._fetch_server_info, log)
+        # The run that opened the client: its tasks serve only callers in that run.
+        self._root_task = _root_task()
 
     async def _connect(self) -> None:
         """Open the first connection (open() fails at once if the server is unreachable)."""
@@ -232,8 +235,9 @@ class Client:
                 cv.enqueue_batch_to_pb((request,), span.trace_context),
                 timeout_s,
                 ambiguous_retry_safe=request.idempotency_key is not None,
+                label="Enqueue",  # what the caller called, in its errors
             )
-            result = self._convert(cv.single_result_from_pb, body, "EnqueueBatch")
+            result = self._convert(cv.single_result_from_pb, body, "Enqueue")
             _record_results(span, (result,))
         if isinstance(result, JobRejection):
             self._limits.note_rejections((result,))
@@ -244,6 +248,8 @@ class Client:
     ) -> EnqueueAck | JobRejection:
         """One job through the auto-batcher, in its own sepp.enqueue span."""
         assert self._batcher is not None
+        if self._root_task is not None and _root_task() is not self._root_task:
+            raise _other_run()
         if timeout is None and not _otel.AVAILABLE:
             return await self._batcher.submit(request)  # the common case, kept lean
         with _otel.client_span("sepp.enqueue", _batch_attributes([request])) as span:
@@ -259,7 +265,7 @@ class Client:
                     result = await self._batcher.submit(request)
                 if scope.cancelled_caught:
                     raise TransportError(
-                        "EnqueueBatch: DEADLINE_EXCEEDED: no result within"
+                        "Enqueue: DEADLINE_EXCEEDED: no result within"
                         f" {v.seconds('timeout', timeout):g}s "
                         "(the job may still be enqueued)",
                         code=StatusCode.DEADLINE_EXCEEDED,
@@ -433,7 +439,7 @@ class Client:
         if not names:
             raise ValidationError("queues", "must name at least one queue")
         for index, name in enumerate(names):
-            v.utf8_text(f"queues[{index}]", name)
+            v.queue_name(f"queues[{index}]", name)
         lease_s = v.seconds("lease_duration", lease_duration)
         wait_s = v.seconds("wait_timeout", wait_timeout, allow_zero=True)
         if max_jobs is not None:
@@ -547,7 +553,7 @@ class Client:
             return []
         msg = pb.DrainDeadLettersRequest(max=max)
         if queue is not None:
-            msg.queue = v.utf8_text("queue", queue)
+            msg.queue = v.queue_name("queue", queue)
         attributes = {"sepp.queue": queue} if queue is not None else {}
         with _otel.client_span("sepp.drain_dead_letters", attributes) as span:
             body = await self._call(
@@ -610,8 +616,12 @@ class Client:
         retryable: frozenset[StatusCode] = RETRYABLE,
         kind: CallKind = "generic",
         ambiguous_retry_safe: bool = True,
+        label: str | None = None,
     ) -> bytes:
-        """One call (with the retry policy's retries), its failure mapped to a SeppError."""
+        """One call (with the retry policy's retries), its failure mapped to a SeppError
+        whose message starts with `label` (default: the method)."""
+        if self._root_task is not None and _root_task() is not self._root_task:
+            raise _other_run()
         metadata = _otel.outgoing_headers() if _otel.AVAILABLE else ()
         try:
             if self._retry_policy.max_attempts == 1:  # the default: no retry loop to set up
@@ -627,14 +637,19 @@ class Client:
             return await call_with_retry(
                 self._retry_policy,
                 attempt,
-                method=method,
+                method=label or method,
                 log=self._log,
                 retryable=retryable,
                 ambiguous_retry_safe=ambiguous_retry_safe,
             )
         except RpcError as exc:
             raise error_from_status(
-                exc.code, exc.details, call=kind, method=method, kind=exc.kind, addr=self._address
+                exc.code,
+                exc.details,
+                call=kind,
+                method=label or method,
+                kind=exc.kind,
+                addr=self._address,
             ) from None
 
     @staticmethod
@@ -645,6 +660,20 @@ class Client:
             raise
         except Exception as exc:
             raise MalformedResponseError(f"{method}: {exc}") from exc
+
+
+def _root_task() -> trio.lowlevel.Task | None:
+    try:
+        return trio.lowlevel.current_root_task()
+    except RuntimeError:  # not in a trio run: a client built by hand, outside one (tests)
+        return None
+
+
+def _other_run() -> RuntimeError:
+    return RuntimeError(
+        "this sepp.Client was opened in another trio.run() (or thread), and a client serves"
+        " only the run that opened it: open one with `async with sepp.open(...)` in each run"
+    )
 
 
 def _requests(jobs: Iterable[EnqueueRequest]) -> list[EnqueueRequest]:
@@ -726,8 +755,7 @@ def _parse(cls: type[M], body: bytes, method: str) -> M:
         raise MalformedResponseError(f"{method}: response does not parse: {exc}") from exc
 
 
-@asynccontextmanager
-async def open(
+def open(
     address: str,
     *,
     api_key: str | None = None,
@@ -744,7 +772,7 @@ async def open(
     enqueue_batching: Batching | None = None,
     validate_locally: bool = True,
     wire_engine: WireEngine | None = None,
-) -> AsyncIterator[Client]:
+) -> AbstractAsyncContextManager[Client]:
     """Connect to a sepp server; the client's connection tasks live until the block exits.
 
     `address` is `host:port`, `[v6]:port`, `http://host:port` or `https://host:port`.
@@ -770,6 +798,11 @@ async def open(
         validate_locally=validate_locally,
         wire_engine=wire_engine,
     )
+    return Opening(_open_client(options))
+
+
+@asynccontextmanager
+async def _open_client(options: ConnectOptions) -> AsyncIterator[Client]:
     user_exc: BaseException | None = None
     async with trio.open_nursery() as nursery:
         client = Client(

@@ -130,7 +130,7 @@ class Worker:
         if not names:
             raise ValidationError("queues", "must name at least one queue")
         for index, name in enumerate(names):
-            v.utf8_text(f"queues[{index}]", name)
+            v.queue_name(f"queues[{index}]", name)
         self._client = client
         self._queues = names
         self._lease_s = v.seconds("lease_duration", lease_duration)
