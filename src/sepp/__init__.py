@@ -45,6 +45,9 @@ from .wire._status import StatusCode as StatusCode
 # Worker, Router and Scheduler machinery (and zoneinfo, which schedules need), and the
 # rejection reasons (15 dataclasses, created when a rejection first appears).
 _LAZY = {
+    "Backoff": "_backoff",
+    "CallNext": "_middleware",
+    "Middleware": "_middleware",
     "DuplicateHandlerError": "_router",
     "Handler": "_router",
     "Router": "_router",
@@ -72,6 +75,9 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:
+    from ._backoff import Backoff as Backoff
+    from ._middleware import CallNext as CallNext
+    from ._middleware import Middleware as Middleware
     from ._rejection_reasons import CustomEntriesTooMany as CustomEntriesTooMany
     from ._rejection_reasons import CustomKeyTooLong as CustomKeyTooLong
     from ._rejection_reasons import CustomMapTooLarge as CustomMapTooLarge
@@ -100,9 +106,11 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_MAX_RECEIVE_MESSAGE_BYTES",
     "AttemptMismatchError",
+    "Backoff",
     "BatchRejection",
     "Batching",
     "BatchValidationError",
+    "CallNext",
     "Client",
     "ClientError",
     "ConnectError",
@@ -130,6 +138,7 @@ __all__ = [
     "LeaseError",
     "MalformedResponseError",
     "MessageTooLargeError",
+    "Middleware",
     "OverloadedError",
     "Payload",
     "PayloadTooLarge",

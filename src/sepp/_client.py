@@ -467,7 +467,7 @@ class Client:
             jobs: list[Job] = []
             for job_msg in response.jobs:
                 try:
-                    jobs.append(cv.job_from_pb(job_msg, worker_id))
+                    jobs.append(cv.job_from_pb(job_msg, worker_id, self))
                 except Exception as exc:  # one bad job must not cost the others
                     self._log.warning("sepp: skipping a malformed job from Reserve: %s", exc)
             span.set("sepp.jobs", len(jobs))

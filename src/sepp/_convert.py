@@ -223,7 +223,7 @@ def _job_result(result: pb.JobResult) -> EnqueueAck | rj.JobRejection:
     raise Malformed("a job result has neither success nor rejection")
 
 
-def job_from_pb(msg: pb.Job, worker_id: str | None) -> Job:
+def job_from_pb(msg: pb.Job, worker_id: str | None, client: object = None) -> Job:
     """Build a Job; raises Malformed when a field a worker relies on is missing or invalid."""
     # Each field is read once: every read of a protobuf field builds a Python object.
     job_id = msg.id
@@ -253,6 +253,7 @@ def job_from_pb(msg: pb.Job, worker_id: str | None) -> Job:
         trace_context=_trace_from_pb(msg),
         lease_expires_at=timestamp_from_pb(msg.lease_expires_at),
         worker_id=worker_id,
+        client=client,
     )
     return Job(_payload_from_pb(msg), ctx)
 

@@ -24,6 +24,8 @@ class HeldJob:
         "_deadline",
         "_seen_expiry",
         "_slot_granted",
+        "earlier",
+        "ended",
         "forced",
         "job",
         "keeper_scope",
@@ -45,6 +47,10 @@ class HeldJob:
         self.keeper_scope: trio.CancelScope | None = None
         self.watch_key = -1  # the LeaseKeeper's key while it watches this job
         self.forced = False
+        # A run of the same job id still going in this worker (its lease ran out): this
+        # delivery waits for it to end; `ended` is set when this one ends, if one waits.
+        self.earlier: HeldJob | None = None
+        self.ended: trio.Event | None = None
         self._seen_expiry: datetime | None = None
         self._deadline = 0.0
 

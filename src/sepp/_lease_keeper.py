@@ -35,7 +35,8 @@ class LeaseKeeper:
     job's handler and marks it `lease_lost`, so it is neither acked nor nacked.
 
     Keeping is deferred: most jobs finish before their first extend is due, so `run()` (one
-    task) starts a keeper task only for jobs still held by then.
+    task) starts a keeper task only for jobs still held by then. With `extend=False` it only
+    cuts jobs off when their leases end (an extend made by the handler moves the cutoff).
     """
 
     def __init__(
@@ -45,7 +46,9 @@ class LeaseKeeper:
         lease_s: float,
         now_utc: Callable[[], datetime],
         log: Log,
+        extend: bool = True,
     ) -> None:
+        self._extend = extend
         self._client = client
         self._lease_s = lease_s
         self._now_utc = now_utc
@@ -71,8 +74,16 @@ class LeaseKeeper:
         if self._wall is None or now - self._wall_at >= WALL_READING_MAX_AGE_S:
             self._wall, self._wall_at = self._now_utc(), now
         left_s = held.convert_lease(self._wall, self._wall_at, now, self._lease_s) - now
-        due = now + max(left_s / 3, min(EXTEND_MIN_WAIT_S, left_s), 0.0)
-        self._watched[key] = (due, held, contextvars.copy_context())
+        if self._extend:
+            due = now + max(left_s / 3, min(EXTEND_MIN_WAIT_S, left_s), 0.0)
+        else:
+            due = now + max(left_s, 0.0)
+        self._watch_until(key, due, held, contextvars.copy_context())
+
+    def _watch_until(
+        self, key: int, due: float, held: HeldJob, context: contextvars.Context
+    ) -> None:
+        self._watched[key] = (due, held, context)
         heapq.heappush(self._due, (due, key))
         if self._due[0][1] == key:
             self._wake()
@@ -115,7 +126,18 @@ class LeaseKeeper:
                     continue
                 heapq.heappop(self._due)
                 _, held, context = self._watched.pop(key)
-                context.run(nursery.start_soon, self._keep_lease, held)
+                if self._extend:
+                    context.run(nursery.start_soon, self._keep_lease, held)
+                else:
+                    self._cut_off(key, held, context)
+
+    def _cut_off(self, key: int, held: HeldJob, context: contextvars.Context) -> None:
+        """Without auto-extend: the lease has ended, unless the handler extended it."""
+        deadline = held.lease_deadline(self._now_utc, self._lease_s)
+        if trio.current_time() < deadline:
+            self._watch_until(key, deadline, held, context)
+        else:
+            self._lose_lease(held, "the lease ran out (auto_extend is off)")
 
     async def _keep_lease(self, held: HeldJob) -> None:
         """Extend the lease from the granted expiry until released or the lease is lost."""

@@ -32,8 +32,11 @@ class Log:
         if fn is not None:
             fn(msg, *args)
 
-    def warning(self, msg: str, *args: object) -> None:
-        self._target.warning(msg, *args)
+    def warning(self, msg: str, *args: object, exc_info: BaseException | None = None) -> None:
+        if exc_info is not None and isinstance(self._target, logging.Logger):
+            self._target.warning(msg, *args, exc_info=exc_info)
+        else:
+            self._target.warning(msg, *args)
 
     def error(self, msg: str, *args: object, exc_info: BaseException | None = None) -> None:
         if exc_info is not None and isinstance(self._target, logging.Logger):

@@ -14,8 +14,6 @@ if sys.version_info >= (3, 11):
 else:  # trio depends on the backport before 3.11
     from exceptiongroup import BaseExceptionGroup as _ExceptionGroup
 
-# Unknown job types are nacked with min(2**attempt, this) seconds of delay.
-UNKNOWN_TYPE_MAX_DELAY_S = 60.0
 # Nack reasons are for humans reading dead letters; keep them bounded.
 MAX_REASON_CHARS = 1000
 SHUTDOWN_REASON = "worker shutdown"
@@ -34,7 +32,7 @@ class HandlerError(Exception):
 
     @classmethod
     def retry(cls, reason: str) -> HandlerError:
-        """Nack with the queue's retry policy."""
+        """Nack for a retry paced by the handler's backoff (as any other exception is)."""
         return cls(reason, Retry.DEFAULT)
 
     @classmethod
@@ -57,8 +55,10 @@ class Outcome:
 
     retry: Retry | None = None
     reason: str | None = None
-    label: str = "ack"  # for spans and metrics
+    label: str = "ack"  # for spans, metrics and logs
     failure: str | None = None  # set when the handler failed: marks the process span
+    error: BaseException | None = None  # the handler's exception, for the log's traceback
+    delay_s: float | None = None  # the retry's delay, when the worker chose it
 
 
 ACK = Outcome()
@@ -86,23 +86,19 @@ def _leaves(exc: BaseException) -> list[BaseException]:
     return [exc]
 
 
-def unknown_type_delay_s(ctx: JobContext) -> float:
-    return min(2.0**ctx.attempt, UNKNOWN_TYPE_MAX_DELAY_S)
-
-
-def unknown_type(ctx: JobContext) -> Outcome:
-    """No handler for the job's type: back to the queue with a growing delay, so a newer
-    worker that knows the type can take it."""
-    delay = unknown_type_delay_s(ctx)
+def unknown_type(ctx: JobContext, delay_s: float | None) -> Outcome:
+    """No handler for the job's type: back to the queue after `delay_s`, so a newer worker
+    that knows the type can take it; None dead-letters it now."""
     reason = clip_reason(f"no handler registered for job type {ctx.job_type!r} on this worker")
-    return Outcome(Retry.after(delay), reason, "unknown_type", reason)
+    retry = Retry.DEAD_LETTER if delay_s is None else Retry.after(delay_s)
+    return Outcome(retry, reason, "unknown_type", reason, None, delay_s)
 
 
 def requested(error: Exception) -> Outcome | None:
     """The nack a HandlerError asks for, also when it arrives in an exception group (a child
     of the handler's nursery raised it): a group of HandlerErrors only takes the strongest
     (permanent, else the longest retry_after, else retry). None for any other exception, or
-    a group holding one."""
+    a group holding one. A plain retry has `Retry.DEFAULT`: the worker applies its backoff."""
     leaves = _leaves(error)
     wanted = [leaf for leaf in leaves if isinstance(leaf, HandlerError)]
     if not wanted or len(wanted) != len(leaves):
@@ -110,7 +106,7 @@ def requested(error: Exception) -> Outcome | None:
     strongest = max(wanted, key=_strength)
     label = {"default": "retry", "delay": "retry_after"}.get(strongest.directive.kind, "permanent")
     reason = clip_reason(strongest.reason)
-    return Outcome(strongest.directive, reason, label, reason)
+    return Outcome(strongest.directive, reason, label, reason, error)
 
 
 def _strength(error: HandlerError) -> tuple[int, float]:
@@ -122,7 +118,13 @@ def _strength(error: HandlerError) -> tuple[int, float]:
     return (0, 0.0)
 
 
-def failed(error: Exception) -> Outcome:
-    """Any other exception: nack with the queue's retry policy, the reason naming it."""
+def failed(error: Exception, label: str = "error") -> Outcome:
+    """Any other exception: nack for a retry (the worker applies its backoff), the reason
+    naming it. `label` is "timeout" when the handler's timeout cancelled it."""
     reason = clip_reason(f"handler raised {describe(error)}")
-    return Outcome(Retry.DEFAULT, reason, "error", reason)
+    return Outcome(Retry.DEFAULT, reason, label, reason, error)
+
+
+def with_backoff(outcome: Outcome, retry: Retry, delay_s: float | None) -> Outcome:
+    """`outcome` nacked with the backoff's `retry` instead of the queue's policy."""
+    return Outcome(retry, outcome.reason, outcome.label, outcome.failure, outcome.error, delay_s)

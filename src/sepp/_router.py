@@ -4,17 +4,51 @@ client and hand it to a Worker later."""
 from __future__ import annotations
 
 import inspect
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from collections.abc import Awaitable, Callable, Iterable
+from contextlib import AbstractAsyncContextManager
+from datetime import timedelta
+from typing import Any, NamedTuple, TypeVar
 
 from . import _validate as v
+from ._backoff import Backoff
 from ._errors import SeppError, ValidationError
-from ._types import JobContext, Payload
+from ._middleware import Middleware, checked_middleware
+from ._types import JobContext, Payload, Retry
 
 Handler = Callable[[Payload | None, JobContext], Awaitable[None]]
 """An async function `(payload, ctx) -> None` that processes one job."""
 
 H = TypeVar("H", bound=Handler)
+
+# Takes the sepp.Worker (typed Any: _router cannot import _worker).
+Lifespan = Callable[[Any], AbstractAsyncContextManager[Any]]
+"""A callable taking the Worker and returning an async context manager (e.g. an
+`@contextlib.asynccontextmanager` function): entered before the worker's first reserve,
+exited after its last job settled; what it yields is every handler's `ctx.state`."""
+
+BackoffSetting = Backoff | Retry
+"""A `sepp.Backoff`, or `sepp.Retry.DEFAULT` for the queue's own retry policy."""
+
+
+class RouteSettings(NamedTuple):
+    """How a handler runs, beyond the function: the middleware of the routers it came through
+    (outermost first); its timeout and backoff, None where inherited from an enclosing router
+    or the Worker."""
+
+    middleware: tuple[Middleware, ...] = ()
+    timeout_s: float | None = None
+    backoff: BackoffSetting | None = None
+
+    def inside(self, outer: RouteSettings) -> RouteSettings:
+        """These settings as seen through a router with settings `outer`."""
+        return RouteSettings(
+            outer.middleware + self.middleware,
+            self.timeout_s if self.timeout_s is not None else outer.timeout_s,
+            self.backoff if self.backoff is not None else outer.backoff,
+        )
+
+
+NO_SETTINGS = RouteSettings()
 
 
 class DuplicateHandlerError(SeppError, ValueError):
@@ -33,29 +67,75 @@ class Router:
     The registration API is the Worker's: the `handler` decorator, chainable `handle` and
     `catch_all`. `include` copies another router's handlers into this one. A job type
     registered twice, directly or through `include`, raises DuplicateHandlerError.
+
+    `middleware` (see `sepp.Middleware`) wraps this router's handlers, also after another
+    router includes it; `timeout` and `backoff` are defaults for its handlers (a handler's
+    own registration, else the nearest router's, else the Worker's). `lifespan` (see
+    `sepp.Worker`) is the Worker's when this router is handed to it, e.g. by
+    `sepp-trio worker`; a router with a lifespan cannot be included in another.
     """
 
-    __slots__ = ("_catch_all", "_handlers")
+    __slots__ = ("_catch_all", "_catch_all_settings", "_handlers", "_own", "_settings", "lifespan")
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        *,
+        middleware: Iterable[Middleware] = (),
+        timeout: float | timedelta | None = None,
+        backoff: BackoffSetting | None = None,
+        lifespan: Lifespan | None = None,
+    ) -> None:
         self._handlers: dict[str, Handler] = {}
         self._catch_all: Handler | None = None
+        self._settings: dict[str, RouteSettings] = {}
+        self._catch_all_settings = NO_SETTINGS
+        self._own = RouteSettings(
+            checked_middleware("middleware", middleware),
+            optional_timeout(timeout),
+            checked_backoff("backoff", backoff),
+        )
+        if lifespan is not None and not callable(lifespan):
+            raise ValidationError(
+                "lifespan", "must be a callable returning an async context manager"
+            )
+        self.lifespan = lifespan
 
-    def handle(self, job_type: str, fn: Handler) -> Router:
-        """Register `fn` for `job_type`; returns the router so calls chain."""
+    def handle(
+        self,
+        job_type: str,
+        fn: Handler,
+        *,
+        timeout: float | timedelta | None = None,
+        backoff: BackoffSetting | None = None,
+    ) -> Router:
+        """Register `fn` for `job_type`; returns the router so calls chain. `timeout` (seconds
+        or timedelta) cancels a handler running longer and nacks its job with the backoff;
+        `backoff` paces the retries of its failed jobs. None inherits the router's, then the
+        Worker's."""
         v.utf8_text("job_type", job_type)
         _check_handler(fn)
+        settings = RouteSettings((), optional_timeout(timeout), checked_backoff("backoff", backoff))
         if job_type in self._handlers:
             raise DuplicateHandlerError(job_type)
         self._handlers[job_type] = fn
+        if settings != NO_SETTINGS:
+            self._settings[job_type] = settings
         return self
 
-    def handler(self, job_type: str) -> Callable[[H], H]:
+    def handler(
+        self,
+        job_type: str,
+        *,
+        timeout: float | timedelta | None = None,
+        backoff: BackoffSetting | None = None,
+    ) -> Callable[[H], H]:
         """Decorator form of `handle`."""
         v.utf8_text("job_type", job_type)
+        optional_timeout(timeout)
+        checked_backoff("backoff", backoff)
 
         def register(fn: H) -> H:
-            self.handle(job_type, fn)
+            self.handle(job_type, fn, timeout=timeout, backoff=backoff)
             return fn
 
         return register
@@ -70,22 +150,43 @@ class Router:
 
     def include(self, other: Router) -> Router:
         """Copy `other`'s handlers (and catch-all) into this router; returns this router.
-        Later registrations on `other` are not seen. On a clash nothing is copied."""
+        They keep `other`'s middleware, timeout and backoff. Later registrations on `other`
+        are not seen. On a clash nothing is copied."""
         if not isinstance(other, Router):
             raise ValidationError("other", f"must be a sepp.Router, got {type(other).__name__}")
+        if other.lifespan is not None:
+            raise ValidationError(
+                "other",
+                "a router with a lifespan cannot be included; give the lifespan to the"
+                " router (or Worker) that includes it",
+            )
+        return self._include(other)
+
+    def _include(self, other: Router) -> Router:
         for job_type in other._handlers:
             if job_type in self._handlers:
                 raise DuplicateHandlerError(job_type)
         if other._catch_all is not None and self._catch_all is not None:
             raise DuplicateHandlerError(None)
         self._handlers.update(other._handlers)
+        for job_type in other._handlers:
+            settings = other._route_settings(job_type)
+            if settings != NO_SETTINGS:
+                self._settings[job_type] = settings
         if other._catch_all is not None:
             self._catch_all = other._catch_all
+            self._catch_all_settings = other._catch_all_settings.inside(other._own)
         return self
 
     def lookup(self, job_type: str) -> Handler | None:
         """The handler for `job_type`: its own, else the catch-all, else None."""
         return self._handlers.get(job_type, self._catch_all)
+
+    def _route_settings(self, job_type: str) -> RouteSettings:
+        """The settings `lookup(job_type)`'s handler runs with, this router's included."""
+        if job_type in self._handlers:
+            return self._settings.get(job_type, NO_SETTINGS).inside(self._own)
+        return self._catch_all_settings.inside(self._own)
 
     @property
     def job_types(self) -> tuple[str, ...]:
@@ -100,6 +201,16 @@ class Router:
     def __repr__(self) -> str:
         catch_all = " +catch_all" if self._catch_all is not None else ""
         return f"<sepp.Router {list(self._handlers)}{catch_all}>"
+
+
+def optional_timeout(timeout: float | timedelta | None) -> float | None:
+    return None if timeout is None else v.seconds("timeout", timeout)
+
+
+def checked_backoff(field: str, backoff: object) -> BackoffSetting | None:
+    if backoff is None or isinstance(backoff, Backoff) or backoff is Retry.DEFAULT:
+        return backoff
+    raise ValidationError(field, f"must be a sepp.Backoff or sepp.Retry.DEFAULT, got {backoff!r}")
 
 
 def _check_handler(fn: object) -> None:

@@ -163,13 +163,18 @@ class EnqueueAck:
 
 
 class _Lease:
-    """The one part of a JobContext that changes: the expiry an extend was granted."""
+    """The part of a JobContext that is not the job's own: the expiry an extend was granted
+    (the one thing that changes), and the client and worker state a handler is given."""
 
-    __slots__ = ("expires_at", "worker_id")
+    __slots__ = ("client", "expires_at", "state", "worker_id")
 
-    def __init__(self, expires_at: datetime, worker_id: str | None) -> None:
+    def __init__(
+        self, expires_at: datetime, worker_id: str | None, client: object, state: object
+    ) -> None:
         self.expires_at = expires_at
         self.worker_id = worker_id
+        self.client = client
+        self.state = state
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -204,6 +209,24 @@ class JobContext:
         return self._lease.worker_id
 
     @property
+    def client(self) -> Any:  # a sepp.Client: typed Any, as _types cannot import _client
+        """The `sepp.Client` that reserved the job (the Worker's, in a handler): enqueue
+        follow-up jobs with it. RuntimeError if there is none (a context from
+        `sepp.testing.job_context()` without `client=`)."""
+        client = self._lease.client
+        if client is None:
+            raise RuntimeError(
+                "this JobContext has no client; in a test, pass client= to"
+                " sepp.testing.job_context()"
+            )
+        return client
+
+    @property
+    def state(self) -> Any:
+        """What the Worker's lifespan yielded (None without one, and from a raw reserve)."""
+        return self._lease.state
+
+    @property
     def is_final_attempt(self) -> bool:
         """Whether this is the last attempt: a nack now sends the job to the dead letters."""
         return self.attempt >= self.max_attempts
@@ -226,9 +249,11 @@ def leased_job_context(
     trace_context: TraceContext | None,
     lease_expires_at: datetime,
     worker_id: str | None,
+    client: object = None,
+    state: object = None,
 ) -> JobContext:
     """A JobContext for a job leased until `lease_expires_at` (by reserve, or a test)."""
-    lease = _Lease(lease_expires_at, worker_id)
+    lease = _Lease(lease_expires_at, worker_id, client, state)
     return JobContext(
         id,
         queue,
@@ -242,6 +267,13 @@ def leased_job_context(
         trace_context,
         lease,
     )
+
+
+def set_handler_context(ctx: JobContext, client: object, state: object) -> None:
+    """Give a handler's context the worker's client and lifespan state."""
+    lease = ctx._lease
+    lease.client = client
+    lease.state = state
 
 
 def record_lease_expiry(ctx: JobContext, expires_at: datetime) -> None:

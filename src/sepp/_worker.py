@@ -4,20 +4,23 @@ keeping (`_lease_keeper`) and a bounded graceful shutdown. Built only on the cli
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import logging
 import os
 import random
 import secrets
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta, timezone
+from typing import Any, Literal
 
 import trio
 
 from . import _otel
 from . import _outcomes as outcomes
 from . import _validate as v
+from ._backoff import DEFAULT_BACKOFF, DEFAULT_UNKNOWN_TYPE_BACKOFF, Backoff
 from ._errors import (
     AttemptMismatchError,
     JobNotFoundError,
@@ -29,11 +32,20 @@ from ._errors import (
 from ._held_job import HeldJob, Phase
 from ._lease_keeper import LeaseKeeper
 from ._log import Log, LoggerLike
+from ._middleware import Middleware, checked_middleware, run_chain
 from ._outcomes import HandlerError as HandlerError  # public as sepp.HandlerError
+from ._router import (
+    BackoffSetting,
+    H,
+    Lifespan,
+    Router,
+    RouteSettings,
+    checked_backoff,
+    optional_timeout,
+)
 from ._router import DuplicateHandlerError as DuplicateHandlerError  # public as sepp.*
-from ._router import H, Router
 from ._router import Handler as Handler  # public as sepp.Handler
-from ._types import Job, JobContext
+from ._types import Job, JobContext, Retry, set_handler_context
 from ._worker_client import WorkerClient
 from ._worker_slots import WorkerSlots
 
@@ -49,6 +61,42 @@ EARLY_EMPTY_PAUSE_S = 0.25
 # strand them until their leases expire. Older ones are long-polling an empty queue, and so is
 # one sent after a reserve that found the queues drained (see _reserve_loop).
 RESERVE_SETTLE_S = 0.5
+# A job type without a handler is logged at ERROR at most once per this many seconds.
+UNKNOWN_TYPE_LOG_INTERVAL_S = 60.0
+UNKNOWN_TYPES_REMEMBERED = 1000  # the types whose last log time is kept (bounds the dict)
+# How long the first dead letter's log waits for the server's retention setting.
+SERVER_INFO_TIMEOUT_S = 5.0
+
+
+class HandlerTimeoutError(trio.TooSlowError):
+    """A handler ran past its `timeout` and was cancelled (middleware sees a TooSlowError)."""
+
+    def __init__(self, timeout_s: float) -> None:
+        super().__init__(f"the handler ran past its {timeout_s:g}s timeout and was cancelled")
+
+
+def _with_timeout(fn: Handler, timeout_s: float) -> Handler:
+    async def timed(payload: Any, ctx: JobContext) -> None:
+        with trio.move_on_after(timeout_s) as limit:
+            await fn(payload, ctx)
+        if limit.cancelled_caught:
+            raise HandlerTimeoutError(timeout_s)
+
+    return timed
+
+
+class _Route:
+    """A handler as the Worker runs it: the function (within its timeout), its middleware
+    chain, and the backoff its failures retry with."""
+
+    __slots__ = ("backoff", "fn", "middleware")
+
+    def __init__(self, fn: Handler, settings: RouteSettings) -> None:
+        timeout_s = settings.timeout_s
+        self.fn = fn if timeout_s is None else _with_timeout(fn, timeout_s)
+        self.middleware = settings.middleware
+        assert settings.backoff is not None  # the Worker's own settings always have one
+        self.backoff: BackoffSetting = settings.backoff
 
 
 class ShutdownHandle:
@@ -92,9 +140,10 @@ class Worker:
     `max_in_flight` at once, inside a nursery owned by `run()`.
 
     A handler that returns acks its job; one that raises `HandlerError` nacks it as the error
-    says; any other exception nacks it with the queue's retry policy. With `auto_extend` the
-    worker extends each lease before it runs out and, if the lease is lost anyway, cancels the
-    handler and neither acks nor nacks.
+    says; any other exception nacks it for a retry after `backoff`'s delay. With `auto_extend`
+    the worker extends each lease before it runs out and, if the lease is lost anyway, cancels
+    the handler and neither acks nor nacks; without it, the handler is cancelled when its lease
+    ends. A redelivery of a job still running in this worker waits for that run to end.
 
     `shutdown()` stops reserving at once (a long-poll is cancelled; a reserve sent under half a
     second earlier may finish, since the server has most likely leased its jobs already, unless
@@ -105,8 +154,18 @@ class Worker:
     leases expire.
 
     Durations are seconds (float) or `timedelta`. The worker needs only the client's public
-    `reserve`, `ack`, `nack` and `extend` (any object with those, typed as `WorkerClient`).
-    `handlers` registers a `sepp.Router`'s handlers.
+    `reserve`, `ack`, `nack` and `extend` (any object with those, typed as `WorkerClient`;
+    `get_server_info`, if it has it, to say when a dead-lettered job is gone for good).
+    `handlers` registers a `sepp.Router`'s handlers (and takes its lifespan).
+
+    Handlers see the client as `ctx.client` and what `lifespan` yielded as `ctx.state`.
+    `lifespan(worker)` returns an async context manager, entered before the first reserve and
+    exited after the last job settled. `middleware` (see `sepp.Middleware`) wraps every
+    handler call, outside the routers' own. A failed job (any exception, a
+    `HandlerError.retry`, a `timeout`) is nacked for a retry after `backoff`'s delay
+    (`sepp.Retry.DEFAULT`: the queue's policy); `timeout` (None: no limit) is the handlers'
+    default time limit. A job type without a handler goes back to the queue after
+    `unknown_types`' delay, or to the dead letters at once with "dead_letter".
     """
 
     def __init__(
@@ -124,6 +183,11 @@ class Worker:
         reserve_error_backoff: float | timedelta = 1.0,
         logger: LoggerLike | None = None,
         handlers: Router | None = None,
+        lifespan: Lifespan | None = None,
+        middleware: Iterable[Middleware] = (),
+        timeout: float | timedelta | None = None,
+        backoff: BackoffSetting = DEFAULT_BACKOFF,
+        unknown_types: Backoff | Literal["dead_letter"] = DEFAULT_UNKNOWN_TYPE_BACKOFF,
         _wall_clock: Callable[[], datetime] | None = None,
     ) -> None:
         names = [queues] if isinstance(queues, str) else list(queues)
@@ -154,13 +218,41 @@ class Worker:
         self._log = Log(logger if logger is not None else logging.getLogger("sepp.worker"))
         self._now_utc = _wall_clock or _utc_now
 
+        own_backoff = checked_backoff("backoff", backoff)
+        if own_backoff is None:
+            raise ValidationError("backoff", "must be a sepp.Backoff or sepp.Retry.DEFAULT")
+        self._own = RouteSettings(
+            checked_middleware("middleware", middleware), optional_timeout(timeout), own_backoff
+        )
+        if unknown_types != "dead_letter" and not isinstance(unknown_types, Backoff):
+            raise ValidationError(
+                "unknown_types", f'must be a sepp.Backoff or "dead_letter", got {unknown_types!r}'
+            )
+        self._unknown_types = unknown_types
+        self._unknown_logged_at: dict[str, float] = {}
         self._router = Router()
         if handlers is not None:
             if not isinstance(handlers, Router):
                 raise ValidationError(
                     "handlers", f"must be a sepp.Router, got {type(handlers).__name__}"
                 )
-            self._router.include(handlers)
+            if handlers.lifespan is not None:
+                if lifespan is not None:
+                    raise ValidationError(
+                        "lifespan", "given twice: to the Worker and to its handlers' Router"
+                    )
+                lifespan = handlers.lifespan
+            self._router._include(handlers)
+        if lifespan is not None and not callable(lifespan):
+            raise ValidationError(
+                "lifespan", "must be a callable returning an async context manager"
+            )
+        self._lifespan = lifespan
+        self._lifespan_state: Any = None
+        self._routes: dict[str, _Route] = {}
+        self._catch_all_route: _Route | None = None
+        self._keeps_dead_letters: bool | None = None  # the server's, once asked
+        self._server_info_lock = trio.Lock()
 
         self._state = _RunState.NEW
         # Set from any thread or signal handler; read by run() when it starts.
@@ -176,9 +268,15 @@ class Worker:
         self._queues_drained = False
         self._largest_batch = 0  # the most jobs one reserve has returned
         self._held: dict[int, HeldJob] = {}
+        # The latest delivery of each held job id: a redelivery waits for the earlier run.
+        self._held_by_job_id: dict[str, HeldJob] = {}
         self._held_changed = trio.lowlevel.ParkingLot()  # unparked whenever _held shrinks
         self._leases = LeaseKeeper(
-            client, lease_s=self._lease_s, now_utc=self._now_utc, log=self._log
+            client,
+            lease_s=self._lease_s,
+            now_utc=self._now_utc,
+            log=self._log,
+            extend=self._auto_extend,
         )
         self._reserving_ended = False
         self._slots = WorkerSlots(self._max_in_flight)
@@ -193,21 +291,48 @@ class Worker:
 
     # -- registration -----------------------------------------------------------------------
 
-    def handle(self, job_type: str, fn: Handler) -> Worker:
+    def handle(
+        self,
+        job_type: str,
+        fn: Handler,
+        *,
+        timeout: float | timedelta | None = None,
+        backoff: BackoffSetting | None = None,
+    ) -> Worker:
         """Register `fn` for `job_type`; returns the worker so calls chain. A second
-        registration for the same type raises DuplicateHandlerError."""
-        self._router.handle(job_type, fn)
+        registration for the same type raises DuplicateHandlerError. `timeout` and `backoff`
+        override the worker's for this handler."""
+        self._router.handle(job_type, fn, timeout=timeout, backoff=backoff)
+        self._routes.pop(job_type, None)
         return self
 
-    def handler(self, job_type: str) -> Callable[[H], H]:
+    def handler(
+        self,
+        job_type: str,
+        *,
+        timeout: float | timedelta | None = None,
+        backoff: BackoffSetting | None = None,
+    ) -> Callable[[H], H]:
         """Decorator form of `handle`."""
-        return self._router.handler(job_type)
+        register = self._router.handler(job_type, timeout=timeout, backoff=backoff)
+
+        def register_here(fn: H) -> H:
+            register(fn)
+            self._routes.pop(job_type, None)
+            return fn
+
+        return register_here
 
     def catch_all(self, fn: H) -> H:
         """Run `fn` for job types without a handler (usable as a decorator). Only one."""
         return self._router.catch_all(fn)
 
     # -- state --------------------------------------------------------------------------------
+
+    @property
+    def client(self) -> WorkerClient:
+        """The client the worker reserves with (handlers see it as `ctx.client`)."""
+        return self._client
 
     @property
     def worker_id(self) -> str:
@@ -296,19 +421,21 @@ class Worker:
                 task_status.started()
 
         try:
-            async with trio.open_nursery() as nursery:
-                self._jobs_nursery = nursery
-                if self._auto_extend:
+            async with contextlib.AsyncExitStack() as lifespan:
+                if self._lifespan is not None:
+                    self._lifespan_state = await lifespan.enter_async_context(self._lifespan(self))
+                async with trio.open_nursery() as nursery:
+                    self._jobs_nursery = nursery
                     nursery.start_soon(self._leases.run, nursery)
-                if self._shutdown_requested:
-                    self._begin_shutdown()
-                else:
-                    with self._reserve_scope:
-                        await self._reserve_loop(mark_started)
-                self._reserving_ended = True  # no job can arrive any more
-                mark_started()
-                await self._drain()
-                self._stop_lease_keeping_if_idle()
+                    if self._shutdown_requested:
+                        self._begin_shutdown()
+                    else:
+                        with self._reserve_scope:
+                            await self._reserve_loop(mark_started)
+                    self._reserving_ended = True  # no job can arrive any more
+                    mark_started()
+                    await self._drain()
+                    self._stop_lease_keeping_if_idle()
         finally:
             self._state = _RunState.DONE
             self._token = None
@@ -444,16 +571,50 @@ class Worker:
     def _dispatch(self, job: Job) -> None:
         assert self._jobs_nursery is not None
         ctx = job.ctx
+        set_handler_context(ctx, self._client, self._lifespan_state)
         held = HeldJob(job)
         self._held[id(held)] = held
-        fn = self._router.lookup(ctx.job_type)
-        if fn is not None:
-            self._slots.queue(held)
+        earlier = self._held_by_job_id.get(ctx.id)
+        self._held_by_job_id[ctx.id] = held
+        route = self._routes.get(ctx.job_type) or self._route(ctx.job_type)
+        if route is not None:
+            if earlier is None:
+                self._slots.queue(held)
+            else:
+                self._wait_for_earlier_run(held, earlier)
             if self._shutting_down and held.phase is Phase.WAITING:
                 held.stop()
         # Type and id name the task well enough, and cost less than str(ctx).
         name = f"sepp job {ctx.job_type}[{ctx.id}]"
-        self._jobs_nursery.start_soon(self._process, held, fn, name=name)
+        self._jobs_nursery.start_soon(self._process, held, route, name=name)
+
+    def _route(self, job_type: str) -> _Route | None:
+        """Build (and keep) the route for `job_type`: its handler, else the catch-all."""
+        fn = self._router.lookup(job_type)
+        if fn is None:
+            return None
+        if job_type in self._router._handlers:
+            route = self._routes[job_type] = _Route(
+                fn, self._router._route_settings(job_type).inside(self._own)
+            )
+            return route
+        if self._catch_all_route is None:
+            settings = self._router._route_settings(job_type).inside(self._own)
+            self._catch_all_route = _Route(fn, settings)
+        return self._catch_all_route
+
+    def _wait_for_earlier_run(self, held: HeldJob, earlier: HeldJob) -> None:
+        """A redelivery of a job this worker still runs (its lease ran out, the handler has
+        not ended yet): it runs once the earlier run ended, never beside it."""
+        held.earlier = earlier
+        if earlier.ended is None:
+            earlier.ended = trio.Event()
+        self._log.warning(
+            "sepp: %s was redelivered while its attempt %d still runs in this worker; it"
+            " starts when that run ends",
+            held.job.ctx,
+            earlier.job.ctx.attempt,
+        )
 
     def _signal_held_changed(self) -> None:
         if self._held_changed:  # anyone parked: mostly nobody, or the reserve loop alone
@@ -461,23 +622,21 @@ class Worker:
 
     # -- one job ------------------------------------------------------------------------------
 
-    async def _process(self, held: HeldJob, fn: Handler | None) -> None:
+    async def _process(self, held: HeldJob, route: _Route | None) -> None:
+        ctx = held.job.ctx
         try:
-            ctx = held.job.ctx
             # The lease keeper, the handler and the ack/nack all run inside this span, so
             # their own spans nest under it (trio tasks inherit the spawner's context).
             with _otel.process_span(held.job, self._worker_id) as span:
-                if fn is None:
+                if route is None:
                     held.phase = Phase.SETTLING
                     outcome: outcomes.Outcome | None = self._unknown_type(ctx)
                 else:
-                    if self._auto_extend:
-                        self._leases.watch(held)
+                    self._leases.watch(held)
                     try:
-                        outcome = await self._run_handler(held, fn)
+                        outcome = await self._run_handler(held, route)
                     finally:
-                        if self._auto_extend:
-                            self._leases.release(held)
+                        self._leases.release(held)
                 if outcome is None:
                     span.set("sepp.outcome", "lease_lost")
                     span.fail(held.lease_lost or "lease lost")
@@ -485,9 +644,15 @@ class Worker:
                     span.set("sepp.outcome", outcome.label)
                     if outcome.failure is not None:
                         span.fail(outcome.failure)
-                    await self._settle(ctx, outcome)
+                    dead_lettered = await self._settle(ctx, outcome)
+                    if outcome.retry is not None:
+                        await self._log_nack(ctx, outcome, dead_lettered)
         finally:
             del self._held[id(held)]
+            if self._held_by_job_id.get(ctx.id) is held:
+                del self._held_by_job_id[ctx.id]
+            if held.ended is not None:
+                held.ended.set()
             self._signal_held_changed()
             self._stop_lease_keeping_if_idle()
 
@@ -496,20 +661,37 @@ class Worker:
             self._leases.stop()
 
     def _unknown_type(self, ctx: JobContext) -> outcomes.Outcome:
-        delay = outcomes.unknown_type_delay_s(ctx)
-        known = ", ".join(sorted(self._router.job_types)) or "none"
-        self._log.warning(
-            "sepp: worker %s has no handler for job type %r (job %s); returning it in %gs"
-            " (registered: %s)",
+        policy = self._unknown_types
+        delay_s = None if policy == "dead_letter" else policy.delay(ctx.attempt)
+        now = trio.current_time()
+        logged_at = self._unknown_logged_at.get(ctx.job_type)
+        if logged_at is None or now - logged_at >= UNKNOWN_TYPE_LOG_INTERVAL_S:
+            if len(self._unknown_logged_at) >= UNKNOWN_TYPES_REMEMBERED:
+                self._unknown_logged_at.clear()
+            self._unknown_logged_at[ctx.job_type] = now
+            log: Callable[..., None] = self._log.error
+        else:
+            log = self._log.debug
+        if delay_s is None:
+            action = "dead-lettering it"
+        elif ctx.is_final_attempt:
+            action = "its final attempt: it is dead-lettered"
+        else:
+            action = f"returning it to the queue for {delay_s:.3g}s"
+        log(
+            "sepp: worker %s has no handler for job type %r (job %s, attempt %d/%d); %s;"
+            " this worker handles: %s (logged once a minute per type)",
             self._worker_id,
             ctx.job_type,
             ctx.id,
-            delay,
-            known,
+            ctx.attempt,
+            ctx.max_attempts,
+            action,
+            ", ".join(sorted(self._router.job_types)) or "nothing",
         )
-        return outcomes.unknown_type(ctx)
+        return outcomes.unknown_type(ctx, delay_s)
 
-    async def _run_handler(self, held: HeldJob, fn: Handler) -> outcomes.Outcome | None:
+    async def _run_handler(self, held: HeldJob, route: _Route) -> outcomes.Outcome | None:
         ctx = held.job.ctx
         returned = False
         error: Exception | None = None
@@ -517,11 +699,16 @@ class Worker:
         started: float | None = None
         try:
             with held.scope:
+                if held.earlier is not None:
+                    await self._after_earlier_run(held, held.earlier)
                 await held.wait_for_slot()
                 if attributes is not None:
                     started = trio.current_time()
                     self._metrics.add("in_flight", 1, attributes)
-                await fn(held.job.payload, ctx)
+                if route.middleware:
+                    await run_chain(held.job, route.middleware, route.fn)
+                else:
+                    await route.fn(held.job.payload, ctx)
                 returned = True
         except Exception as exc:  # the handler's failure is the job's outcome, not ours
             error = exc
@@ -537,29 +724,36 @@ class Worker:
             return outcomes.ACK
         if held.forced or error is None:
             return outcomes.SHUTDOWN
-        requested = outcomes.requested(error)
-        if requested is not None:
-            return requested
-        self._log.error(
-            "sepp: handler for %s raised %s; nacking with the queue's retry policy",
-            ctx,
-            outcomes.describe(error),
-            exc_info=error,
-        )
-        return outcomes.failed(error)
+        outcome = outcomes.requested(error)
+        if outcome is None:
+            label = "timeout" if isinstance(error, HandlerTimeoutError) else "error"
+            outcome = outcomes.failed(error, label)
+        if outcome.retry is not Retry.DEFAULT or route.backoff is Retry.DEFAULT:
+            return outcome
+        assert isinstance(route.backoff, Backoff)
+        delay_s = route.backoff.delay(ctx.attempt)
+        return outcomes.with_backoff(outcome, Retry.after(delay_s), delay_s)
 
-    async def _settle(self, ctx: JobContext, outcome: outcomes.Outcome) -> None:
+    async def _after_earlier_run(self, held: HeldJob, earlier: HeldJob) -> None:
+        assert earlier.ended is not None
+        await earlier.ended.wait()
+        held.earlier = None  # let the earlier one go
+        self._slots.queue(held)
+
+    async def _settle(self, ctx: JobContext, outcome: outcomes.Outcome) -> bool | None:
+        """Ack or nack; returns whether a nack dead-lettered the job (None: it failed)."""
         verb = "ack" if outcome.retry is None else "nack"
         try:
             if outcome.retry is None:
                 await self._client.ack(ctx)
                 if self._metrics.enabled:
                     self._metrics.add("processed", 1, _job_attributes(ctx))
-            else:
-                await self._client.nack(ctx, reason=outcome.reason, retry=outcome.retry)
-                if self._metrics.enabled:
-                    attributes = {**_job_attributes(ctx), "sepp.outcome": outcome.label}
-                    self._metrics.add("nacked", 1, attributes)
+                return False
+            dead_lettered = await self._client.nack(ctx, reason=outcome.reason, retry=outcome.retry)
+            if self._metrics.enabled:
+                attributes = {**_job_attributes(ctx), "sepp.outcome": outcome.label}
+                self._metrics.add("nacked", 1, attributes)
+            return bool(dead_lettered)
         except JobNotFoundError as exc:
             self._log.warning(
                 "sepp: %s of %s found no lease (%s): it expired and was swept, or an earlier"
@@ -594,6 +788,74 @@ class Worker:
                 outcomes.describe(exc),
                 exc_info=exc,
             )
+        return None
+
+    async def _log_nack(
+        self, ctx: JobContext, outcome: outcomes.Outcome, dead_lettered: bool | None
+    ) -> None:
+        """One line per nacked job: ERROR "dead-lettered" when the nack ended it, else what
+        failed and when the job comes back (unknown types log by themselves)."""
+        label = outcome.label
+        error = outcome.error
+        if dead_lettered:
+            if label == "permanent":
+                why = f"the handler gave up on it: {outcome.reason}"
+            elif label == "unknown_type":
+                why = "no handler for its type"
+            elif label == "shutdown":
+                why = "its final attempt was cut short by a worker shutdown"
+            else:
+                why = f"{_what_failed(outcome)} on its final attempt"
+            self._log.error(
+                "sepp: %s dead-lettered: %s%s",
+                ctx,
+                why,
+                await self._dead_letter_note(),
+                exc_info=error,
+            )
+            return
+        if label in ("shutdown", "unknown_type"):
+            return
+        if dead_lettered is None:
+            if error is None or isinstance(error, HandlerError):
+                return  # the failed nack said it all
+            when = "its nack failed (see above)"
+        elif outcome.delay_s is not None:
+            when = f"retrying in {outcome.delay_s:.3g}s"
+        elif outcome.retry is not None and outcome.retry.delay is not None:
+            when = f"retrying in {outcome.retry.delay.total_seconds():.3g}s"
+        else:
+            when = "retrying with the queue's retry policy"
+        self._log.warning("sepp: %s %s; %s", ctx, _what_failed(outcome), when, exc_info=error)
+
+    async def _dead_letter_note(self) -> str:
+        """Says so when the server keeps no dead letters (asked once, on the first)."""
+        async with self._server_info_lock:
+            get_server_info = getattr(self._client, "get_server_info", None)
+            if self._keeps_dead_letters is None and get_server_info is not None:
+                with trio.move_on_after(SERVER_INFO_TIMEOUT_S):
+                    try:
+                        info = await get_server_info()
+                        self._keeps_dead_letters = bool(info.dead_letter_retention_enabled)
+                    except Exception as exc:
+                        self._log.debug("sepp: get_server_info failed: %s", exc)
+        if self._keeps_dead_letters is False:
+            return (
+                " (this server keeps no dead letters, dead_letter_retention_ms is 0: the job"
+                " is gone)"
+            )
+        return ""
+
+
+def _what_failed(outcome: outcomes.Outcome) -> str:
+    if outcome.label == "timeout":
+        return "timed out"
+    if outcome.label == "retry":
+        return f"asked for a retry: {outcome.reason}"
+    if outcome.label == "retry_after":
+        return f"asked for a retry later: {outcome.reason}"
+    assert outcome.error is not None
+    return f"failed: the handler raised {outcomes.describe(outcome.error)}"
 
 
 def _job_attributes(ctx: JobContext) -> dict[str, str]:

@@ -666,6 +666,20 @@ APP = textwrap.dedent(
 
     def make_router():
         return sepp.Router().include(router)
+
+    import contextlib
+
+    @contextlib.asynccontextmanager
+    async def lifespan(worker):
+        print("lifespan open", flush=True)
+        yield "the-pool"
+        print("lifespan closed", flush=True)
+
+    app = sepp.Router(lifespan=lifespan).include(router)
+
+    @app.handler("stateful")
+    async def stateful(payload, ctx):
+        print("state", ctx.state, flush=True)
     """
 )
 
@@ -729,6 +743,19 @@ async def test_a_second_signal_stops_at_once_and_returns_the_jobs_to_the_queue(
     jobs = await client.reserve("work", lease_duration=30, wait_timeout=0, max_jobs=10) or []
     assert sorted(job.id for job in jobs) == sorted(ids)
     assert all(job.ctx.attempt == 2 for job in jobs)
+
+
+async def test_worker_enters_the_routers_lifespan_around_the_jobs(
+    sepp_server: SeppServer, client: sepp.Client, app_dir: Path
+) -> None:
+    async with worker(sepp_server, app_dir, "jobs_app:app", shutdown_timeout=30) as running:
+        await client.enqueue("work", "stateful")
+        await running.wait_for("state the-pool", "stdout")
+        running.send(signal.SIGTERM)
+        status = await running.wait(timeout_s=20)
+    assert status == 0, running.out
+    lines = running.text("stdout").splitlines()
+    assert lines == ["lifespan open", "state the-pool", "lifespan closed"]
 
 
 # -- scheduler --------------------------------------------------------------------------------

@@ -173,3 +173,36 @@ async def test_sepp_py_producer_span_links_to_our_process_span(
     (process,) = [s for s in exporter.get_finished_spans() if s.name == "sepp.process"]
     assert [f"{link.context.trace_id:032x}" for link in process.links] == [produced["trace_id"]]
     assert f"{process.links[0].context.span_id:016x}" == produced["enqueue_span_id"]
+
+
+async def test_a_follow_up_enqueued_with_ctx_client_carries_the_handlers_trace(
+    otel: tuple[InMemorySpanExporter, InMemoryMetricReader],
+) -> None:
+    exporter, _ = otel
+    async with (
+        sepp_server({"admin": {"enabled": False}}) as server,
+        sepp.open(server.address) as client,
+    ):
+        await client.enqueue("traced", "first")
+        done = trio.Event()
+        worker = sepp.Worker(client, ["traced"])
+        follow_up: list[sepp.TraceContext | None] = []
+
+        @worker.handler("first")
+        async def first(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
+            await ctx.client.enqueue("traced", "second")
+
+        @worker.handler("second")
+        async def second(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
+            follow_up.append(ctx.trace_context)
+            done.set()
+
+        await run_until(worker, done)
+    spans = exporter.get_finished_spans()
+    (process,) = [
+        s for s in spans if s.name == "sepp.process" and s.attributes["sepp.job_type"] == "first"
+    ]
+    (traced,) = follow_up
+    assert traced is not None
+    # The follow-up's producer trace is the first job's processing trace.
+    assert traced.traceparent.split("-")[1] == f"{process.context.trace_id:032x}"

@@ -75,6 +75,9 @@ class Spy:
         self.nacks.append((ctx.id, kwargs.get("reason"), kwargs.get("retry", sepp.Retry.DEFAULT)))
         return dead
 
+    async def get_server_info(self, **kwargs: Any) -> sepp.ServerInfo:
+        return await self.client.get_server_info(**kwargs)
+
     async def extend(self, ctx: sepp.JobContext, lease_duration: Any, **kwargs: Any) -> datetime:
         expiry = await self.client.extend(ctx, lease_duration, **kwargs)
         self.extends += 1
@@ -205,7 +208,7 @@ async def test_unknown_type_comes_back_later_for_a_worker_that_knows_it() -> Non
     async with server_and_client(config()) as (_, client):
         (job_id,) = await enqueue(client, 1, job_type="added_in_v2")
         old = Spy(client)
-        old_worker = worker_for(old)
+        old_worker = worker_for(old, unknown_types=sepp.Backoff(2, jitter=0))
 
         @old_worker.handler("task")
         async def task(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None: ...
@@ -265,36 +268,161 @@ async def test_auto_extend_keeps_a_slow_handler_past_its_lease() -> None:
         )
 
 
-async def test_without_auto_extend_the_job_is_redelivered_and_the_stale_ack_is_logged() -> None:
+async def test_without_auto_extend_the_handler_is_cut_off_at_its_lease_and_never_overlaps() -> None:
     async with server_and_client(config(max_lease_duration_ms=1000)) as (_, client):
         (job_id,) = await enqueue(client, 1)
         spy = Spy(client)
         log = RecordingLogger()
-        worker = worker_for(spy, lease_duration=1, auto_extend=False, max_in_flight=2, logger=log)
-        second_started = trio.Event()
+        worker = worker_for(spy, lease_duration=1, auto_extend=False, max_in_flight=4, logger=log)
+        runs: list[tuple[int, float, float]] = []
+        running: set[int] = set()
+        overlapped = False
 
         @worker.handler("task")
         async def task(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
-            if ctx.attempt == 1:
-                await second_started.wait()  # outlive the lease until someone else has the job
-            else:
-                second_started.set()
-                await spy.ack_failed.wait()  # stay in flight while attempt 1 tries to ack
+            nonlocal overlapped
+            overlapped = overlapped or bool(running)
+            running.add(ctx.attempt)
+            began = trio.current_time()
+            try:
+                if ctx.attempt == 1:
+                    await trio.sleep(12)  # far past its 1 s lease
+            finally:
+                running.discard(ctx.attempt)
+                runs.append((ctx.attempt, began, trio.current_time()))
 
         async with trio.open_nursery() as nursery:
             await nursery.start(worker.run)
             await wait_until(lambda: len(spy.acked) == 1, timeout=15)
-            # The worker is still alive and working after the refused ack.
-            (next_id,) = await enqueue(client, 1)
+            worker.shutdown()
+        (first, second) = runs
+        assert first[0] == 1 and first[2] - first[1] < 1.5  # cancelled at its lease's end
+        assert second[0] == 2 and second[1] >= first[2] and not overlapped
+        assert spy.delivered == [(job_id, 1), (job_id, 2)]
+        assert spy.acked == [job_id] and spy.ack_errors == [] and spy.nacks == []
+        assert any("the lease ran out (auto_extend is off)" in m for m in log.at("error"))
+        figures("no auto_extend", handler_cut_after=f"{first[2] - first[1]:.2f}s", redeliveries=1)
+
+
+async def test_a_failed_job_comes_back_only_after_its_backoff_delay() -> None:
+    async with server_and_client(config()) as (_, client):
+        (job_id,) = await enqueue(client, 1)
+        spy = Spy(client)
+        worker = worker_for(spy, backoff=sepp.Backoff(2, jitter=0))
+
+        @worker.handler("task")
+        async def task(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
+            raise ConnectionError("upstream down")
+
+        async with trio.open_nursery() as nursery:
+            await nursery.start(worker.run)
+            await wait_until(lambda: len(spy.nacks) == 1, timeout=10)
+            nacked_at = trio.current_time()
+            worker.shutdown()
+        assert spy.nacks == [
+            (job_id, "handler raised ConnectionError: upstream down", sepp.Retry.after(2))
+        ]
+        # Not ready before the delay: an immediate reserve finds nothing ...
+        assert await queue_is_empty(client)
+        # ... and a long-poll gets it once the delay passed (the sweep promotes ≤ ~1 s late).
+        jobs = await client.reserve(QUEUE, lease_duration=5, wait_timeout=10)
+        came_back = trio.current_time() - nacked_at
+        assert jobs is not None and [(j.id, j.ctx.attempt) for j in jobs] == [(job_id, 2)]
+        assert 1.9 <= came_back < 4.0
+        figures("backoff 2s", observed_delay=f"{came_back:.2f}s")
+
+
+async def test_a_handler_past_its_timeout_is_cancelled_and_its_job_nacked() -> None:
+    async with server_and_client(config()) as (_, client):
+        ack = await client.enqueue(QUEUE, "task", max_attempts=1)
+        spy = Spy(client)
+        log = RecordingLogger()
+        worker = worker_for(spy, timeout=0.5, logger=log)
+        ended: list[float] = []
+
+        @worker.handler("task")
+        async def task(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
+            began = trio.current_time()
+            try:
+                await trio.sleep(30)
+            finally:
+                ended.append(trio.current_time() - began)
+
+        async with trio.open_nursery() as nursery:
+            await nursery.start(worker.run)
+            await wait_until(lambda: len(spy.nacks) == 1, timeout=10)
+            worker.shutdown()
+        assert len(ended) == 1 and ended[0] < 1.5
+        (record,) = await client.drain_dead_letters(QUEUE)  # its only attempt
+        assert record.job_id == ack.job_id
+        assert "ran past its 0.5s timeout" in (record.last_reason or "")
+        (error,) = log.at("error")
+        assert "dead-lettered: timed out on its final attempt" in error
+
+
+async def test_handlers_share_the_lifespans_state_and_enqueue_follow_ups_with_ctx_client() -> None:
+    async with server_and_client(config()) as (_, client):
+        await client.enqueue(QUEUE, "order", payload=sepp.Payload.json({"id": 7}))
+        spy = Spy(client)
+        events: list[str] = []
+
+        @asynccontextmanager
+        async def lifespan(worker: sepp.Worker) -> AsyncIterator[dict[str, list[str]]]:
+            events.append("open pool")
+            yield {"sent": []}
+            events.append("close pool")
+
+        async def middleware(job: sepp.Job, call_next: sepp.CallNext) -> None:
+            events.append(f"before {job.ctx.job_type}")
+            await call_next()
+            events.append(f"after {job.ctx.job_type}")
+
+        router = sepp.Router(lifespan=lifespan, middleware=[middleware])
+
+        @router.handler("order")
+        async def order(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
+            assert payload is not None
+            # The worker's client (here the spy), which reserved this job: enqueue with it.
+            await ctx.client.client.enqueue(QUEUE, "receipt", payload=payload)
+
+        @router.handler("receipt")
+        async def receipt(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
+            assert payload is not None
+            ctx.state["sent"].append(payload.json()["id"])
+            events.append("receipt sent")
+
+        worker = worker_for(spy, handlers=router)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(worker.run)
             await wait_until(lambda: len(spy.acked) == 2, timeout=10)
             worker.shutdown()
-        assert spy.delivered[:2] == [(job_id, 1), (job_id, 2)]
-        ((failed_id, failed_attempt, error),) = spy.ack_errors
-        assert (failed_id, failed_attempt) == (job_id, 1)
-        assert isinstance(error, sepp.AttemptMismatchError)
-        assert spy.acked == [job_id, next_id]
-        assert any("redelivered as a newer attempt" in m for m in log.at("warning"))
-        figures("no auto_extend", redeliveries=1, stale_ack="AttemptMismatchError")
+        assert events == [
+            *("open pool", "before order", "after order"),
+            *("before receipt", "receipt sent", "after receipt", "close pool"),
+        ]
+
+
+async def test_dead_letters_are_logged_once_saying_when_the_server_keeps_none() -> None:
+    cfg = {"admin": {"enabled": False}, "storage": {"persist_mode": "buffer"}}
+    async with server_and_client(cfg) as (_, client):
+        await client.enqueue(QUEUE, "task", max_attempts=2)
+        spy = Spy(client)
+        log = RecordingLogger()
+        worker = worker_for(spy, backoff=sepp.Backoff(0.1, jitter=0), logger=log)
+
+        @worker.handler("task")
+        async def task(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
+            raise ValueError("bad row")
+
+        async with trio.open_nursery() as nursery:
+            await nursery.start(worker.run)
+            await wait_until(lambda: len(spy.nacks) == 2, timeout=10)
+            worker.shutdown()
+        (warning,) = log.at("warning")
+        assert "(1/2) failed: the handler raised ValueError: bad row; retrying in 0.1s" in warning
+        (error,) = log.at("error")
+        assert "(2/2) dead-lettered: failed: the handler raised ValueError: bad row" in error
+        assert "this server keeps no dead letters" in error
 
 
 async def test_sigterm_shutdown_mid_run_leaves_no_job_in_flight() -> None:

@@ -30,6 +30,9 @@ from sepp._log import Log
 def make_worker(fake: FakeClient, **options: Any) -> sepp.Worker:
     options.setdefault("queues", ["q"])
     options.setdefault("logger", RecordingLogger())
+    # Most tests here are about which nack a handler's end maps to: the queue's policy keeps
+    # their nacks exact. The backoff tests give their own.
+    options.setdefault("backoff", Retry.DEFAULT)
     return sepp.Worker(fake, _wall_clock=fake.now, **options)
 
 
@@ -534,7 +537,10 @@ async def test_handler_errors_from_a_handlers_nursery_take_the_strongest_outcome
     ((call),) = fake.nacks
     assert (call.retry, call.error) == (retry, None)
     assert call.reason in reason if isinstance(reason, set) else call.reason == reason
-    assert log_of(worker).at("error") == []  # a HandlerError is a choice, not a crash
+    # A HandlerError is a choice, not a crash: the only error is the job's end, on its final
+    # attempt, said once.
+    (error,) = log_of(worker).at("error")
+    assert "dead-lettered" in error and "Traceback" not in error
 
 
 async def test_a_group_with_another_exception_is_a_failure_naming_every_leaf(
@@ -618,7 +624,7 @@ async def test_unknown_job_type_is_nacked_with_a_growing_delay(
     previous_attempts: int, delay: float, autojump_clock: MockClock
 ) -> None:
     fake = FakeClient()
-    worker = make_worker(fake)
+    worker = make_worker(fake, unknown_types=sepp.Backoff(2, max=60, jitter=0))
     called = False
 
     @worker.handler("work")
@@ -633,8 +639,8 @@ async def test_unknown_job_type_is_nacked_with_a_growing_delay(
     assert call.retry == Retry.after(delay)
     assert call.reason == "no handler registered for job type 'mystery' on this worker"
     assert not called and fake.acks == []
-    (warning,) = log_of(worker).at("warning")
-    assert "'mystery'" in warning and "registered: work" in warning
+    (error,) = log_of(worker).at("error")
+    assert "'mystery'" in error and "this worker handles: work" in error
 
 
 async def test_catch_all_takes_unregistered_types_only(autojump_clock: MockClock) -> None:
@@ -703,7 +709,7 @@ async def test_failed_nack_is_logged_and_the_worker_goes_on(autojump_clock: Mock
         await trio.sleep(1)
     assert [type(c.error) for c in fake.nacks] == [sepp.TransportError] * 2
     warnings = log_of(worker).at("warning")
-    assert len(warnings) == 2
+    assert len(warnings) == 2  # a HandlerError.retry is not logged again beside its nack
     assert all("nack of work[" in w and "redelivered when its lease expires" in w for w in warnings)
 
 
@@ -869,7 +875,31 @@ async def test_an_extend_still_pending_at_expiry_loses_the_lease(autojump_clock:
     assert "while an extend was pending" in log_of(worker).at("error")[0]
 
 
-async def test_without_auto_extend_a_late_ack_fails_and_is_logged(
+async def test_without_auto_extend_the_handler_is_cancelled_when_its_lease_ends(
+    autojump_clock: MockClock,
+) -> None:
+    fake = FakeClient()
+    worker = make_worker(fake, lease_duration=3, auto_extend=False)
+    ran: list[tuple[int, float]] = []
+
+    @worker.handler("work")
+    async def work(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
+        try:
+            await trio.sleep(5)
+        finally:
+            ran.append((ctx.attempt, trio.current_time()))
+
+    fake.add(max_attempts=1)
+    async with running(worker):
+        await trio.sleep(6)
+    # Cut off at the lease's end, neither acked nor nacked (the server takes the job back).
+    assert ran == [(1, 3.0)]
+    assert fake.extends == [] and fake.acks == [] and fake.nacks == []
+    (error,) = log_of(worker).at("error")
+    assert "the lease ran out (auto_extend is off)" in error
+
+
+async def test_without_auto_extend_an_extend_by_the_handler_moves_the_cutoff(
     autojump_clock: MockClock,
 ) -> None:
     fake = FakeClient()
@@ -877,15 +907,14 @@ async def test_without_auto_extend_a_late_ack_fails_and_is_logged(
 
     @worker.handler("work")
     async def work(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
-        await trio.sleep(5)  # not cancelled at expiry: nothing watches the lease
+        await trio.sleep(2)
+        await fake.extend(ctx, 3)  # now until 5
+        await trio.sleep(2.5)
 
     fake.add()
     async with running(worker):
         await trio.sleep(6)
-    assert fake.extends == []
-    assert [(c.at, type(c.error)) for c in fake.acks] == [(5, sepp.JobNotFoundError)]
-    (warning,) = log_of(worker).at("warning")
-    assert "found no lease" in warning
+    assert [(c.at, c.error) for c in fake.acks] == [(4.5, None)]
 
 
 async def test_the_lease_keeper_lets_go_of_settled_jobs(autojump_clock: MockClock) -> None:

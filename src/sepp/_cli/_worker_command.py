@@ -25,7 +25,8 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="process jobs with the handlers of a sepp.Router",
         description="Process jobs from the queues with the handlers of a sepp.Router, named as"
         " MODULE:ATTR (ATTR may also be a zero-argument callable returning a Router; the"
-        " current directory is importable). SIGINT or SIGTERM shuts down gracefully: no new"
+        " current directory is importable). The router's lifespan, middleware, timeouts and"
+        " backoff apply. SIGINT or SIGTERM shuts down gracefully: no new"
         " jobs, running handlers get --shutdown-timeout seconds. A second signal stops at"
         " once: running handlers are cancelled and their jobs go back to the queue. Logs go to"
         " stderr. Exit status 0 after a shutdown that settled every job.",

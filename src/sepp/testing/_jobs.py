@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
 from .. import _validate as v
 from .._errors import ValidationError
@@ -33,13 +34,16 @@ def job_context(
     trace_context: TraceContext | None = None,
     lease_expires_at: datetime | None = None,
     worker_id: str | None = None,
+    client: Any = None,
+    state: Any = None,
 ) -> JobContext:
     """A `JobContext` as `reserve` would return it, to call a handler directly in a test.
 
     The job id defaults to a fresh UUID, `enqueued_at` to now and `lease_expires_at` to 30 s
     from now (UTC). Values are checked like the server's (ValidationError): attempt and
     max_attempts ≥ 1, priority 0-9, timezone-aware datetimes, a custom map of str, int,
-    float or bool.
+    float or bool. `client` and `state` are what the handler sees as `ctx.client` (any
+    object with the client calls it makes, e.g. a fake) and `ctx.state`.
     """
     now = datetime.now(timezone.utc)
     if trace_context is not None and not isinstance(trace_context, TraceContext):
@@ -63,6 +67,8 @@ def job_context(
             else v.aware_datetime("lease_expires_at", lease_expires_at)
         ),
         worker_id=v.optional_text("worker_id", worker_id),
+        client=client,
+        state=state,
     )
 
 
