@@ -229,7 +229,7 @@ class Client:
             local = limits.check(request) if limits is not None else None
             if local is not None:
                 return local
-        with _otel.client_span("sepp.enqueue", _batch_attributes((request,))) as span:
+        with _otel.client_span("sepp.enqueue", lambda: _batch_attributes((request,))) as span:
             body = await self._call_s(
                 "EnqueueBatch",
                 cv.enqueue_batch_to_pb((request,), span.trace_context),
@@ -250,9 +250,9 @@ class Client:
         assert self._batcher is not None
         if self._root_task is not None and _root_task() is not self._root_task:
             raise _other_run()
-        if timeout is None and not _otel.AVAILABLE:
+        if timeout is None and not _otel.tracing():
             return await self._batcher.submit(request)  # the common case, kept lean
-        with _otel.client_span("sepp.enqueue", _batch_attributes([request])) as span:
+        with _otel.client_span("sepp.enqueue", lambda: _batch_attributes([request])) as span:
             trace_context = span.trace_context
             if trace_context is not None and request.trace_context is None:
                 request = dataclasses.replace(request, trace_context=trace_context)
@@ -317,7 +317,7 @@ class Client:
             refused = [BatchRejection(i, r) for i, r in local if r is not None]
             if refused:
                 raise BatchValidationError(refused)
-        with _otel.client_span("sepp.enqueue_atomic", _batch_attributes(requests)) as span:
+        with _otel.client_span("sepp.enqueue_atomic", lambda: _batch_attributes(requests)) as span:
             body = await self._call(
                 "EnqueueAtomic",
                 cv.enqueue_batch_to_pb(requests, span.trace_context),
@@ -402,7 +402,7 @@ class Client:
         self, requests: list[EnqueueRequest], timeout: float | timedelta | None
     ) -> list[EnqueueAck | JobRejection]:
         """One EnqueueBatch call in its own sepp.enqueue span."""
-        with _otel.client_span("sepp.enqueue", _batch_attributes(requests)) as span:
+        with _otel.client_span("sepp.enqueue", lambda: _batch_attributes(requests)) as span:
             results = await self._enqueue_batch_rpc(requests, timeout, span.trace_context)
             _record_results(span, results)
             return results
@@ -478,7 +478,7 @@ class Client:
         msg = pb.AckRequest(job_id=_ctx(ctx).id, attempt=ctx.attempt)
         if ctx.worker_id is not None:
             msg.worker_id = ctx.worker_id
-        with _otel.client_span("sepp.ack", _lease_attributes(ctx)):
+        with _otel.client_span("sepp.ack", lambda: _lease_attributes(ctx)):
             body = await self._call("Ack", msg.SerializeToString(), timeout=timeout, kind="lease")
             _parse(pb.AckResponse, body, "Ack")
 
@@ -506,7 +506,9 @@ class Client:
             msg.retry.default.SetInParent()
         if ctx.worker_id is not None:
             msg.worker_id = ctx.worker_id
-        with _otel.client_span("sepp.nack", _lease_attributes(ctx, retry=retry.kind)) as span:
+        with _otel.client_span(
+            "sepp.nack", lambda: _lease_attributes(ctx, retry=retry.kind)
+        ) as span:
             body = await self._call("Nack", msg.SerializeToString(), timeout=timeout, kind="lease")
             dead = _parse(pb.NackResponse, body, "Nack").dead_lettered
             span.set("sepp.dead_lettered", dead)
@@ -526,7 +528,7 @@ class Client:
         cv.duration_to_pb(lease_s, msg.lease_duration)
         if ctx.worker_id is not None:
             msg.worker_id = ctx.worker_id
-        with _otel.client_span("sepp.extend", _lease_attributes(ctx)):
+        with _otel.client_span("sepp.extend", lambda: _lease_attributes(ctx)):
             body = await self._call(
                 "Extend", msg.SerializeToString(), timeout=timeout, kind="lease"
             )
@@ -689,8 +691,6 @@ def _requests(jobs: Iterable[EnqueueRequest]) -> list[EnqueueRequest]:
 
 
 def _batch_attributes(requests: Sequence[EnqueueRequest]) -> dict[str, int | list[str]]:
-    if not _otel.AVAILABLE:
-        return {}
     return {
         "sepp.batch_size": len(requests),
         "sepp.queues": sorted({r.queue for r in requests}),
@@ -699,8 +699,6 @@ def _batch_attributes(requests: Sequence[EnqueueRequest]) -> dict[str, int | lis
 
 
 def _lease_attributes(ctx: JobContext, **extra: str) -> dict[str, str | int]:
-    if not _otel.AVAILABLE:
-        return {}
     out: dict[str, str | int] = {
         "sepp.job_id": ctx.id,
         "sepp.queue": ctx.queue,
@@ -724,7 +722,7 @@ def _left_s(deadline: float) -> float | None:
 def _record_results(
     span: _otel.NoopSpan | _otel.OtelSpan, results: Sequence[EnqueueAck | JobRejection]
 ) -> None:
-    if not _otel.AVAILABLE:
+    if isinstance(span, _otel.NoopSpan):
         return
     rejected = sum(isinstance(r, JobRejection) for r in results)
     span.set("sepp.accepted", len(results) - rejected)
