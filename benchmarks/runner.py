@@ -866,7 +866,8 @@ def _label(client: str) -> str:
     """Short column label: sepp-py -> py, sepp-rs -> rs, sepp-trio+x -> +x."""
     if client.startswith(f"{SEPP_TRIO}+"):
         return client[len(SEPP_TRIO) :]
-    return client.split("-")[-1]
+    base, plus, variant = client.partition("+")
+    return base.split("-")[-1] + plus + variant
 
 
 def versions_line(meta: dict[str, Any]) -> str:

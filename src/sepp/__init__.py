@@ -56,6 +56,7 @@ _LAZY = {
     "HandlerError": "_worker",
     "ShutdownHandle": "_worker",
     "Worker": "_worker",
+    "WorkerMonitor": "_monitor",
     "CustomEntriesTooMany": "_rejection_reasons",
     "CustomKeyTooLong": "_rejection_reasons",
     "CustomMapTooLarge": "_rejection_reasons",
@@ -78,6 +79,7 @@ if TYPE_CHECKING:
     from ._backoff import Backoff as Backoff
     from ._middleware import CallNext as CallNext
     from ._middleware import Middleware as Middleware
+    from ._monitor import WorkerMonitor as WorkerMonitor
     from ._rejection_reasons import CustomEntriesTooMany as CustomEntriesTooMany
     from ._rejection_reasons import CustomKeyTooLong as CustomKeyTooLong
     from ._rejection_reasons import CustomMapTooLarge as CustomMapTooLarge
@@ -165,6 +167,7 @@ __all__ = [
     "UnknownRejection",
     "ValidationError",
     "Worker",
+    "WorkerMonitor",
     "__version__",
     "describe_job_rejection",
     "is_job_rejection",
