@@ -183,7 +183,8 @@ class Router:
         return self._handlers.get(job_type, self._catch_all)
 
     def _route_settings(self, job_type: str) -> RouteSettings:
-        """The settings `lookup(job_type)`'s handler runs with, this router's included."""
+        """The settings `lookup(job_type)`'s handler runs with, this router's included (the
+        catch-all's for a type without a handler of its own)."""
         if job_type in self._handlers:
             return self._settings.get(job_type, NO_SETTINGS).inside(self._own)
         return self._catch_all_settings.inside(self._own)

@@ -256,8 +256,10 @@ class Worker:
             )
         self._lifespan = lifespan
         self._lifespan_state: Any = None
+        # The handlers as they run, rebuilt at each registration (rare): a job's costs one get.
         self._routes: dict[str, _Route] = {}
         self._catch_all_route: _Route | None = None
+        self._build_routes()
         self._keeps_dead_letters: bool | None = None  # the server's, once asked
         self._server_info_lock = trio.Lock()
 
@@ -310,7 +312,7 @@ class Worker:
         registration for the same type raises DuplicateHandlerError. `timeout` and `backoff`
         override the worker's for this handler."""
         self._router.handle(job_type, fn, timeout=timeout, backoff=backoff)
-        self._routes.pop(job_type, None)
+        self._build_routes()
         return self
 
     def handler(
@@ -325,14 +327,29 @@ class Worker:
 
         def register_here(fn: H) -> H:
             register(fn)
-            self._routes.pop(job_type, None)
+            self._build_routes()
             return fn
 
         return register_here
 
     def catch_all(self, fn: H) -> H:
         """Run `fn` for job types without a handler (usable as a decorator). Only one."""
-        return self._router.catch_all(fn)
+        self._router.catch_all(fn)
+        self._build_routes()
+        return fn
+
+    def _build_routes(self) -> None:
+        router = self._router
+        self._routes = {
+            job_type: _Route(fn, router._route_settings(job_type).inside(self._own))
+            for job_type, fn in router._handlers.items()
+        }
+        catch_all = router._catch_all
+        self._catch_all_route = (
+            None
+            if catch_all is None
+            else _Route(catch_all, router._route_settings("").inside(self._own))
+        )
 
     # -- state --------------------------------------------------------------------------------
 
@@ -596,7 +613,7 @@ class Worker:
         self._held[id(held)] = held
         earlier = self._held_by_job_id.get(ctx.id)
         self._held_by_job_id[ctx.id] = held
-        route = self._routes.get(ctx.job_type) or self._route(ctx.job_type)
+        route = self._routes.get(ctx.job_type, self._catch_all_route)
         if route is not None:
             if earlier is None:
                 self._slots.queue(held)
@@ -607,21 +624,6 @@ class Worker:
         # Type and id name the task well enough, and cost less than str(ctx).
         name = f"sepp job {ctx.job_type}[{ctx.id}]"
         self._jobs_nursery.start_soon(self._process, held, route, name=name)
-
-    def _route(self, job_type: str) -> _Route | None:
-        """Build (and keep) the route for `job_type`: its handler, else the catch-all."""
-        fn = self._router.lookup(job_type)
-        if fn is None:
-            return None
-        if job_type in self._router._handlers:
-            route = self._routes[job_type] = _Route(
-                fn, self._router._route_settings(job_type).inside(self._own)
-            )
-            return route
-        if self._catch_all_route is None:
-            settings = self._router._route_settings(job_type).inside(self._own)
-            self._catch_all_route = _Route(fn, settings)
-        return self._catch_all_route
 
     def _wait_for_earlier_run(self, held: HeldJob, earlier: HeldJob) -> None:
         """A redelivery of a job this worker still runs (its lease ran out, the handler has

@@ -241,6 +241,32 @@ async def test_unknown_type_comes_back_later_for_a_worker_that_knows_it() -> Non
         assert taken[0][1] - nacked_at >= 1.9
 
 
+async def test_unknown_types_can_be_dead_lettered_at_once() -> None:
+    async with server_and_client(config()) as (_, client):
+        (job_id,) = await enqueue(client, 1, job_type="nobody_knows")
+        spy = Spy(client)
+        log = RecordingLogger()
+        worker = worker_for(spy, unknown_types="dead_letter", logger=log)
+
+        @worker.handler("task")
+        async def task(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None: ...
+
+        async with trio.open_nursery() as nursery:
+            await nursery.start(worker.run)
+            await wait_until(lambda: len(spy.nacks) == 1, timeout=10)
+            worker.shutdown()
+        (record,) = await client.drain_dead_letters(QUEUE)
+        assert (record.job_id, record.cause) == (job_id, sepp.DeadLetterCause.REJECTED)
+        assert (
+            record.last_reason == "no handler registered for job type 'nobody_knows' on this worker"
+        )
+        errors = log.at("error")
+        assert len(errors) == 2  # the unknown type (with what this worker handles), the loss
+        assert "this worker handles: task" in errors[0]
+        assert "dead-lettered: no handler for its type" in errors[1]
+        assert "keeps no dead letters" not in errors[1]  # this server keeps them
+
+
 async def test_auto_extend_keeps_a_slow_handler_past_its_lease() -> None:
     # The queue clamps leases to 1 s; the handler takes 3.5 s.
     async with server_and_client(config(max_lease_duration_ms=1000)) as (_, client):
@@ -391,14 +417,20 @@ async def test_handlers_share_the_lifespans_state_and_enqueue_follow_ups_with_ct
             ctx.state["sent"].append(payload.json()["id"])
             events.append("receipt sent")
 
-        worker = worker_for(spy, handlers=router)
+        async def outermost(job: sepp.Job, call_next: sepp.CallNext) -> None:
+            events.append("worker in")
+            await call_next()
+            events.append("worker out")
+
+        worker = worker_for(spy, handlers=router, middleware=[outermost])
         async with trio.open_nursery() as nursery:
             await nursery.start(worker.run)
             await wait_until(lambda: len(spy.acked) == 2, timeout=10)
             worker.shutdown()
         assert events == [
-            *("open pool", "before order", "after order"),
-            *("before receipt", "receipt sent", "after receipt", "close pool"),
+            *("open pool", "worker in", "before order", "after order", "worker out"),
+            *("worker in", "before receipt", "receipt sent", "after receipt", "worker out"),
+            "close pool",
         ]
 
 

@@ -198,6 +198,29 @@ async def test_middleware_runs_worker_then_outer_router_then_inner_router_around
     assert len(fake.acks) == 3
 
 
+async def test_an_included_routers_settings_also_wrap_its_catch_all(
+    autojump_clock: MockClock,
+) -> None:
+    fake = FakeClient()
+    calls: list[str] = []
+    plugin = sepp.Router(middleware=[recording("plugin", calls)], timeout=2)
+
+    @plugin.catch_all
+    async def anything(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
+        calls.append(ctx.job_type)
+        await trio.sleep(5)
+
+    worker = make_worker(
+        fake, handlers=sepp.Router().include(plugin), backoff=sepp.Backoff(1, jitter=0)
+    )
+    fake.add("whatever", max_attempts=1)
+    async with running(worker):
+        await trio.sleep(3)
+    assert calls == ["plugin in", "whatever", "plugin out"]
+    ((nack),) = fake.nacks
+    assert nack.at == 2 and "ran past its 2s timeout" in (nack.reason or "")
+
+
 async def test_middleware_sets_context_variables_and_turns_exceptions_into_outcomes(
     autojump_clock: MockClock,
 ) -> None:
