@@ -691,6 +691,9 @@ def _requests(jobs: Iterable[EnqueueRequest]) -> list[EnqueueRequest]:
 
 
 def _batch_attributes(requests: Sequence[EnqueueRequest]) -> dict[str, int | list[str]]:
+    # Passed to client_span as a lambda, so only built for a span; the guard is for any caller.
+    if not _otel.tracing():
+        return {}
     return {
         "sepp.batch_size": len(requests),
         "sepp.queues": sorted({r.queue for r in requests}),
@@ -699,6 +702,8 @@ def _batch_attributes(requests: Sequence[EnqueueRequest]) -> dict[str, int | lis
 
 
 def _lease_attributes(ctx: JobContext, **extra: str) -> dict[str, str | int]:
+    if not _otel.tracing():
+        return {}
     out: dict[str, str | int] = {
         "sepp.job_id": ctx.id,
         "sepp.queue": ctx.queue,
