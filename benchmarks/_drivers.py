@@ -23,6 +23,9 @@ RS_CRATE = BENCH_DIR / "sepp-rs-bench"
 SEPP_TRIO = "sepp-trio"
 SEPP_PY = "sepp-py"
 SEPP_RS = "sepp-rs"
+# A Python client's second driver with opentelemetry importable and no provider set: what an
+# application that has opentelemetry-api through some other dependency gets.
+OTEL_API = "otel-api"
 
 
 class DriverFailed(RuntimeError):
@@ -48,10 +51,13 @@ def _clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
 
 def trio_spec(python: str, *, otel: bool, experiment: str | None = None) -> ClientSpec:
     """sepp-trio's driver; with `experiment`, a variant running benchmarks/experiments.py
-    patches (named ``sepp-trio+<experiment>``, and without probes)."""
-    flags = [] if otel else ["--no-otel"]
-    if experiment:
-        flags += ["--experiment", experiment]
+    patches (named ``sepp-trio+<experiment>``, and without probes); the experiment OTEL_API
+    is the driver with opentelemetry importable."""
+    if experiment == OTEL_API:
+        otel, experiment_flags = True, []
+    else:
+        experiment_flags = ["--experiment", experiment] if experiment else []
+    flags = ([] if otel else ["--no-otel"]) + experiment_flags
     return ClientSpec(
         f"{SEPP_TRIO}+{experiment}" if experiment else SEPP_TRIO,
         [python, str(TRIO_DRIVER), *flags, "--src", str(SRC)],
@@ -60,12 +66,13 @@ def trio_spec(python: str, *, otel: bool, experiment: str | None = None) -> Clie
     )
 
 
-def seppy_spec(python: str, *, otel: bool) -> ClientSpec:
-    flags = [] if otel else ["--no-otel"]
+def seppy_spec(python: str, *, otel: bool, otel_api_variant: bool = False) -> ClientSpec:
+    """sepp-py's driver; `otel_api_variant` is its OTEL_API second driver (without probes)."""
+    flags = [] if otel or otel_api_variant else ["--no-otel"]
     return ClientSpec(
-        SEPP_PY,
+        f"{SEPP_PY}+{OTEL_API}" if otel_api_variant else SEPP_PY,
         [python, "-I", str(SEPPY_DRIVER), *flags],
-        [python, "-I", str(PROBE)],
+        None if otel_api_variant else [python, "-I", str(PROBE)],
         _clean_env(),
     )
 

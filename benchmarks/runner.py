@@ -30,6 +30,7 @@ import trio
 
 from ._drivers import (
     BENCH_DIR,
+    OTEL_API,
     REPO,
     RS_CRATE,
     SEPP_PY,
@@ -250,6 +251,13 @@ def parse_args(argv: Sequence[str]) -> Options:
         "default: blocked in both, the no-extra install",
     )
     p.add_argument(
+        "--otel-api",
+        action="store_true",
+        help="also run each Python client with opentelemetry importable and no provider set "
+        "(clients sepp-trio+otel-api, sepp-py+otel-api), reported as CPU ratios to the same "
+        "client without it",
+    )
+    p.add_argument(
         "--size", type=float, default=None, help="scale every scenario's size (1.0; quick: 0.35)"
     )
     p.add_argument("--import-runs", type=int, default=None, help="fresh interpreters per client")
@@ -278,6 +286,10 @@ def parse_args(argv: Sequence[str]) -> Options:
     clients = [SEPP_TRIO] + ([] if a.no_seppy else [SEPP_PY]) + ([SEPP_RS] if a.rs else [])
     variants = ([] if a.no_h2 or "h2" in a.variant else ["h2"]) + a.variant
     clients += [f"{SEPP_TRIO}+{v}" for v in variants]
+    if a.otel_api:
+        clients.append(f"{SEPP_TRIO}+{OTEL_API}")
+        if not a.no_seppy:
+            clients.append(f"{SEPP_PY}+{OTEL_API}")
     return Options(
         rounds=rounds,
         modes=list(PERSIST_MODES) if a.persist_mode == "both" else [a.persist_mode],
@@ -405,8 +417,19 @@ def summarise_throughput(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any
             "cpu_s_per_1k_all": cpu,
             "errors": len(rs) - len(ok),
         }
-    summary: dict[str, Any] = {"clients": per_client, "ratios": {}}
+    summary: dict[str, Any] = {"clients": per_client, "ratios": {}, "otel_api_cost": {}}
     clients = list(runs)
+    for base in (c for c in (SEPP_TRIO, SEPP_PY) if f"{c}+{OTEL_API}" in runs and c in runs):
+        # CPU per op with opentelemetry importable (no provider) over without, per round.
+        per_round = [
+            (b["cpu_s"] / b["n"]) / (a["cpu_s"] / a["n"])
+            for a, b in zip(runs[base], runs[f"{base}+{OTEL_API}"], strict=False)
+            if "error" not in a and "error" not in b and a["n"] and b["n"]
+        ]
+        summary["otel_api_cost"][base] = {
+            "cpu_per_op": _median(per_round),
+            "cpu_per_op_per_round": per_round,
+        }
     for other in (c for c in clients if c != SEPP_TRIO):
         if SEPP_TRIO not in runs:
             break
@@ -751,6 +774,21 @@ def render_markdown(results: dict[str, Any]) -> str:
                     row.append(_f(s["ratios"].get(o, {}).get("cpu_per_op"), ".2f"))
                 lines.append("| " + " | ".join(row) + " |")
             lines.append("")
+            costs = [
+                f"{v['title']}: "
+                + ", ".join(
+                    f"{base} {_f(cost['cpu_per_op'], '.2f')}x"
+                    for base, cost in v["summary"].get("otel_api_cost", {}).items()
+                )
+                for _, v in thr
+                if v["summary"].get("otel_api_cost")
+            ]
+            if costs:
+                lines.append(
+                    "- CPU per op with opentelemetry-api importable and no provider set, over"
+                    " the same client without it (median of per-round ratios): " + "; ".join(costs)
+                )
+                lines.append("")
             derived = mres.get("auto_batched_vs_batch", {})
             for mine, against in derived.items():
                 for other, ratio in against.items():
@@ -828,7 +866,8 @@ def _label(client: str) -> str:
     """Short column label: sepp-py -> py, sepp-rs -> rs, sepp-trio+x -> +x."""
     if client.startswith(f"{SEPP_TRIO}+"):
         return client[len(SEPP_TRIO) :]
-    return client.split("-")[-1]
+    base, plus, variant = client.partition("+")
+    return base.split("-")[-1] + plus + variant
 
 
 def versions_line(meta: dict[str, Any]) -> str:
@@ -873,7 +912,9 @@ async def amain(opts: Options) -> dict[str, Any]:
     if SEPP_RS in opts.clients:
         specs.append(rs_spec(ensure_rs_binary()))
     for name in opts.clients:
-        if name.startswith(f"{SEPP_TRIO}+"):
+        if name == f"{SEPP_PY}+{OTEL_API}":
+            specs.append(seppy_spec(seppy_python, otel=opts.otel, otel_api_variant=True))
+        elif name.startswith(f"{SEPP_TRIO}+"):
             experiment = name.split("+", 1)[1]
             specs.append(trio_spec(sys.executable, otel=opts.otel, experiment=experiment))
     seppy_impl = await run_json(

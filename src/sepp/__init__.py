@@ -59,6 +59,7 @@ _LAZY = {
     "HandlerError": "_worker",
     "ShutdownHandle": "_shutdown",
     "Worker": "_worker",
+    "WorkerMonitor": "_monitor",
     "CustomEntriesTooMany": "_rejection_reasons",
     "CustomKeyTooLong": "_rejection_reasons",
     "CustomMapTooLarge": "_rejection_reasons",
@@ -92,6 +93,7 @@ if TYPE_CHECKING:
     from ._codecs import PydanticCodec as PydanticCodec
     from ._middleware import CallNext as CallNext
     from ._middleware import Middleware as Middleware
+    from ._monitor import WorkerMonitor as WorkerMonitor
     from ._rejection_reasons import CustomEntriesTooMany as CustomEntriesTooMany
     from ._rejection_reasons import CustomKeyTooLong as CustomKeyTooLong
     from ._rejection_reasons import CustomMapTooLarge as CustomMapTooLarge
@@ -189,6 +191,7 @@ __all__ = [
     "UnknownRejection",
     "ValidationError",
     "Worker",
+    "WorkerMonitor",
     "__version__",
     "connect",
     "describe_job_rejection",

@@ -7,7 +7,7 @@ import math
 import os
 import ssl
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, overload
 
@@ -33,6 +33,7 @@ from ._errors import (
 )
 from ._limits import LimitsCache, ServerLimits
 from ._log import Log, LoggerLike
+from ._opening import Opening
 from ._options import DEFAULT_MAX_RECEIVE_MESSAGE_BYTES as DEFAULT_MAX_RECEIVE_MESSAGE_BYTES
 from ._options import ConnectOptions
 from ._rejections import BatchRejection, JobRejection
@@ -99,6 +100,8 @@ class Client:
         self._validate_locally = validate_locally
         self._limits = LimitsCache(self._fetch_server_info, log)
         self._opened_in = fork.here()
+        # The run that opened the client: its tasks serve only callers in that run.
+        self._root_task = _root_task()
 
     async def _connect(self) -> None:
         """Open the first connection (open() fails at once if the server is unreachable)."""
@@ -208,9 +211,9 @@ class Client:
             local = limits.check(request) if limits is not None else None
             if local is not None:
                 return local
-        with _otel.client_span("sepp.enqueue", _batch_attributes((request,))) as span:
+        with _otel.client_span("sepp.enqueue", lambda: _batch_attributes((request,))) as span:
             body = await self._send_s(
-                ops.enqueue_batch_call((request,), span.trace_context), timeout_s
+                ops.enqueue_batch_call((request,), span.trace_context, label="Enqueue"), timeout_s
             )
             result = ops.read_enqueue_one(body)
             _record_results(span, (result,))
@@ -223,9 +226,11 @@ class Client:
     ) -> EnqueueAck | JobRejection:
         """One job through the auto-batcher, in its own sepp.enqueue span."""
         assert self._batcher is not None
-        if timeout is None and not _otel.AVAILABLE:
+        if self._root_task is not None and _root_task() is not self._root_task:
+            raise _other_run()
+        if timeout is None and not _otel.tracing():
             return await self._batcher.submit(request)  # the common case, kept lean
-        with _otel.client_span("sepp.enqueue", _batch_attributes([request])) as span:
+        with _otel.client_span("sepp.enqueue", lambda: _batch_attributes([request])) as span:
             trace_context = span.trace_context
             if trace_context is not None and request.trace_context is None:
                 request = dataclasses.replace(request, trace_context=trace_context)
@@ -238,7 +243,7 @@ class Client:
                     result = await self._batcher.submit(request)
                 if scope.cancelled_caught:
                     raise TransportError(
-                        "EnqueueBatch: DEADLINE_EXCEEDED: no result within"
+                        "Enqueue: DEADLINE_EXCEEDED: no result within"
                         f" {v.seconds('timeout', timeout):g}s "
                         "(the job may still be enqueued)",
                         code=StatusCode.DEADLINE_EXCEEDED,
@@ -282,7 +287,7 @@ class Client:
             refused = [BatchRejection(i, r) for i, r in local if r is not None]
             if refused:
                 raise BatchValidationError(refused)
-        with _otel.client_span("sepp.enqueue_atomic", _batch_attributes(requests)) as span:
+        with _otel.client_span("sepp.enqueue_atomic", lambda: _batch_attributes(requests)) as span:
             body = await self._send(
                 ops.enqueue_atomic_call(requests, span.trace_context), _left_s(deadline)
             )
@@ -354,7 +359,7 @@ class Client:
         self, requests: list[EnqueueRequest], timeout: float | timedelta | None
     ) -> list[EnqueueAck | JobRejection]:
         """One EnqueueBatch call in its own sepp.enqueue span."""
-        with _otel.client_span("sepp.enqueue", _batch_attributes(requests)) as span:
+        with _otel.client_span("sepp.enqueue", lambda: _batch_attributes(requests)) as span:
             results = await self._enqueue_batch_rpc(requests, timeout, span.trace_context)
             _record_results(span, results)
             return results
@@ -407,7 +412,7 @@ class Client:
     async def ack(self, ctx: JobContext, *, timeout: float | timedelta | None = None) -> None:
         """Finish a job. JobNotFoundError / AttemptMismatchError mean the lease was lost."""
         call = ops.ack_call(ctx)
-        with _otel.client_span("sepp.ack", _lease_attributes(ctx)):
+        with _otel.client_span("sepp.ack", lambda: _lease_attributes(ctx)):
             ops.read_ack(await self._send(call, timeout))
 
     async def nack(
@@ -420,7 +425,9 @@ class Client:
     ) -> bool:
         """Give a job back; returns whether the server dead-lettered it."""
         call = ops.nack_call(ctx, reason, retry)
-        with _otel.client_span("sepp.nack", _lease_attributes(ctx, retry=retry.kind)) as span:
+        with _otel.client_span(
+            "sepp.nack", lambda: _lease_attributes(ctx, retry=retry.kind)
+        ) as span:
             dead = ops.read_nack(await self._send(call, timeout))
             span.set("sepp.dead_lettered", dead)
             return dead
@@ -435,7 +442,7 @@ class Client:
         """Extend a lease to `lease_duration` from now (the server may clamp it); returns and
         records on `ctx` the new expiry."""
         call = ops.extend_call(ctx, lease_duration)
-        with _otel.client_span("sepp.extend", _lease_attributes(ctx)):
+        with _otel.client_span("sepp.extend", lambda: _lease_attributes(ctx)):
             body = await self._send(call, timeout)
         return ops.read_extend(body, ctx)
 
@@ -487,7 +494,10 @@ class Client:
     async def _send_s(self, call: ops.Call, timeout_s: float | None) -> bytes:
         """One call (with the retry policy's retries), its failure mapped to a SeppError."""
         fork.check_not_forked(self._opened_in, "sepp.Client", _FORKED_HINT)
+        if self._root_task is not None and _root_task() is not self._root_task:
+            raise _other_run()
         method, request = call.method, call.request
+        label = call.label or method
         metadata = _otel.outgoing_headers() if _otel.AVAILABLE else ()
         try:
             retry_request = call.retry_request
@@ -512,7 +522,7 @@ class Client:
             return await call_with_retry(
                 self._retry_policy,
                 attempt,
-                method=method,
+                method=label,
                 log=self._log,
                 retryable=call.retryable,
                 ambiguous_retry_safe=call.ambiguous_retry_safe,
@@ -522,14 +532,15 @@ class Client:
                 exc.code,
                 exc.details,
                 call=call.kind,
-                method=method,
+                method=label,
                 kind=exc.kind,
                 addr=self._address,
             ) from None
 
 
 def _batch_attributes(requests: Sequence[EnqueueRequest]) -> dict[str, int | list[str]]:
-    if not _otel.AVAILABLE:
+    # Passed to client_span as a lambda, so only built for a span; the guard is for any caller.
+    if not _otel.tracing():
         return {}
     return {
         "sepp.batch_size": len(requests),
@@ -539,7 +550,7 @@ def _batch_attributes(requests: Sequence[EnqueueRequest]) -> dict[str, int | lis
 
 
 def _lease_attributes(ctx: JobContext, **extra: str) -> dict[str, str | int]:
-    if not _otel.AVAILABLE:
+    if not _otel.tracing():
         return {}
     out: dict[str, str | int] = {
         "sepp.job_id": ctx.id,
@@ -553,6 +564,20 @@ def _lease_attributes(ctx: JobContext, **extra: str) -> dict[str, str | int]:
     return out
 
 
+def _root_task() -> trio.lowlevel.Task | None:
+    try:
+        return trio.lowlevel.current_root_task()
+    except RuntimeError:  # not in a trio run: a client built by hand, outside one (tests)
+        return None
+
+
+def _other_run() -> RuntimeError:
+    return RuntimeError(
+        "this sepp.Client was opened in another trio.run() (or thread), and a client serves"
+        " only the run that opened it: open one with `async with sepp.open(...)` in each run"
+    )
+
+
 def _left_s(deadline: float) -> float | None:
     """What is left until `deadline`, as a call's timeout (None: no deadline). Never zero,
     which is not a valid timeout: a call with no time left fails with DEADLINE_EXCEEDED."""
@@ -564,7 +589,7 @@ def _left_s(deadline: float) -> float | None:
 def _record_results(
     span: _otel.NoopSpan | _otel.OtelSpan, results: Sequence[EnqueueAck | JobRejection]
 ) -> None:
-    if not _otel.AVAILABLE:
+    if isinstance(span, _otel.NoopSpan):
         return
     rejected = sum(isinstance(r, JobRejection) for r in results)
     span.set("sepp.accepted", len(results) - rejected)
@@ -573,8 +598,7 @@ def _record_results(
         span.set("sepp.job_id", results[0].job_id)
 
 
-@asynccontextmanager
-async def open(
+def open(
     address: str,
     *,
     api_key: str | None = None,
@@ -591,7 +615,7 @@ async def open(
     enqueue_batching: Batching | None = None,
     validate_locally: bool = True,
     wire_engine: WireEngine | None = None,
-) -> AsyncIterator[Client]:
+) -> AbstractAsyncContextManager[Client]:
     """Connect to a sepp server; the client's connection tasks live until the block exits.
 
     `address` is `host:port`, `[v6]:port`, `http://host:port` or `https://host:port`.
@@ -618,6 +642,11 @@ async def open(
         validate_locally=validate_locally,
         wire_engine=wire_engine,
     )
+    return Opening(_open_client(options))
+
+
+@asynccontextmanager
+async def _open_client(options: ConnectOptions) -> AsyncIterator[Client]:
     user_exc: BaseException | None = None
     async with trio.open_nursery() as nursery:
         client = Client(

@@ -31,6 +31,7 @@ class HeldJob:
         "keeper_scope",
         "lease_lost",
         "phase",
+        "run_s",
         "scope",
         "watch_key",
     )
@@ -53,6 +54,7 @@ class HeldJob:
         self.ended: trio.Event | None = None
         self._seen_expiry: datetime | None = None
         self._deadline = 0.0
+        self.run_s: float | None = None  # how long its handler ran, once it has
 
     @property
     def cancelled(self) -> bool:

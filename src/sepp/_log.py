@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 # A library stays silent unless the application configures logging (no "last resort" output).
@@ -27,7 +28,12 @@ class Log:
         if fn is not None:
             fn(msg, *args)
 
-    def info(self, msg: str, *args: object) -> None:
+    def info(self, msg: str, *args: object, extra: Mapping[str, object] | None = None) -> None:
+        """`extra` (fields for structured formatters) reaches stdlib loggers only."""
+        if extra is not None and isinstance(self._target, logging.Logger):
+            if self._target.isEnabledFor(logging.INFO):
+                self._target.info(msg, *args, extra=extra)
+            return
         fn = getattr(self._target, "info", None)
         if fn is not None:
             fn(msg, *args)

@@ -64,6 +64,8 @@ class Call:
     # Rebuilds the request for the transport's transparent retries, given the seconds since
     # the first attempt (see Channel.call); only calls the policy never retries (Reserve).
     retry_request: Callable[[float], bytes] | None = None
+    # What the caller called, to name in its errors, when not `method` ("Enqueue").
+    label: str | None = None
 
 
 # -- producing ------------------------------------------------------------------------------
@@ -129,12 +131,16 @@ def job_requests(jobs: Iterable[EnqueueRequest]) -> list[EnqueueRequest]:
 
 
 def enqueue_batch_call(
-    requests: Sequence[EnqueueRequest], trace_context: TraceContext | None = None
+    requests: Sequence[EnqueueRequest],
+    trace_context: TraceContext | None = None,
+    *,
+    label: str | None = None,
 ) -> Call:
     return Call(
         "EnqueueBatch",
         cv.enqueue_batch_to_pb(requests, trace_context),
         ambiguous_retry_safe=all_keyed(requests),
+        label=label,
     )
 
 
@@ -146,7 +152,7 @@ def read_enqueue_batch(body: bytes, count: int) -> list[EnqueueAck | JobRejectio
 
 
 def read_enqueue_one(body: bytes) -> EnqueueAck | JobRejection:
-    return convert(cv.single_result_from_pb, body, "EnqueueBatch")
+    return convert(cv.single_result_from_pb, body, "Enqueue")
 
 
 def enqueue_atomic_call(
@@ -205,7 +211,7 @@ def reserve_call(
     if not names:
         raise ValidationError("queues", "must name at least one queue")
     for index, name in enumerate(names):
-        v.utf8_text(f"queues[{index}]", name)
+        v.queue_name(f"queues[{index}]", name)
     lease_s = v.seconds("lease_duration", lease_duration)
     wait_s = v.seconds("wait_timeout", wait_timeout, allow_zero=True)
     if max_jobs is not None:
@@ -316,7 +322,7 @@ def drain_dead_letters_call(queue: str | None, max: int) -> Call | None:
         return None
     msg = pb.DrainDeadLettersRequest(max=max)
     if queue is not None:
-        msg.queue = v.utf8_text("queue", queue)
+        msg.queue = v.queue_name("queue", queue)
     return Call("DrainDeadLetters", msg.SerializeToString(), retryable=NEVER_RETRIED)
 
 

@@ -1,10 +1,16 @@
 """Optional OpenTelemetry glue. opentelemetry-api is imported on first use (the first span,
 metric or `AVAILABLE` lookup, never by `import sepp`) and, when absent, everything here is a
-shared no-op object: no allocation, no context lookups."""
+shared no-op object: no allocation, no context lookups.
+
+Many applications have opentelemetry-api installed (through some other dependency) and never
+set a provider: the API's proxy provider then makes every span a no-op, yet starting one costs
+more than the rest of an enqueue. So `tracing()` first asks whether anyone listens (a tracer
+provider was set, or the current context carries a span to propagate) and everything here
+takes its no-op path when no one does; a provider set later is seen by the next call."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -22,22 +28,74 @@ _propagate: Any = None
 _trace: Any = None
 
 
+# Bound by _load() when the API is installed: whether a tracer / meter provider is set.
+_tracer_provider_set: Callable[[], bool]
+_meter_provider_set: Callable[[], bool]
+_current_span: Callable[[], object]
+_no_span: object = None
+
+
 def _load() -> bool:
     """Import opentelemetry-api (the `otel` extra) if it is installed; once."""
     global AVAILABLE, _loaded, _metrics, _propagate, _trace
+    global _tracer_provider_set, _meter_provider_set, _current_span, _no_span
     try:
         from opentelemetry import metrics, propagate, trace
     except ImportError:  # pragma: no cover - exercised by a subprocess test
         AVAILABLE = False
     else:
         _metrics, _propagate, _trace = metrics, propagate, trace
+        _tracer_provider_set, _meter_provider_set = _provider_checks(trace, metrics)
+        _current_span, _no_span = trace.get_current_span, trace.INVALID_SPAN
         AVAILABLE = True
     _loaded = True
     return AVAILABLE
 
 
+def _provider_checks(trace: Any, metrics: Any) -> tuple[Callable[[], bool], Callable[[], bool]]:
+    """Two cheap "was a provider set?" tests. The public getters cost about 3 µs a call (each
+    looks up an environment variable through a KeyError), so they are called once here (which
+    loads a provider named by OTEL_PYTHON_*_PROVIDER) and then the API's globals are read; if
+    a future API lacks them, the public getters are used."""
+    from opentelemetry.metrics import _internal as metrics_internal
+
+    trace.get_tracer_provider()
+    metrics.get_meter_provider()
+    no_tracing = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
+    no_metrics = (metrics.NoOpMeterProvider, getattr(metrics_internal, "_ProxyMeterProvider", ()))
+    if hasattr(trace, "_TRACER_PROVIDER") and hasattr(metrics_internal, "_METER_PROVIDER"):
+
+        def tracer_set() -> bool:
+            provider = trace._TRACER_PROVIDER
+            return provider is not None and not isinstance(provider, no_tracing)
+
+        def meter_set() -> bool:
+            provider = metrics_internal._METER_PROVIDER
+            return provider is not None and not isinstance(provider, no_metrics)
+
+        return tracer_set, meter_set
+    return (  # pragma: no cover - an API without the globals
+        lambda: not isinstance(trace.get_tracer_provider(), no_tracing),
+        lambda: not isinstance(metrics.get_meter_provider(), no_metrics),
+    )
+
+
 def _available() -> bool:
     return AVAILABLE if _loaded else _load()
+
+
+def tracing() -> bool:
+    """Whether spans would be recorded or a trace context propagated: a tracer provider is
+    set, or the current context carries a span (a caller's trace passes through us even
+    without an SDK). False without the otel extra."""
+    if not (AVAILABLE if _loaded else _load()):
+        return False
+    return _tracer_provider_set() or _current_span() is not _no_span
+
+
+def metering() -> bool:
+    """Whether a meter provider is set (False without the otel extra)."""
+    return (AVAILABLE if _loaded else _load()) and _meter_provider_set()
 
 
 if not TYPE_CHECKING:
@@ -116,15 +174,20 @@ class OtelSpan:
         self._span.set_status(_trace.Status(_trace.StatusCode.ERROR, description))
 
 
-def client_span(name: str, attributes: Attributes) -> NoopSpan | OtelSpan:
-    if not _available():
+def client_span(
+    name: str, attributes: Attributes | Callable[[], Attributes]
+) -> NoopSpan | OtelSpan:
+    """A CLIENT span; `attributes` may be a function, called only when someone listens."""
+    if not tracing():
         return NOOP_SPAN
+    if callable(attributes):
+        attributes = attributes()
     return OtelSpan(name, _trace.SpanKind.CLIENT, {"messaging.system": "sepp", **attributes})
 
 
 def process_span(job: Job, worker_id: str | None) -> NoopSpan | OtelSpan:
     """The worker's CONSUMER span for one job, linked (not parented) to the job's trace."""
-    if not _available():
+    if not tracing():
         return NOOP_SPAN
     ctx = job.ctx
     links = []
@@ -149,7 +212,7 @@ def process_span(job: Job, worker_id: str | None) -> NoopSpan | OtelSpan:
 
 def outgoing_headers() -> list[Header]:
     """`traceparent`/`tracestate` for the current context, from the configured propagator."""
-    if not _available():
+    if not tracing():
         return []
     carrier: dict[str, str] = {}
     _propagate.inject(carrier)
@@ -161,7 +224,7 @@ def outgoing_headers() -> list[Header]:
 
 
 def current_trace_context() -> TraceContext | None:
-    if not _available():
+    if not tracing():
         return None
     carrier: dict[str, str] = {}
     _propagate.inject(carrier)
@@ -175,13 +238,17 @@ class WorkerMetrics:
     """The worker's instruments; created lazily so a meter provider set later is honoured."""
 
     def __init__(self) -> None:
-        # False without the otel extra: callers skip building attributes for a no-op.
-        self.enabled = _available()
         self._ready = False
         self._instruments: dict[str, Any] = {}
 
+    @property
+    def enabled(self) -> bool:
+        """False without the otel extra or a meter provider: callers skip building attributes
+        for a no-op. A provider set later is honoured from then on."""
+        return metering()
+
     def _get(self, name: str) -> Any:
-        if not _available():
+        if not metering():
             return None
         if not self._ready:
             meter = _metrics.get_meter(_INSTRUMENTATION, __version__)

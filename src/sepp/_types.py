@@ -134,7 +134,7 @@ class EnqueueRequest:
     trace_context: TraceContext | None = None
 
     def __post_init__(self) -> None:
-        v.utf8_text("queue", self.queue)
+        v.queue_name("queue", self.queue)
         v.utf8_text("job_type", self.job_type)
         if self.payload is not None and not isinstance(self.payload, Payload):
             raise ValidationError(

@@ -29,6 +29,15 @@ def utf8_text(field: str, value: object, *, allow_empty: bool = False) -> str:
     return value
 
 
+def queue_name(field: str, value: object) -> str:
+    """A queue name: text without leading or trailing whitespace (" emails" would silently
+    be another queue than "emails")."""
+    name = utf8_text(field, value)
+    if name[0].isspace() or name[-1].isspace():
+        raise ValidationError(field, f"must not start or end with whitespace, got {name!r}")
+    return name
+
+
 def optional_text(field: str, value: object) -> str | None:
     return None if value is None else utf8_text(field, value)
 

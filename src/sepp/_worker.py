@@ -33,6 +33,7 @@ from ._held_job import HeldJob, Phase
 from ._lease_keeper import LeaseKeeper
 from ._log import Log, LoggerLike
 from ._middleware import Middleware, checked_middleware, run_chain
+from ._monitor import WorkerMonitor
 from ._outcomes import HandlerError as HandlerError  # public as sepp.HandlerError
 from ._router import (
     BackoffSetting,
@@ -175,13 +176,14 @@ class Worker:
         timeout: float | timedelta | None = None,
         backoff: BackoffSetting = DEFAULT_BACKOFF,
         unknown_types: Backoff | Literal["dead_letter"] = DEFAULT_UNKNOWN_TYPE_BACKOFF,
+        monitor: WorkerMonitor | None = None,
         _wall_clock: Callable[[], datetime] | None = None,
     ) -> None:
         names = [queues] if isinstance(queues, str) else list(queues)
         if not names:
             raise ValidationError("queues", "must name at least one queue")
         for index, name in enumerate(names):
-            v.utf8_text(f"queues[{index}]", name)
+            v.queue_name(f"queues[{index}]", name)
         self._client = client
         self._queues = names
         self._lease_s = v.seconds("lease_duration", lease_duration)
@@ -216,6 +218,11 @@ class Worker:
                 "unknown_types", f'must be a sepp.Backoff or "dead_letter", got {unknown_types!r}'
             )
         self._unknown_types = unknown_types
+        if monitor is not None and not isinstance(monitor, WorkerMonitor):
+            raise ValidationError(
+                "monitor", f"must be a sepp.WorkerMonitor, got {type(monitor).__name__}"
+            )
+        self._monitor = monitor
         self._unknown_logged_at: dict[str, float] = {}
         self._router = Router()
         if handlers is not None:
@@ -415,6 +422,8 @@ class Worker:
         if self._shutting_down or self._state is not _RunState.RUNNING:
             return
         self._shutting_down = True
+        if self._monitor is not None:
+            self._monitor._shutting_down()
         self._shutdown_began_at = trio.current_time()
         sent_at = self._reserve_sent_at
         if (
@@ -440,12 +449,17 @@ class Worker:
             raise RuntimeError("Worker.run() can only be called once; create a new Worker")
         self._state = _RunState.RUNNING
         self._token = trio.lowlevel.current_trio_token()
+        if self._monitor is not None:
+            # Types without a handler of their own are one "other" in the metrics' labels.
+            self._monitor._attach(self._router.job_types)
         started = False
 
         def mark_started() -> None:
             nonlocal started
             if not started:
                 started = True
+                if self._monitor is not None:
+                    self._monitor._reserving()
                 task_status.started()
 
         try:
@@ -466,6 +480,8 @@ class Worker:
                     self._stop_lease_keeping_if_idle()
         finally:
             self._state = _RunState.DONE
+            if self._monitor is not None:
+                self._monitor._stopped()
             self._token = None
             self._jobs_nursery = None
 
@@ -518,6 +534,8 @@ class Worker:
                 )
             except Exception as exc:  # the loop must outlive every reserve failure
                 self._reserve_sent_at = None
+                if self._monitor is not None:
+                    self._monitor._reserve_done(trio.current_time() - began, exc)
                 self._queues_drained = False  # unknown again
                 self._metrics.add("reserve_failed", 1, {"sepp.queues": self._queues})
                 failures += 1
@@ -526,6 +544,8 @@ class Worker:
                 await trio.sleep(delay)
                 continue
             self._reserve_sent_at = None
+            if self._monitor is not None:
+                self._monitor._reserve_done(trio.current_time() - began, None)
             got = len(jobs or ())
             # Fewer than asked means drained, unless the server caps a batch below what we
             # ask: so fewer than it has sent at once before, too (when unsure, not drained).
@@ -653,11 +673,13 @@ class Worker:
                 if outcome is None:
                     span.set("sepp.outcome", "lease_lost")
                     span.fail(held.lease_lost or "lease lost")
+                    self._finished(held, None, None)
                 else:
                     span.set("sepp.outcome", outcome.label)
                     if outcome.failure is not None:
                         span.fail(outcome.failure)
                     dead_lettered = await self._settle(ctx, outcome)
+                    self._finished(held, outcome.label, dead_lettered)
                     if outcome.retry is not None:
                         await self._log_nack(ctx, outcome, dead_lettered)
         finally:
@@ -668,6 +690,24 @@ class Worker:
                 held.ended.set()
             self._signal_held_changed()
             self._stop_lease_keeping_if_idle()
+
+    def _finished(self, held: HeldJob, label: str | None, dead_lettered: bool | None) -> None:
+        """Count a settled job, and log it at INFO (with its fields for structured logs)."""
+        ctx = held.job.ctx
+        if self._monitor is not None:
+            self._monitor._job_settled(ctx, label, dead_lettered)
+        if label == "unknown_type":
+            return  # logged by _unknown_type
+        outcome = "lease_lost" if label is None else label
+        if dead_lettered:
+            outcome += ", dead-lettered"
+        self._log.info(
+            "sepp: %s finished: %s in %.3fs",
+            ctx,
+            outcome,
+            held.run_s or 0.0,
+            extra={"sepp_outcome": outcome, "sepp_duration_s": held.run_s},
+        )
 
     def _stop_lease_keeping_if_idle(self) -> None:
         if self._reserving_ended and not self._held:
@@ -709,14 +749,17 @@ class Worker:
         returned = False
         error: Exception | None = None
         attributes = _job_attributes(ctx) if self._metrics.enabled else None
+        monitor = self._monitor
         started: float | None = None
         try:
             with held.scope:
                 if held.earlier is not None:
                     await self._after_earlier_run(held, held.earlier)
                 await held.wait_for_slot()
+                started = trio.current_time()
+                if monitor is not None:
+                    monitor._job_started(ctx)
                 if attributes is not None:
-                    started = trio.current_time()
                     self._metrics.add("in_flight", 1, attributes)
                 if route.middleware:
                     await run_chain(held.job, route.middleware, route.fn)
@@ -728,9 +771,13 @@ class Worker:
         finally:
             self._slots.release(held)
             held.phase = Phase.SETTLING
-            if attributes is not None and started is not None:
-                self._metrics.add("in_flight", -1, attributes)
-                self._metrics.record("duration", trio.current_time() - started, attributes)
+            if started is not None:
+                held.run_s = run_s = trio.current_time() - started
+                if monitor is not None:
+                    monitor._job_ended(ctx, run_s)
+                if attributes is not None:
+                    self._metrics.add("in_flight", -1, attributes)
+                    self._metrics.record("duration", run_s, attributes)
         if held.lease_lost is not None:
             return None  # someone else may own the job now; logged by _lose_lease
         if returned:

@@ -15,7 +15,7 @@ module says how each kind runs. The rules, also in docs/contributing.md:
 - `<!-- skip: next "why" -->` (or `% skip: next "why"`) marks the next example as
   illustrative; the reason is required. `<!-- invisible-code-block: python -->` runs code the
   reader does not see (setting up what an example needs).
-- Other fences are text, not examples, and must say which: text, toml or json.
+- Other fences are text, not examples, and must say which: text, toml, json, yaml or ini.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # The address examples use for a server on this machine; it reaches the test server.
 EXAMPLE_ADDRESS = "127.0.0.1:50051"
-TEXT_FENCES = {"text", "toml", "json"}
+TEXT_FENCES = {"text", "toml", "json", "yaml", "ini"}
 BLOCK_TIMEOUT_S = 60
 _MODULE_FILE = re.compile(r"# ([\w./-]+\.py)\n")
 

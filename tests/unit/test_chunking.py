@@ -53,7 +53,7 @@ texts = st.text(min_size=1, max_size=20)
 
 
 @given(
-    queue=texts,
+    queue=texts.filter(lambda name: name == name.strip()),  # outer whitespace is refused
     job_type=texts,
     key=st.none() | texts,
     data=st.none() | st.binary(min_size=1, max_size=300),

@@ -19,7 +19,7 @@ from fixtures.fake_scheduler_server import FakeServer, at
 from trio.testing import MockClock
 
 import sepp
-from sepp._cli import _scheduler_command
+from sepp._cli import _connect, _scheduler_command
 from sepp._cli._failures import EXIT_OK
 from sepp._cli._parser import build_parser
 
@@ -38,7 +38,8 @@ class Scripted:
         self.on_close: list[signal.Signals] = []
         schedule = sepp.Schedule().every("tick", 1, "ticks", "tick")
         monkeypatch.setattr(_scheduler_command, "load_schedule", lambda spec: schedule)
-        monkeypatch.setattr(_scheduler_command, "open_client", self.open_client)
+        # The worker and scheduler commands connect through one helper in _connect.
+        monkeypatch.setattr(_connect, "open_client", self.open_client)
 
     @asynccontextmanager
     async def open_client(self, args: argparse.Namespace) -> AsyncIterator[FakeServer]:

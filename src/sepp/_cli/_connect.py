@@ -5,11 +5,18 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
+from typing import TypeVar
+
+import trio
 
 import sepp
 
 from ._values import positive_seconds
+
+T = TypeVar("T")
+log = logging.getLogger("sepp.cli")
 
 ADDRESS_ENV = "SEPP_ADDR"
 API_KEY_ENV = "SEPP_API_KEY"
@@ -53,3 +60,37 @@ def open_client(args: argparse.Namespace) -> AbstractAsyncContextManager[sepp.Cl
         connect_timeout=args.connect_timeout,
         logger=logging.getLogger("sepp"),
     )
+
+
+async def run_connected(
+    args: argparse.Namespace,
+    body: Callable[[sepp.Client], Awaitable[T]],
+    *,
+    on_waiting: Callable[[], None] | None = None,
+) -> T:
+    """Connect, then run `body(client)`. The worker and the scheduler are often started
+    alongside the server: while it is not reachable yet, connecting is retried with backoff
+    (each failure logged, `on_waiting` called); failures once connected are `body`'s."""
+    from .._scheduler import _backoff  # the scheduler's backoff, loaded by the services only
+
+    failures = 0
+    while True:
+        connected = False
+        try:
+            async with open_client(args) as client:
+                connected = True
+                return await body(client)
+        except (sepp.ConnectError, sepp.TransportError) as exc:
+            if connected:
+                raise
+            failures += 1
+            delay = _backoff(failures)
+            log.warning(
+                "server not reachable yet (%s; failure %d); retrying in %.1fs",
+                exc,
+                failures,
+                delay,
+            )
+            if on_waiting is not None:
+                on_waiting()
+            await trio.sleep(delay)

@@ -3,7 +3,6 @@ line on stderr and an exit status."""
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 import sys
@@ -16,13 +15,13 @@ import sepp
 
 from ._connect import API_KEY_ENV
 from ._failures import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_USAGE, CliError
+from ._logging import setup_logging
 from ._output import note
 from ._parser import PROG, build_parser
 
 # Flags someone might try to pass a secret with. Refused before argparse sees them, whose
 # "unrecognized arguments" message would echo the secret back.
 _SECRET_FLAG = re.compile(r"--?(?:api[-_]?key|token|password|secret)(?:=.*)?", re.IGNORECASE)
-LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -38,9 +37,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(arguments)
     except SystemExit as exc:  # --help and --version (0), usage errors (2)
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
-    level = args.log_level or getattr(args, "default_log_level", "warning")
-    logging.basicConfig(level=level.upper(), stream=sys.stderr, format=LOG_FORMAT)
     label = " ".join([PROG, args.command, *([args.action] if "action" in args else [])])
+    try:
+        setup_logging(args)
+    except CliError as exc:
+        return report_failure(exc, label, debug=args.debug)
     try:
         status: int = trio.run(args.run, args)
     except BaseException as exc:

@@ -15,6 +15,7 @@ from . import (
     _worker_command,
 )
 from ._connect import add_connection_options
+from ._logging import LOG_FORMATS
 
 PROG = "sepp-trio"
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -51,6 +52,17 @@ def build_parser() -> argparse.ArgumentParser:
         choices=LOG_LEVELS,
         help=f"{', '.join(LOG_LEVELS)} (default: info for worker and scheduler, else"
         " warning); logs go to stderr",
+    )
+    output.add_argument(
+        "--log-format",
+        choices=LOG_FORMATS,
+        help="text (the default) or json: one JSON object per line",
+    )
+    output.add_argument(
+        "--log-config",
+        metavar="FILE",
+        help="configure logging from FILE instead: logging.config.dictConfig from a .json"
+        " file, fileConfig from anything else (INI)",
     )
     output.add_argument("--debug", action="store_true", help="show the traceback of a failure")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)

@@ -11,9 +11,8 @@ import trio
 import sepp
 
 from .._schedule import MISSED_POLICIES
-from .._scheduler import _backoff
 from .._types import EnqueueAck, EnqueueRequest, ServerInfo
-from ._connect import open_client
+from ._connect import run_connected
 from ._failures import EXIT_OK, UsageError
 from ._signals import run_until_signalled
 from ._targets import load_target
@@ -110,28 +109,13 @@ async def run(args: argparse.Namespace) -> int:
         if late.client is None:
             connecting.cancel()  # still waiting for the server: nothing to finish
 
+    async def connected(client: sepp.Client) -> None:
+        late.client = client
+        await run_scheduler(scheduler, schedule, client, args)
+
     async def schedule_jobs() -> None:
         with connecting:
-            failures = 0
-            while True:
-                try:
-                    async with open_client(args) as client:
-                        late.client = client
-                        await run_scheduler(scheduler, schedule, client, args)
-                    return
-                # The server is often started alongside the scheduler: wait for it.
-                except (sepp.ConnectError, sepp.TransportError) as exc:
-                    if late.client is not None:
-                        raise
-                    failures += 1
-                    delay = _backoff(failures)
-                    log.warning(
-                        "server not reachable yet (%s; failure %d); retrying in %.1fs",
-                        exc,
-                        failures,
-                        delay,
-                    )
-                    await trio.sleep(delay)
+            await run_connected(args, connected)
 
     # The first signal stops the scheduler, which returns promptly; a second one cancels what
     # is left (closing the connection). Either way nothing is lost: an enqueue cut short is

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import signal
 
@@ -10,7 +11,8 @@ import trio
 
 import sepp
 
-from ._connect import open_client
+from .. import _validate
+from ._connect import run_connected
 from ._failures import EXIT_FAILURE, EXIT_OK, UsageError
 from ._signals import run_until_signalled
 from ._targets import load_target
@@ -28,7 +30,8 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         " current directory is importable). The router's lifespan, middleware, timeouts and"
         " backoff apply. SIGINT or SIGTERM shuts down gracefully: no new"
         " jobs, running handlers get --shutdown-timeout seconds. A second signal stops at"
-        " once: running handlers are cancelled and their jobs go back to the queue. Logs go to"
+        " once: running handlers are cancelled and their jobs go back to the queue. If the"
+        " server is not up yet, connecting is retried with backoff until it is. Logs go to"
         " stderr. Exit status 0 after a shutdown that settled every job.",
     )
     parser.add_argument("target", metavar="MODULE:ATTR")
@@ -38,6 +41,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         dest="queues",
         action="append",
         required=True,
+        type=queue_name,
         help="a queue to reserve from (repeatable; earlier queues first)",
     )
     parser.add_argument(
@@ -58,7 +62,48 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--max-jobs", metavar="N", type=positive_int, help="cap on the jobs one reserve asks for"
     )
+    http = parser.add_argument_group(
+        "probes and metrics",
+        "Served over plain HTTP (GET only, one request per connection); the same port may"
+        " serve both.",
+    )
+    http.add_argument(
+        "--health-port",
+        metavar="PORT",
+        type=port_number,
+        help="serve /healthz (200 while the worker runs) and /readyz (200 while connected,"
+        " reserving and not shutting down; else 503 with the reason)",
+    )
+    http.add_argument(
+        "--metrics-port",
+        metavar="PORT",
+        type=port_number,
+        help="serve /metrics in the Prometheus text format",
+    )
+    http.add_argument(
+        "--http-host",
+        metavar="HOST",
+        help="the address to serve them on (default: every interface)",
+    )
     parser.set_defaults(run=run, default_log_level="info")
+
+
+def queue_name(text: str) -> str:
+    """Checked here, so a bad name is refused before waiting for the server."""
+    try:
+        return _validate.queue_name("--queue", text)
+    except sepp.ValidationError as exc:
+        raise argparse.ArgumentTypeError(str(exc).partition(": ")[2]) from None
+
+
+def port_number(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}")
+    return port
 
 
 def load_router(spec: str) -> sepp.Router:
@@ -70,7 +115,36 @@ def load_router(spec: str) -> sepp.Router:
 
 async def run(args: argparse.Namespace) -> int:
     router = load_router(args.target)
-    async with open_client(args) as client:
+    serving = args.health_port is not None or args.metrics_port is not None
+    monitor = sepp.WorkerMonitor() if serving else None
+    workers: list[sepp.Worker] = []  # the worker, once connected
+    connecting = trio.CancelScope()
+
+    def graceful(sig: signal.Signals) -> None:
+        if not workers:
+            log.info("%s: stopping; the server was never reached", sig.name)
+            connecting.cancel()
+            return
+        log.info(
+            "%s: shutting down; waiting up to %gs for %d job(s) (a second signal stops now)",
+            sig.name,
+            args.shutdown_timeout,
+            workers[0].in_flight,
+        )
+        workers[0].shutdown()
+
+    def immediate(sig: signal.Signals) -> None:
+        if not workers:
+            connecting.cancel()
+            return
+        log.warning(
+            "%s, a second signal: stopping now; cancelling %d job(s) and returning them",
+            sig.name,
+            workers[0].in_flight,
+        )
+        workers[0].shutdown(now=True)
+
+    async def connected(client: sepp.Client) -> None:
         worker = sepp.Worker(
             client,
             args.queues,
@@ -80,43 +154,65 @@ async def run(args: argparse.Namespace) -> int:
             auto_extend=args.auto_extend,
             shutdown_timeout=args.shutdown_timeout,
             max_jobs=args.max_jobs,
+            monitor=monitor,
         )
-
-        def graceful(sig: signal.Signals) -> None:
+        workers.append(worker)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(worker.run)
+            handles = ", ".join(router.job_types) or "-"
             log.info(
-                "%s: shutting down; waiting up to %gs for %d job(s) (a second signal stops now)",
-                sig.name,
-                args.shutdown_timeout,
-                worker.in_flight,
+                "worker %s reserving from %s at %s; handles: %s%s",
+                worker.worker_id,
+                ", ".join(args.queues),
+                client.address,
+                handles,
+                " (and a catch-all)" if router.has_catch_all else "",
             )
-            worker.shutdown()
 
-        def immediate(sig: signal.Signals) -> None:
-            log.warning(
-                "%s, a second signal: stopping now; cancelling %d job(s) and returning them",
-                sig.name,
-                worker.in_flight,
-            )
-            worker.shutdown(now=True)
-
-        async def work() -> None:
-            async with trio.open_nursery() as nursery:
-                await nursery.start(worker.run)
-                handles = ", ".join(router.job_types) or "-"
-                log.info(
-                    "worker %s reserving from %s at %s; handles: %s%s",
-                    worker.worker_id,
-                    ", ".join(args.queues),
-                    client.address,
-                    handles,
-                    " (and a catch-all)" if router.has_catch_all else "",
+    async def work() -> None:
+        async with trio.open_nursery() as http:
+            if monitor is not None:
+                await serve_monitor(http, monitor, args)
+            with connecting:
+                await run_connected(
+                    args,
+                    connected,
+                    on_waiting=monitor._waiting_for_server if monitor is not None else None,
                 )
+            http.cancel_scope.cancel()
 
-        hard_stopped = await run_until_signalled(work, [graceful, immediate])
-        if hard_stopped:
-            log.error(
-                "stopped without settling the jobs held: they return when their leases expire"
-            )
-            return EXIT_FAILURE
-    log.info("worker %s stopped", worker.worker_id)
+    hard_stopped = await run_until_signalled(work, [graceful, immediate])
+    if hard_stopped:
+        log.error("stopped without settling the jobs held: they return when their leases expire")
+        return EXIT_FAILURE
+    if workers:
+        log.info("worker %s stopped", workers[0].worker_id)
     return EXIT_OK
+
+
+async def serve_monitor(
+    nursery: trio.Nursery, monitor: sepp.WorkerMonitor, args: argparse.Namespace
+) -> None:
+    """The probes and the metrics, on one port or two; listening before the server is up."""
+    servers: list[tuple[int, set[str]]] = []
+    if args.health_port is not None:
+        servers.append((args.health_port, {"health"}))
+    if args.metrics_port is not None:
+        if servers and args.metrics_port == args.health_port != 0:  # 0: a free port each
+            servers[0][1].add("metrics")
+        else:
+            servers.append((args.metrics_port, {"metrics"}))
+    for port, what in servers:
+        bound = await nursery.start(
+            functools.partial(
+                monitor.serve,
+                port,
+                host=args.http_host,
+                health="health" in what,
+                metrics="metrics" in what,
+            )
+        )
+        paths = (["/healthz", "/readyz"] if "health" in what else []) + (
+            ["/metrics"] if "metrics" in what else []
+        )
+        log.info("serving %s on %s:%d", " ".join(paths), args.http_host or "*", bound)

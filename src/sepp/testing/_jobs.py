@@ -50,7 +50,7 @@ def job_context(
         raise ValidationError("trace_context", "must be a sepp.TraceContext")
     return leased_job_context(
         id=str(uuid.uuid4()) if job_id is None else v.utf8_text("job_id", job_id),
-        queue=v.utf8_text("queue", queue),
+        queue=v.queue_name("queue", queue),
         job_type=v.utf8_text("job_type", job_type),
         attempt=v.whole_number("attempt", attempt, low=1, high=v.UINT32_MAX),
         max_attempts=v.whole_number("max_attempts", max_attempts, low=1, high=v.UINT32_MAX),

@@ -28,6 +28,14 @@ class StatusCode(enum.IntEnum):
     DATA_LOSS = 15
     UNAUTHENTICATED = 16
 
+    # The same text on every Python: since 3.11, str() and format() of an IntEnum member are
+    # its bare number ("5"), which says nothing in a log line or a print.
+    def __str__(self) -> str:
+        return f"StatusCode.{self.name}"
+
+    def __format__(self, spec: str) -> str:
+        return str(self) if not spec else format(int(self), spec)
+
 
 _HTTP_TO_GRPC = {
     400: StatusCode.INTERNAL,

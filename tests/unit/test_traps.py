@@ -1,0 +1,113 @@
+"""Misuses that used to fail with an error about our internals now say what to do."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+import trio
+
+import sepp
+from sepp._client import Client
+from sepp._log import Log
+from sepp._retry import NO_RETRY
+from sepp.testing import job_context
+from sepp.wire._status import StatusCode
+from sepp.wire._transport import RpcError
+from tests.fixtures.scripted_channel import ScriptedChannel, connected
+
+
+class Unreachable:
+    """A channel no call may reach: the check under test must come first."""
+
+    async def call(self, *args: Any, **kwargs: Any) -> bytes:
+        raise AssertionError("the call reached the channel")
+
+
+def unreachable_client() -> Client:
+    return Client(
+        Unreachable(),  # type: ignore[arg-type]
+        address="x",
+        rpc_timeout=1,
+        retry_policy=NO_RETRY,
+        log=Log(None),
+        validate_locally=False,
+    )
+
+
+@pytest.mark.parametrize("name", [" emails", "emails ", "emails\n", "\temails", "\u00a0emails"])
+async def test_queue_names_with_outer_whitespace_are_refused_everywhere(name: str) -> None:
+    client = unreachable_client()
+    with pytest.raises(sepp.ValidationError, match="whitespace") as info:
+        sepp.EnqueueRequest(name, "t")
+    assert info.value.field == "queue"
+    with pytest.raises(sepp.ValidationError, match="whitespace"):
+        await client.enqueue(name, "t")
+    with pytest.raises(sepp.ValidationError, match="whitespace") as info:
+        await client.reserve(["ok", name])
+    assert info.value.field == "queues[1]"
+    with pytest.raises(sepp.ValidationError, match="whitespace"):
+        await client.drain_dead_letters(name)
+    with pytest.raises(sepp.ValidationError, match="whitespace"):
+        sepp.Worker(client, [name])
+    with pytest.raises(sepp.ValidationError, match="whitespace"):
+        job_context("t", queue=name)
+    sepp.EnqueueRequest("inner space ok", "t")  # only the ends are refused
+
+
+def test_open_used_as_a_client_says_to_use_async_with() -> None:
+    opening: Any = sepp.open("127.0.0.1:1")
+    with pytest.raises(AttributeError, match=r"async with sepp\.open\(\.\.\.\) as client"):
+        opening.enqueue  # noqa: B018
+    with pytest.raises(TypeError, match=r"async with sepp\.open"):
+        opening.__await__()
+    with pytest.raises(TypeError, match=r"async with sepp\.open"), opening:
+        pass
+
+
+def test_open_under_asyncio_says_sepp_trio_needs_trio() -> None:
+    async def main() -> None:
+        async with sepp.open("127.0.0.1:1"):
+            pass
+
+    with pytest.raises(RuntimeError, match="asyncio") as info:
+        asyncio.run(main())
+    assert "trio-asyncio" in str(info.value) and "sepp.SyncClient" in str(info.value)
+
+
+def test_a_client_used_from_another_trio_run_says_so() -> None:
+    clients: list[Client] = []
+
+    async def first() -> None:
+        clients.append(unreachable_client())
+
+    async def second() -> None:
+        with pytest.raises(RuntimeError, match=r"opened in another trio\.run\(\)"):
+            await clients[0].enqueue("q", "t")
+        with pytest.raises(RuntimeError, match=r"opened in another trio\.run\(\)"):
+            await clients[0].ack(job_context("t"))
+
+    trio.run(first)
+    trio.run(second)
+
+
+async def test_a_single_enqueue_names_enqueue_in_its_errors() -> None:
+    channel = ScriptedChannel()
+
+    async def fail(call: object, jobs: object) -> None:
+        raise RpcError(StatusCode.RESOURCE_EXHAUSTED, "busy")
+
+    channel.on_enqueue = fail
+    async with connected(channel) as client:
+        with pytest.raises(sepp.OverloadedError) as info:
+            await client.enqueue("q", "t")
+    assert str(info.value) == "Enqueue: RESOURCE_EXHAUSTED: busy"
+
+
+def test_status_codes_print_the_same_on_every_python() -> None:
+    # Python 3.11 changed str() and format() of IntEnum members to the bare number.
+    code = StatusCode.NOT_FOUND
+    assert str(code) == f"{code}" == "StatusCode.NOT_FOUND"
+    assert f"{code:d}" == "5" and int(code) == 5 and code == 5
+    # The version matrix of `make test` runs this on 3.10 to 3.13.
