@@ -364,7 +364,8 @@ class Worker:
             except Exception as exc:  # the loop must outlive every reserve failure
                 self._reserve_sent_at = None
                 self._queues_drained = False  # unknown again
-                self._metrics.add("reserve_failed", 1, {"sepp.queues": self._queues})
+                # Tuples: metric SDKs before 1.45 hash the attributes (a list raises TypeError).
+                self._metrics.add("reserve_failed", 1, {"sepp.queues": tuple(self._queues)})
                 failures += 1
                 delay = self._reserve_backoff(failures)
                 self._log_reserve_failure(exc, failures, delay)
@@ -378,7 +379,7 @@ class Worker:
             self._queues_drained = got == 0 or (short and got < self._largest_batch)
             self._largest_batch = max(self._largest_batch, got)
             self._metrics.add(
-                "reserve_completed", 1, {"sepp.queues": self._queues, "sepp.jobs": got}
+                "reserve_completed", 1, {"sepp.queues": tuple(self._queues), "sepp.jobs": got}
             )
             if failures:
                 self._log.info(
