@@ -3,10 +3,18 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: test demo docs gen check-gen lint typecheck bench venv chaos
+.PHONY: test demo docs gen check-gen lint typecheck bench venv chaos matrix release-check
 
 test:            ## set up (venv, deps, sepp server) and run lint, types and every test
 	bash scripts/test.sh
+
+matrix: venv     ## only the tests on every claimed Python and the dependency floors (ARGS: pytest's)
+	SEPP_BIN="$$(bash scripts/ensure-sepp-server.sh | tail -n 1)" \
+		SEPPY_PYTHON="$$(bash scripts/ensure-seppy-venv.sh | tail -n 1)" \
+		$(PY) scripts/test_matrix.py -- $(ARGS)
+
+release-check:   ## build sdist + wheel, twine check, install the wheel per Python, smoke round trip
+	bash scripts/release-check.sh
 
 demo:            ## run examples/main.py end to end ($$SEPP_ADDR, or a server started here)
 	bash scripts/demo.sh
