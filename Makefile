@@ -32,8 +32,8 @@ check-gen: venv  ## fail if the committed generated code differs from a fresh ge
 	bash scripts/check-gen.sh
 
 lint: venv
-	$(VENV)/bin/ruff check src tests examples benchmarks scripts docs/conf.py docs/_ext
-	$(VENV)/bin/ruff format --check src tests examples benchmarks scripts docs/conf.py docs/_ext
+	$(VENV)/bin/ruff check src tests examples benchmarks scripts docs/conf.py docs/_ext hatch_build.py
+	$(VENV)/bin/ruff format --check src tests examples benchmarks scripts docs/conf.py docs/_ext hatch_build.py
 
 typecheck: venv
 	$(VENV)/bin/mypy src/sepp

@@ -22,8 +22,8 @@ echo "==> generated code is up to date"
 bash scripts/check-gen.sh
 
 echo "==> ruff"
-"$VENV/bin/ruff" check src tests examples benchmarks scripts docs/conf.py docs/_ext
-"$VENV/bin/ruff" format --check src tests examples benchmarks scripts docs/conf.py docs/_ext
+"$VENV/bin/ruff" check src tests examples benchmarks scripts docs/conf.py docs/_ext hatch_build.py
+"$VENV/bin/ruff" format --check src tests examples benchmarks scripts docs/conf.py docs/_ext hatch_build.py
 
 echo "==> mypy --strict"
 "$VENV/bin/mypy" src/sepp
