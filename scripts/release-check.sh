@@ -30,4 +30,4 @@ for version in $versions; do
   "$work/py$version/bin/python" -m pip show sepp-trio | sed -n '1,3p'
   (cd "$work" && "$work/py$version/bin/python" -I "$OLDPWD/scripts/smoke_round_trip.py")
 done
-echo "release-check: dist/ is ready ($(ls dist | tr '\n' ' '))"
+echo "release-check: dist/ is ready: $(ls dist | xargs)"
