@@ -165,7 +165,8 @@ def plan() -> list[Part]:
 
 def run_logged(command: list[str], log: Path, env: dict[str, str], timeout: float) -> int:
     with open(log, "a") as out:
-        out.write(f"$ {' '.join(command)}\n")
+        shown = [arg.strip().splitlines()[0] + " ..." if "\n" in arg else arg for arg in command]
+        out.write(f"$ {' '.join(shown)}\n")
         out.flush()
         try:
             return subprocess.run(
