@@ -253,9 +253,9 @@ def run_part(part: Part, pytest_args: list[str], logs: Path) -> Part:
     if not status:
         command = [str(part.venv / "bin/python"), "-m", "pytest", "-p", "no:cacheprovider"]
         if part.version:  # the main part keeps pytest's default temporary directory
-            command.append(
-                f"--basetemp={CACHE / 'matrix' / 'tmp' / part.venv.parent.name / part.name}"
-            )
+            basetemp = CACHE / "matrix" / "tmp" / part.venv.parent.name / part.name
+            basetemp.parent.mkdir(parents=True, exist_ok=True)  # pytest creates only the last
+            command.append(f"--basetemp={basetemp}")
         status = run_logged([*command, *pytest_args], part.log, env, PART_TIMEOUT_S)
     part.seconds = time.monotonic() - started
     part.status = "passed" if status == 0 else f"FAILED (exit {status})"
