@@ -3,10 +3,18 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: test demo docs gen check-gen lint typecheck bench venv chaos soak
+.PHONY: test demo docs gen check-gen lint typecheck bench venv chaos soak matrix release-check
 
 test:            ## set up (venv, deps, sepp server) and run lint, types and every test
 	bash scripts/test.sh
+
+matrix: venv     ## only the tests on every claimed Python and the dependency floors (ARGS: pytest's)
+	SEPP_BIN="$$(bash scripts/ensure-sepp-server.sh | tail -n 1)" \
+		SEPPY_PYTHON="$$(bash scripts/ensure-seppy-venv.sh | tail -n 1)" \
+		$(PY) scripts/test_matrix.py -- $(ARGS)
+
+release-check:   ## build sdist + wheel, twine check, install the wheel per Python, smoke round trip
+	bash scripts/release-check.sh
 
 demo:            ## run examples/main.py end to end ($$SEPP_ADDR, or a server started here)
 	bash scripts/demo.sh
@@ -24,8 +32,8 @@ check-gen: venv  ## fail if the committed generated code differs from a fresh ge
 	bash scripts/check-gen.sh
 
 lint: venv
-	$(VENV)/bin/ruff check src tests examples benchmarks scripts docs/conf.py docs/_ext
-	$(VENV)/bin/ruff format --check src tests examples benchmarks scripts docs/conf.py docs/_ext
+	$(VENV)/bin/ruff check src tests examples benchmarks scripts docs/conf.py docs/_ext hatch_build.py
+	$(VENV)/bin/ruff format --check src tests examples benchmarks scripts docs/conf.py docs/_ext hatch_build.py
 
 typecheck: venv
 	$(VENV)/bin/mypy src/sepp

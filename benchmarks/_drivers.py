@@ -49,20 +49,28 @@ def _clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+PURE_PROTOBUF = "pure-protobuf"
+
+
 def trio_spec(python: str, *, otel: bool, experiment: str | None = None) -> ClientSpec:
     """sepp-trio's driver; with `experiment`, a variant running benchmarks/experiments.py
     patches (named ``sepp-trio+<experiment>``, and without probes); the experiment OTEL_API
-    is the driver with opentelemetry importable."""
+    is the driver with opentelemetry importable. The `pure-protobuf` variant is no patch: the
+    same code on protobuf's pure-Python implementation, as on a platform without protobuf
+    wheels."""
+    flags = [] if otel else ["--no-otel"]
+    env = _clean_env()
     if experiment == OTEL_API:
-        otel, experiment_flags = True, []
-    else:
-        experiment_flags = ["--experiment", experiment] if experiment else []
-    flags = ([] if otel else ["--no-otel"]) + experiment_flags
+        flags = []
+    elif experiment == PURE_PROTOBUF:
+        env["PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION"] = "python"
+    elif experiment:
+        flags += ["--experiment", experiment]
     return ClientSpec(
         f"{SEPP_TRIO}+{experiment}" if experiment else SEPP_TRIO,
         [python, str(TRIO_DRIVER), *flags, "--src", str(SRC)],
         None if experiment else [python, str(PROBE)],
-        _clean_env(),
+        env,
     )
 
 

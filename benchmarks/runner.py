@@ -4,7 +4,8 @@ One real sepp server per persist mode (started here through ``sepp.testing``, sa
 every client), one driver process per client, and for every round and scenario the clients run
 one after the other, in an order that flips every round, each on a fresh queue. Per scenario we
 report the median over rounds of each client's throughput and client CPU per 1,000 operations
-(from the client process's own ``time.process_time()``), and the median of the per-round ratios.
+(from the client process's own ``time.process_time()``), and the median of the per-round ratios
+with their range (min-max over rounds).
 See benchmarks/README.md.
 """
 
@@ -31,6 +32,7 @@ import trio
 from ._drivers import (
     BENCH_DIR,
     OTEL_API,
+    PURE_PROTOBUF,
     REPO,
     RS_CRATE,
     SEPP_PY,
@@ -74,6 +76,9 @@ class Scenario:
     kind: str  # "throughput" or "latency"
     # Given a size factor, the op's arguments (minus the queue) and how many jobs to preload.
     build: Callable[[float], tuple[dict[str, Any], int]]
+    # A new driver process per measurement, warmed up with FRESH_WARMUP calls first (the
+    # short-lived producer: no long-lived process whose caches are hot).
+    fresh: bool = False
 
 
 def _n(base: int, factor: float, floor: int = 50) -> int:
@@ -121,6 +126,14 @@ def _drain_worker(auto_extend: bool | None) -> Callable[[float], tuple[dict[str,
     return build
 
 
+FRESH_WARMUP = 300
+
+
+def _fresh_enqueue(f: float) -> tuple[dict[str, Any], int]:
+    # Fixed size whatever --size/--quick say: the scenario is defined by its numbers.
+    return {"n": 6000, "concurrency": 64, "payload_size": PAYLOAD_SIZE}, 0
+
+
 def _latency(f: float) -> tuple[dict[str, Any], int]:
     return {"n": _n(300, f), "warmup": 20, "payload_size": 16, "max_in_flight": 16}, 0
 
@@ -138,6 +151,14 @@ SCENARIOS: dict[str, Scenario] = {
             "bench_enqueue",
             "throughput",
             _auto_batched,
+        ),
+        Scenario(
+            "enqueue_64_fresh",
+            f"enqueue, 64 tasks, a new process each time ({FRESH_WARMUP}-call warm-up)",
+            "bench_enqueue",
+            "throughput",
+            _fresh_enqueue,
+            fresh=True,
         ),
         Scenario(
             "enqueue_batch",
@@ -245,6 +266,12 @@ def parse_args(argv: Sequence[str]) -> Options:
         "reported as client sepp-trio+PATCHES; repeatable",
     )
     p.add_argument(
+        "--pure-protobuf",
+        action="store_true",
+        help="also run sepp-trio on protobuf's pure-Python implementation (client"
+        " sepp-trio+pure-protobuf): the cost where protobuf has no wheel",
+    )
+    p.add_argument(
         "--otel",
         action="store_true",
         help="let both clients import opentelemetry (API + SDK installed, no provider set); "
@@ -285,6 +312,7 @@ def parse_args(argv: Sequence[str]) -> Options:
         p.error("--rounds must be at least 1")
     clients = [SEPP_TRIO] + ([] if a.no_seppy else [SEPP_PY]) + ([SEPP_RS] if a.rs else [])
     variants = ([] if a.no_h2 or "h2" in a.variant else ["h2"]) + a.variant
+    variants += [PURE_PROTOBUF] if a.pure_protobuf else []
     clients += [f"{SEPP_TRIO}+{v}" for v in variants]
     if a.otel_api:
         clients.append(f"{SEPP_TRIO}+{OTEL_API}")
@@ -444,8 +472,16 @@ def summarise_throughput(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any
             "cpu_per_op": _median(paired_cpu),
             "throughput_per_round": paired_thr,
             "cpu_per_op_per_round": paired_cpu,
+            "throughput_range": _spread(paired_thr),
+            "cpu_per_op_range": _spread(paired_cpu),
         }
     return summary
+
+
+def _spread(values: Sequence[float]) -> list[float] | None:
+    """[min, max] of the per-round values: how far one round can be from the median."""
+    clean = [v for v in values if v is not None and math.isfinite(v)]
+    return [min(clean), max(clean)] if clean else None
 
 
 def auto_batched_vs_batch(scenarios: dict[str, Any]) -> dict[str, Any]:
@@ -466,6 +502,7 @@ def auto_batched_vs_batch(scenarios: dict[str, Any]) -> dict[str, Any]:
             out.setdefault(mine, {})[other] = {
                 "throughput": _median(per_round),
                 "throughput_per_round": per_round,
+                "throughput_range": _spread(per_round),
             }
     return out
 
@@ -484,9 +521,18 @@ def summarise_latency(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     summary: dict[str, Any] = {"clients": per_client, "ratios": {}}
     if SEPP_TRIO in runs:
         for other in (c for c in runs if c != SEPP_TRIO):
+            paired = [
+                (a, b)
+                for a, b in zip(runs[SEPP_TRIO], runs[other], strict=False)
+                if "error" not in a and "error" not in b
+            ]
+            p50 = [_ratio(a["p50_ms"], b["p50_ms"]) for a, b in paired]
+            p99 = [_ratio(a["p99_ms"], b["p99_ms"]) for a, b in paired]
             summary["ratios"][other] = {
                 "p50": _ratio(per_client[SEPP_TRIO]["p50_ms"], per_client[other]["p50_ms"]),
                 "p99": _ratio(per_client[SEPP_TRIO]["p99_ms"], per_client[other]["p99_ms"]),
+                "p50_range": _spread([r for r in p50 if r is not None]),
+                "p99_range": _spread([r for r in p99 if r is not None]),
             }
     return summary
 
@@ -527,6 +573,25 @@ async def run_one(
         expected = args.get("n", args.get("n_batches", 0) * args.get("batch_size", 0))
         if result.get("n") != expected:
             log(f"  {driver.name} {scenario.name}: processed {result.get('n')} of {expected}")
+    return result
+
+
+async def run_fresh(
+    spec: ClientSpec, scenario: Scenario, queue: str, addr: str, log_path: Path
+) -> dict[str, Any]:
+    """One measurement in a new driver process: connect, warm up, then the timed run."""
+    args, _ = scenario.build(1.0)
+    driver = DriverProcess(spec, log_path)
+    try:
+        await driver.start()
+        await driver.request("connect", addr=addr, timeout=60)
+        await driver.request(scenario.op, queue=f"{queue}.warm", **{**args, "n": FRESH_WARMUP})
+        result: dict[str, Any] = await driver.request(scenario.op, queue=queue, **args)
+    except DriverFailed as exc:
+        log(f"  {spec.name} {scenario.name}: FAILED: {exc}")
+        return {"error": str(exc)}
+    finally:
+        await driver.aclose()
     return result
 
 
@@ -576,7 +641,7 @@ async def run_mode(
                 server_info = await loader.get_server_info()
                 batch_max = server_info.max_enqueue_batch
                 log(f"[{mode}] warm-up")
-                for scenario in scenarios:
+                for scenario in (s for s in scenarios if not s.fresh):
                     for d in drivers:
                         q = f"warm.{mode}.{scenario.name}.{d.name}"
                         await run_one(d, scenario, q, 0.05, loader, batch_max)
@@ -594,7 +659,13 @@ async def run_mode(
                         parts = []
                         for d in order:
                             q = f"b.{mode}.{scenario.name}.r{rnd}.{d.name}"
-                            r = await run_one(d, scenario, q, opts.size_factor, loader, batch_max)
+                            if scenario.fresh:
+                                fresh_log = log_dir / f"{mode}-{d.name}-fresh.log"
+                                r = await run_fresh(d.spec, scenario, q, addr, fresh_log)
+                            else:
+                                r = await run_one(
+                                    d, scenario, q, opts.size_factor, loader, batch_max
+                                )
                             r["round"], r["position"] = rnd, order.index(d)
                             runs[scenario.name][d.name].append(r)
                             parts.append(f"{d.name} {_fmt_result(scenario, r)}")
@@ -742,6 +813,11 @@ def render_markdown(results: dict[str, Any]) -> str:
             f"{max(pressures):.0f} % (the machine is shared)."
         )
     lines.append("")
+    lines.append(
+        "Each ratio is the median of the per-round ratios, with their range over the rounds"
+        " (min-max) in brackets: a ratio is only known to within that range."
+    )
+    lines.append("")
     lines.append(f"Command: `{meta['command']}`")
     lines.append("")
     lines.append("Versions: " + versions_line(meta) + ".")
@@ -767,11 +843,11 @@ def render_markdown(results: dict[str, Any]) -> str:
                 for c in clients:
                     row.append(_f(s["clients"].get(c, {}).get("ops_per_s"), ",.0f"))
                 for o in others:
-                    row.append(_f(s["ratios"].get(o, {}).get("throughput"), ".2f"))
+                    row.append(_ratio_cell(s["ratios"].get(o, {}), "throughput"))
                 for c in clients:
                     row.append(_f(s["clients"].get(c, {}).get("cpu_s_per_1k"), ".3f"))
                 for o in others:
-                    row.append(_f(s["ratios"].get(o, {}).get("cpu_per_op"), ".2f"))
+                    row.append(_ratio_cell(s["ratios"].get(o, {}), "cpu_per_op"))
                 lines.append("| " + " | ".join(row) + " |")
             lines.append("")
             costs = [
@@ -794,7 +870,7 @@ def render_markdown(results: dict[str, Any]) -> str:
                 for other, ratio in against.items():
                     lines.append(
                         f"- auto-batched vs {other} enqueue_batch: {mine}'s auto-batched 64-task"
-                        f" enqueue reaches {_f(ratio['throughput'], '.2f')}x {other}'s"
+                        f" enqueue reaches {_ratio_cell(ratio, 'throughput')}x {other}'s"
                         " enqueue_batch of 100 (jobs/s, median of per-round ratios)"
                     )
             if derived:
@@ -815,7 +891,7 @@ def render_markdown(results: dict[str, Any]) -> str:
                 row += [_f(cs.get("p50_ms"), ".2f"), _f(cs.get("p99_ms"), ".2f")]
             for o in others:
                 rs = s["ratios"].get(o, {})
-                row += [_f(rs.get("p50"), ".2f"), _f(rs.get("p99"), ".2f")]
+                row += [_ratio_cell(rs, "p50"), _ratio_cell(rs, "p99")]
             lines.append("| " + " | ".join(row) + " |")
             lines.append("")
     static = results.get("static", {})
@@ -860,6 +936,15 @@ def render_markdown(results: dict[str, Any]) -> str:
                 )
         lines.append("")
     return "\n".join(lines)
+
+
+def _ratio_cell(ratios: dict[str, Any], key: str) -> str:
+    """The median ratio and, when there are rounds to compare, their range: 1.52 (1.31-1.70)."""
+    cell = _f(ratios.get(key), ".2f")
+    spread = ratios.get(f"{key}_range")
+    if spread and ratios.get(key) is not None:
+        cell += f" ({spread[0]:.2f}-{spread[1]:.2f})"
+    return cell
 
 
 def _label(client: str) -> str:

@@ -5,7 +5,7 @@ cd "$(dirname "$0")/.."
 VENV="${VENV:-.venv}"
 PYTHON="${PYTHON:-python3}"
 stamp="$VENV/.sepp-trio-deps"
-want="$(cat pyproject.toml requirements-dev.txt | sha256sum | cut -c1-16)"
+want="$(cat pyproject.toml requirements-dev.txt docs/requirements.txt | sha256sum | cut -c1-16)"
 if [[ -x "$VENV/bin/python" && -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
   exit 0
 fi

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The README's test command (`make test`): set up everything on a fresh machine, then run
-# lint, strict typing, the generated-code check, the protobuf and h2 floor checks, the docs build
-# and every test.
+# The project's test command (`make test`, what CI runs): set up everything on a fresh machine,
+# then run lint, strict typing, the generated-code check, the docs build, and every test on every
+# claimed Python and on the dependency floors (scripts/test_matrix.py, two at a time).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${VENV:-.venv}"
@@ -24,15 +24,9 @@ bash scripts/ensure-proxies.sh || echo "nginx or HAProxy unavailable: the proxy 
 echo "==> generated code is up to date"
 bash scripts/check-gen.sh
 
-echo "==> generated code loads on the protobuf floor"
-bash scripts/check-protobuf-floor.sh
-
-echo "==> the wire engines on the h2/hpack floor"
-bash scripts/check-h2-floor.sh
-
 echo "==> ruff"
-"$VENV/bin/ruff" check src tests examples benchmarks scripts docs/conf.py docs/_ext
-"$VENV/bin/ruff" format --check src tests examples benchmarks scripts docs/conf.py docs/_ext
+"$VENV/bin/ruff" check src tests examples benchmarks scripts docs/conf.py docs/_ext hatch_build.py
+"$VENV/bin/ruff" format --check src tests examples benchmarks scripts docs/conf.py docs/_ext hatch_build.py
 
 echo "==> mypy --strict"
 "$VENV/bin/mypy" src/sepp
@@ -40,5 +34,5 @@ echo "==> mypy --strict"
 echo "==> docs (make docs)"
 bash scripts/build-docs.sh
 
-echo "==> pytest"
-"$VENV/bin/python" -m pytest -p no:cacheprovider "$@"
+echo "==> pytest on every claimed Python and on the dependency floors"
+"$VENV/bin/python" scripts/test_matrix.py -- "$@"

@@ -537,7 +537,8 @@ class Worker:
                 if self._monitor is not None:
                     self._monitor._reserve_done(trio.current_time() - began, exc)
                 self._queues_drained = False  # unknown again
-                self._metrics.add("reserve_failed", 1, {"sepp.queues": self._queues})
+                # Tuples: metric SDKs before 1.45 hash the attributes (a list raises TypeError).
+                self._metrics.add("reserve_failed", 1, {"sepp.queues": tuple(self._queues)})
                 failures += 1
                 delay = self._reserve_backoff(failures)
                 self._log_reserve_failure(exc, failures, delay)
@@ -553,7 +554,7 @@ class Worker:
             self._queues_drained = got == 0 or (short and got < self._largest_batch)
             self._largest_batch = max(self._largest_batch, got)
             self._metrics.add(
-                "reserve_completed", 1, {"sepp.queues": self._queues, "sepp.jobs": got}
+                "reserve_completed", 1, {"sepp.queues": tuple(self._queues), "sepp.jobs": got}
             )
             if failures:
                 self._log.info(

@@ -24,6 +24,8 @@ import pytest
 import trio
 
 import sepp
+from sepp._cli import _dead_letters
+from sepp._cli._parser import build_parser
 from sepp.testing import SeppServer, sepp_server
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -602,6 +604,31 @@ async def test_replay_saves_the_records_then_enqueues_them_as_new_jobs(
     assert nothing.returncode == 0, nothing
     assert nothing.stdout_lines == ["replayed 0 dead letters: there were none"]
     assert saved_files(tmp_path) == [saved]  # no empty file left behind
+
+
+async def test_two_replays_in_the_same_second_each_save_to_a_new_file(
+    sepp_server: SeppServer,
+    client: sepp.Client,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # The clock is frozen, so both replays pick their default name in the same second.
+    frozen = datetime(2026, 11, 30, 14, 38, 31, tzinfo=timezone.utc)
+    monkeypatch.setattr(_dead_letters, "_utc_now", lambda: frozen)
+    monkeypatch.chdir(tmp_path)
+    args = build_parser().parse_args(["--address", sepp_server.address, "dead-letters", "replay"])
+    first = await make_dead_letters(client, "billing", 2)
+    assert await _dead_letters.run_replay(args) == 0
+    second = await make_dead_letters(client, "billing", 3)
+    assert await _dead_letters.run_replay(args) == 0
+    names = ["dead-letters-20261130T143831Z.jsonl", "dead-letters-20261130T143831Z-2.jsonl"]
+    assert capsys.readouterr().out.splitlines() == [
+        f"replayed 2 of 2 dead letter(s); records saved in {names[0]}",
+        f"replayed 3 of 3 dead letter(s); records saved in {names[1]}",
+    ]
+    saved = [(tmp_path / name).read_text().splitlines() for name in names]
+    assert [[json.loads(line)["job"]["id"] for line in lines] for lines in saved] == [first, second]
 
 
 async def test_replay_keeps_every_record_when_the_server_dies_before_the_enqueue(

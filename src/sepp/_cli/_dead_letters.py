@@ -146,8 +146,21 @@ async def run_drain(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _default_save_path() -> str:
-    return f"dead-letters-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}.jsonl"
+def _utc_now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def _create_default(now: datetime) -> tuple[str, TextIO]:
+    # Named to the second, so two replays in one second (or one per host in a shared
+    # directory) would collide: the first free of NAME, NAME-2, NAME-3... is taken atomically.
+    stem = f"dead-letters-{now:%Y%m%dT%H%M%SZ}"
+    for number in range(1, 10_000):
+        path = f"{stem}.jsonl" if number == 1 else f"{stem}-{number}.jsonl"
+        try:
+            return path, open(path, "x", encoding="utf-8")
+        except FileExistsError:
+            continue
+    raise CliError(f"{stem}-*.jsonl: every name is taken; choose a file with --save")
 
 
 def _create_new(path: str) -> TextIO:
@@ -261,9 +274,12 @@ async def run_replay(args: argparse.Namespace) -> int:
         async with open_client(args) as client:
             return await _replay(client, records, args.from_file, drained=False)
 
-    path = args.save or _default_save_path()
     async with open_client(args) as client:
-        file = await trio.to_thread.run_sync(_create_new, path)
+        if args.save is not None:
+            path = args.save
+            file = await trio.to_thread.run_sync(_create_new, path)
+        else:
+            path, file = await trio.to_thread.run_sync(_create_default, _utc_now())
         with file:
             sink = _RecordSink(file, durable=True)
             try:

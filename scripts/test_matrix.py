@@ -1,0 +1,323 @@
+"""Run the test suite on every Python the package claims, and on its dependency floors.
+
+`make test` runs this after lint, types and the docs. The parts:
+
+- `main`: the project's own `.venv`, with the arguments given to `make test`;
+- `py3.X`: every other CPython that pyproject.toml's classifiers claim, newest dependencies;
+- `floors-py3.X`: the oldest and the newest claimed Python with the lowest version of every
+  runtime dependency and extra that pyproject.toml allows (plus opentelemetry-sdk at the
+  api's floor, and hpack at h2's floor's own floor), after checking that the generated
+  protobuf code loads without warnings there on both protobuf implementations.
+
+Each part runs the whole `tests/` tree (unit, fixture and real-server suites) in its own
+process, `--jobs` at a time (2 by default: the CI machine has 2 cores), in a virtualenv kept
+under `${SEPP_TRIO_CACHE:-~/.cache/sepp-trio}/matrix/` and rebuilt when its inputs change. A
+claimed Python that cannot be found is a failure, never a skip. The exit status is non-zero if
+any part fails; the last lines are a summary with each part's wall time and the main part's
+pytest output, whose closing line counts its tests.
+
+Usage: scripts/test_matrix.py [--jobs N] [--only PART ...] [--list] [-- PYTEST_ARGS...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # the dev requirements bring tomli there
+    import tomli as tomllib
+
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+ROOT = Path(__file__).resolve().parent.parent
+MAIN_VENV = ROOT / os.environ.get("VENV", ".venv")
+CACHE = Path(os.environ.get("SEPP_TRIO_CACHE", Path.home() / ".cache" / "sepp-trio"))
+PART_TIMEOUT_S = 40 * 60  # a hung part must fail CI well inside its 90 minutes
+# Floors that pyproject.toml cannot state: the api's sdk (tests and users pair them), and
+# hpack, which h2 4.1 (our h2 floor) accepts from 4.0.
+EXTRA_FLOORS = {"hpack": "4.0.0"}
+GENCODE_CHECK = """
+import google.protobuf, sepp
+from sepp._pb import queue_pb2 as pb
+m = pb.EnqueueBatchRequest(jobs=[pb.EnqueueRequest(queue="q", job_type="t")])
+assert pb.EnqueueBatchRequest.FromString(m.SerializeToString()) == m
+from google.protobuf.internal import api_implementation as impl
+print("protobuf", google.protobuf.__version__, impl.Type(), "loads the gencode without warnings")
+"""
+_FLOOR = re.compile(r"^(?P<name>[A-Za-z0-9_.-]+)\s*>=\s*(?P<version>[0-9][0-9.]*)")
+_SUMMARY = re.compile(r"^=*\s*(?P<counts>\d+ (passed|failed|error).*?)\s*=*$")
+
+
+def pyproject() -> dict[str, object]:
+    with open(ROOT / "pyproject.toml", "rb") as file:
+        return tomllib.load(file)["project"]  # type: ignore[no-any-return]
+
+
+def claimed_versions() -> list[str]:
+    """The CPython versions the classifiers claim, oldest first ("3.10", ...)."""
+    prefix = "Programming Language :: Python :: "
+    found = [
+        c.removeprefix(prefix)
+        for c in pyproject()["classifiers"]  # type: ignore[attr-defined]
+        if re.fullmatch(r"3\.\d+", c.removeprefix(prefix)) and c.startswith(prefix)
+    ]
+    return sorted(found, key=lambda v: tuple(map(int, v.split("."))))
+
+
+def floor_pins() -> dict[str, str]:
+    """name -> "==lowest[; marker]", for every dependency and extra (each must have a floor)."""
+    project = pyproject()
+    requirements = list(project["dependencies"])  # type: ignore[call-overload]
+    for extra in project.get("optional-dependencies", {}).values():  # type: ignore[attr-defined]
+        requirements += extra
+    pins: dict[str, str] = {}
+    for text in requirements:
+        requirement = Requirement(text)
+        floors = [s.version for s in requirement.specifier if s.operator == ">="]
+        if len(floors) != 1:
+            raise SystemExit(f"test_matrix: {text!r} has no single >= floor to test")
+        marker = f"; {requirement.marker}" if requirement.marker else ""
+        pins[canonicalize_name(requirement.name)] = f"=={floors[0]}{marker}"
+    if "opentelemetry-api" in pins:
+        pins["opentelemetry-sdk"] = pins["opentelemetry-api"]
+    return pins | {name: f"=={version}" for name, version in EXTRA_FLOORS.items()}
+
+
+def find_python(version: str) -> Path:
+    """python3.X on PATH (pyenv's shims included) or in pyenv's versions; else fail loudly."""
+    candidates: list[Path] = []
+    on_path = shutil.which(f"python{version}")
+    if on_path:
+        candidates.append(Path(on_path))
+    pyenv_root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv"))
+    candidates += sorted(pyenv_root.glob(f"versions/{version}.*/bin/python{version}"), reverse=True)
+    for candidate in candidates:
+        try:
+            out = subprocess.run(
+                [str(candidate), "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if out.returncode == 0 and out.stdout.strip() == version:
+            return candidate
+    raise LookupError(
+        f"Python {version} is claimed in pyproject.toml's classifiers but no interpreter was"
+        f" found (tried python{version} on PATH and {pyenv_root}/versions/{version}.*):"
+        f" install it (e.g. `pyenv install {version}`) or drop the claim"
+    )
+
+
+@dataclass
+class Part:
+    name: str
+    version: str  # "3.X"; "" for the main venv
+    floors: dict[str, str] = field(default_factory=dict)
+    status: str = "not run"
+    seconds: float = 0.0
+    counts: str = ""
+    log: Path | None = None
+
+    @property
+    def venv(self) -> Path:
+        if not self.version:
+            return MAIN_VENV
+        root_id = hashlib.sha256(str(ROOT).encode()).hexdigest()[:10]
+        return CACHE / "matrix" / root_id / self.name
+
+
+def main_version() -> str:
+    out = subprocess.run(
+        [str(MAIN_VENV / "bin/python"), "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return out.stdout.strip()
+
+
+def plan() -> list[Part]:
+    versions = claimed_versions()
+    ours = main_version()
+    if ours not in versions:
+        raise SystemExit(f"test_matrix: {MAIN_VENV} runs Python {ours}, which is not claimed")
+    parts = [Part("main", "")]
+    parts += [Part(f"py{v}", v) for v in versions if v != ours]
+    pins = floor_pins()
+    parts += [Part(f"floors-py{v}", v, pins) for v in sorted({versions[0], versions[-1]})]
+    return parts
+
+
+def run_logged(command: list[str], log: Path, env: dict[str, str], timeout: float) -> int:
+    with open(log, "a") as out:
+        shown = [arg.strip().splitlines()[0] + " ..." if "\n" in arg else arg for arg in command]
+        out.write(f"$ {' '.join(shown)}\n")
+        out.flush()
+        try:
+            return subprocess.run(
+                command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT, timeout=timeout
+            ).returncode
+        except subprocess.TimeoutExpired:
+            out.write(f"\ntest_matrix: timed out after {timeout:.0f}s\n")
+            return 124
+
+
+def prepare(part: Part, python: Path, log: Path, env: dict[str, str]) -> int:
+    """Create (or reuse) the part's virtualenv: the project, editable, and the dev tools."""
+    venv_python = part.venv / "bin/python"
+    inputs = [
+        (ROOT / name).read_bytes()
+        for name in ("pyproject.toml", "requirements-dev.txt", "docs/requirements.txt")
+    ]
+    want = hashlib.sha256(
+        b"\0".join([*inputs, str(python).encode(), repr(sorted(part.floors.items())).encode()])
+    ).hexdigest()[:16]
+    stamp = part.venv / ".sepp-trio-matrix"
+    if venv_python.exists() and stamp.exists() and stamp.read_text() == want:
+        return 0
+    shutil.rmtree(part.venv, ignore_errors=True)
+    part.venv.parent.mkdir(parents=True, exist_ok=True)
+    steps = [[str(python), "-m", "venv", str(part.venv)]]
+    pip = [str(venv_python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    install = [*pip, "-e", ".[otel,cron]", "-r", "requirements-dev.txt"]
+    if part.floors:
+        constraints = part.venv.parent / f"{part.name}-constraints.txt"
+        pins = [f"{name}{pin}" for name, pin in sorted(part.floors.items())]
+        constraints.write_text("".join(f"{pin}\n" for pin in pins))
+        install += ["-c", str(constraints), *pins]
+    steps.append(install)
+    for step in steps:
+        if status := run_logged(step, log, env, PART_TIMEOUT_S):
+            return status
+    stamp.write_text(want)
+    return 0
+
+
+def check_floors(part: Part, log: Path, env: dict[str, str]) -> int:
+    """Every floor really installed, and the gencode loading there without a warning."""
+    python = str(part.venv / "bin/python")
+    wanted = {n: Requirement(n + p) for n, p in part.floors.items()}
+    applicable = {
+        name: next(iter(r.specifier)).version
+        for name, r in wanted.items()
+        if r.marker is None or r.marker.evaluate({"python_version": part.version})
+    }
+    versions = (
+        "import importlib.metadata as md, sys\n"
+        f"want = {applicable!r}\n"
+        "from packaging.version import Version\n"
+        "have = {n: md.version(n) for n in want}\n"
+        "print('floors installed:', have)\n"
+        "wrong = {n: v for n, v in have.items() if Version(v) != Version(want[n])}\n"
+        "sys.exit(f'not the floors: {wrong}' if wrong else 0)\n"
+    )
+    if status := run_logged([python, "-c", versions], log, env, 120):
+        return status
+    for implementation in ("upb", "python"):
+        check_env = env | {"PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION": implementation}
+        if status := run_logged([python, "-W", "error", "-c", GENCODE_CHECK], log, check_env, 120):
+            return status
+    return 0
+
+
+def run_part(part: Part, pytest_args: list[str], logs: Path) -> Part:
+    started = time.monotonic()
+    part.log = logs / f"{part.name}.log"
+    part.log.write_text("")
+    env = dict(os.environ)
+    env.pop("VIRTUAL_ENV", None)
+    status = 0
+    try:
+        if part.version:
+            status = prepare(part, find_python(part.version), part.log, env)
+            if not status and part.floors:
+                status = check_floors(part, part.log, env)
+    except LookupError as exc:
+        part.log.write_text(f"{exc}\n")
+        status = 1
+    if not status:
+        command = [str(part.venv / "bin/python"), "-m", "pytest", "-p", "no:cacheprovider"]
+        if part.version:  # the main part keeps pytest's default temporary directory
+            basetemp = CACHE / "matrix" / "tmp" / part.venv.parent.name / part.name
+            basetemp.parent.mkdir(parents=True, exist_ok=True)  # pytest creates only the last
+            command.append(f"--basetemp={basetemp}")
+        status = run_logged([*command, *pytest_args], part.log, env, PART_TIMEOUT_S)
+    part.seconds = time.monotonic() - started
+    part.status = "passed" if status == 0 else f"FAILED (exit {status})"
+    for line in reversed(part.log.read_text(errors="replace").splitlines()):
+        if match := _SUMMARY.match(line.strip()):
+            part.counts = match["counts"]
+            break
+    return part
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--jobs", type=int, default=int(os.environ.get("SEPP_MATRIX_JOBS", "2")))
+    parser.add_argument("--only", nargs="+", metavar="PART", help="run only these parts")
+    parser.add_argument("--list", action="store_true", help="print the parts and exit")
+    parser.add_argument("pytest_args", nargs="*", help="passed to pytest (after --)")
+    args = parser.parse_args()
+    parts = plan()
+    if args.only:
+        unknown = set(args.only) - {p.name for p in parts}
+        if unknown:
+            parser.error(f"unknown part(s) {sorted(unknown)}; the parts: {[p.name for p in parts]}")
+        parts = [p for p in parts if p.name in args.only]
+    if args.list:
+        for part in parts:
+            floors = " ".join(f"{n}{p}" for n, p in sorted(part.floors.items()))
+            print(part.name, part.version or main_version(), floors)
+        return 0
+    logs = CACHE / "matrix" / "logs" / hashlib.sha256(str(ROOT).encode()).hexdigest()[:10]
+    logs.mkdir(parents=True, exist_ok=True)
+    lock = threading.Lock()
+    started = time.monotonic()
+
+    def run(part: Part) -> Part:
+        with lock:
+            print(f"test_matrix: {part.name} started (log: {logs / part.name}.log)", flush=True)
+        done = run_part(part, args.pytest_args, logs)
+        with lock:
+            print(f"test_matrix: {done.name} {done.status} in {done.seconds:.0f}s", flush=True)
+        return done
+
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        finished = list(pool.map(run, parts))
+    wall = time.monotonic() - started
+    failed = [p for p in finished if p.status != "passed"]
+    for part in failed:
+        assert part.log is not None
+        print(f"\n==> {part.name}: the end of {part.log}")
+        print("\n".join(part.log.read_text(errors="replace").splitlines()[-60:]))
+    print(f"\n==> test matrix ({args.jobs} at a time): {wall / 60:.1f} min wall")
+    for part in finished:
+        where = part.version or main_version()
+        minutes = f"{part.seconds / 60:5.1f} min"
+        print(f"  {part.name:<16} Python {where:<5} {minutes}  {part.status}  {part.counts}")
+    main_part = next((p for p in finished if p.name == "main"), None)
+    if main_part is not None and main_part.log is not None:
+        print("\n==> main: pytest output")
+        print(main_part.log.read_text(errors="replace").rstrip())
+    if failed:
+        print(f"test_matrix: FAILED: {', '.join(p.name for p in failed)}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
