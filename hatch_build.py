@@ -28,8 +28,14 @@ def page_url(docs_base: str, target: str) -> str:
     return f"{url}#{anchor}" if anchor else url
 
 
+# The README's section for contributors (the repository's two commands): not for PyPI.
+_CONTRIBUTORS = re.compile(r"^## Developing\n.*?(?=^## )", re.MULTILINE | re.DOTALL)
+
+
 def pypi_description(readme: str, docs_base: str) -> str:
-    """The README with every relative link made absolute, or reduced to its text."""
+    """The README without its contributors' section, every relative link made absolute or
+    reduced to its text."""
+    readme = _CONTRIBUTORS.sub("", readme)
 
     def rewrite(match: re.Match[str]) -> str:
         text, target = match["text"], match["target"]
