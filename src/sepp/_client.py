@@ -38,6 +38,7 @@ from ._options import DEFAULT_MAX_RECEIVE_MESSAGE_BYTES as DEFAULT_MAX_RECEIVE_M
 from ._options import ConnectOptions
 from ._rejections import BatchRejection, JobRejection
 from ._retry import RetryPolicy, call_with_retry
+from ._runtime import TRIO, Runtime
 from ._types import (
     CustomValue,
     DeadLetterRecord,
@@ -50,9 +51,10 @@ from ._types import (
     ServerInfo,
     TraceContext,
 )
+from .wire._channel_base import ChannelBase
 from .wire._engine import WireEngine
 from .wire._status import StatusCode
-from .wire._transport import Channel, RpcError
+from .wire._transport import RpcError
 
 if TYPE_CHECKING:
     from ._pb import queue_pb2 as pb
@@ -72,7 +74,7 @@ class Client:
 
     def __init__(
         self,
-        channel: Channel,
+        channel: ChannelBase,
         *,
         address: str,
         rpc_timeout: float | None,
@@ -81,8 +83,10 @@ class Client:
         nursery: trio.Nursery | None = None,
         enqueue_batching: Batching | None = None,
         validate_locally: bool = True,
+        runtime: Runtime = TRIO,
     ) -> None:
         self._channel = channel
+        self._rt = runtime
         self._address = address
         self._rpc_timeout = rpc_timeout
         self._retry_policy = retry_policy
@@ -98,10 +102,10 @@ class Client:
             )
         self._nursery = nursery
         self._validate_locally = validate_locally
-        self._limits = LimitsCache(self._fetch_server_info, log)
+        self._limits = LimitsCache(self._fetch_server_info, log, runtime)
         self._opened_in = fork.here()
         # The run that opened the client: its tasks serve only callers in that run.
-        self._root_task = _root_task()
+        self._root_task = runtime.owner()
 
     async def _connect(self) -> None:
         """Open the first connection (open() fails at once if the server is unreachable)."""
@@ -205,9 +209,9 @@ class Client:
             if self._limits.fresh:
                 limits = self._limits.limits
             else:  # the first calls, or a refresh: never wait past the call's deadline
-                deadline = math.inf if timeout_s is None else trio.current_time() + timeout_s
+                deadline = math.inf if timeout_s is None else self._rt.now() + timeout_s
                 limits = await self._limits.current(deadline)
-                timeout_s = _left_s(deadline)
+                timeout_s = self._left_s(deadline)
             local = limits.check(request) if limits is not None else None
             if local is not None:
                 return local
@@ -226,7 +230,7 @@ class Client:
     ) -> EnqueueAck | JobRejection:
         """One job through the auto-batcher, in its own sepp.enqueue span."""
         assert self._batcher is not None
-        if self._root_task is not None and _root_task() is not self._root_task:
+        if self._root_task is not None and self._rt.owner() is not self._root_task:
             raise _other_run()
         if timeout is None and not _otel.tracing():
             return await self._batcher.submit(request)  # the common case, kept lean
@@ -289,7 +293,7 @@ class Client:
                 raise BatchValidationError(refused)
         with _otel.client_span("sepp.enqueue_atomic", lambda: _batch_attributes(requests)) as span:
             body = await self._send(
-                ops.enqueue_atomic_call(requests, span.trace_context), _left_s(deadline)
+                ops.enqueue_atomic_call(requests, span.trace_context), self._left_s(deadline)
             )
             try:
                 acks = ops.read_enqueue_atomic(body, len(requests))
@@ -325,10 +329,10 @@ class Client:
         time; results in order. After a failure no more are sent, and the earliest failed
         chunk's error is raised (chunks already sent may have been enqueued)."""
         if len(requests) == 1:
-            return await self._enqueue_traced(requests, _left_s(deadline))
+            return await self._enqueue_traced(requests, self._left_s(deadline))
         chunks = split_batch(requests, max_jobs=self._max_enqueue_batch())
         if len(chunks) == 1:
-            return await self._enqueue_traced(requests, _left_s(deadline))
+            return await self._enqueue_traced(requests, self._left_s(deadline))
         results: list[list[EnqueueAck | JobRejection]] = [[] for _ in chunks]
         failures: dict[int, SeppError] = {}
         unsent = iter(enumerate(chunks))  # shared by the senders: chunks leave in order
@@ -336,15 +340,13 @@ class Client:
         async def sender() -> None:
             for index, chunk in unsent:
                 try:
-                    results[index] = await self._enqueue_traced(chunk, _left_s(deadline))
+                    results[index] = await self._enqueue_traced(chunk, self._left_s(deadline))
                 except SeppError as exc:
                     failures[index] = exc
                 if failures:
                     return
 
-        async with trio.open_nursery() as nursery:
-            for _ in range(min(MAX_CONCURRENT_CHUNKS, len(chunks))):
-                nursery.start_soon(sender)
+        await self._rt.run_senders(sender, min(MAX_CONCURRENT_CHUNKS, len(chunks)))
         if failures:
             raise failures[min(failures)]
         return [result for chunk_results in results for result in chunk_results]
@@ -367,7 +369,14 @@ class Client:
     def _deadline(self, timeout: float | timedelta | None) -> float:
         """The trio time by which a call given `timeout` (None: rpc_timeout) must be done."""
         timeout_s = self._rpc_timeout if timeout is None else v.seconds("timeout", timeout)
-        return math.inf if timeout_s is None else trio.current_time() + timeout_s
+        return math.inf if timeout_s is None else self._rt.now() + timeout_s
+
+    def _left_s(self, deadline: float) -> float | None:
+        """What is left until `deadline`, as a call's timeout (None: no deadline). Never zero,
+        which is not a valid timeout: a call with no time left fails with DEADLINE_EXCEEDED."""
+        if deadline == math.inf:
+            return None
+        return max(deadline - self._rt.now(), 1e-6)
 
     async def _current_limits(self, deadline: float) -> ServerLimits | None:
         """The server's advertised limits for a call due by `deadline`; None when local checks
@@ -494,7 +503,7 @@ class Client:
     async def _send_s(self, call: ops.Call, timeout_s: float | None) -> bytes:
         """One call (with the retry policy's retries), its failure mapped to a SeppError."""
         fork.check_not_forked(self._opened_in, "sepp.Client", _FORKED_HINT)
-        if self._root_task is not None and _root_task() is not self._root_task:
+        if self._root_task is not None and self._rt.owner() is not self._root_task:
             raise _other_run()
         method, request = call.method, call.request
         label = call.label or method
@@ -526,6 +535,7 @@ class Client:
                 log=self._log,
                 retryable=call.retryable,
                 ambiguous_retry_safe=call.ambiguous_retry_safe,
+                sleep=self._rt.sleep,
             )
         except RpcError as exc:
             raise error_from_status(
@@ -564,26 +574,11 @@ def _lease_attributes(ctx: JobContext, **extra: str) -> dict[str, str | int]:
     return out
 
 
-def _root_task() -> trio.lowlevel.Task | None:
-    try:
-        return trio.lowlevel.current_root_task()
-    except RuntimeError:  # not in a trio run: a client built by hand, outside one (tests)
-        return None
-
-
 def _other_run() -> RuntimeError:
     return RuntimeError(
         "this sepp.Client was opened in another trio.run() (or thread), and a client serves"
         " only the run that opened it: open one with `async with sepp.open(...)` in each run"
     )
-
-
-def _left_s(deadline: float) -> float | None:
-    """What is left until `deadline`, as a call's timeout (None: no deadline). Never zero,
-    which is not a valid timeout: a call with no time left fails with DEADLINE_EXCEEDED."""
-    if deadline == math.inf:
-        return None
-    return max(deadline - trio.current_time(), 1e-6)
 
 
 def _record_results(

@@ -13,6 +13,7 @@ import trio
 
 from ._lazy import lazy_module
 from ._log import Log
+from ._runtime import TRIO, EventLike, Runtime
 from ._types import EnqueueRequest, ServerInfo
 
 if TYPE_CHECKING:
@@ -114,13 +115,19 @@ class LimitsCache:
     30 s. Nothing here raises: without limits the server checks alone.
     """
 
-    def __init__(self, fetch: Callable[[], Awaitable[ServerInfo]], log: Log) -> None:
-        self._fetch_info = fetch
+    def __init__(
+        self,
+        fetch: Callable[[float | None], Awaitable[ServerInfo]],
+        log: Log,
+        runtime: Runtime = TRIO,
+    ) -> None:
+        self._fetch_info = fetch  # given a timeout in seconds (None: the client's own)
         self._log = log
+        self._rt = runtime
         self.limits: ServerLimits | None = None
         self._fetched_at = -math.inf
-        self._stale_at = -math.inf  # trio time from which the cache is refetched
-        self._fetching: trio.Event | None = None  # set when the fetch in flight ends
+        self._stale_at = -math.inf  # the runtime's time from which the cache is refetched
+        self._fetching: EventLike | None = None  # set when the fetch in flight ends
         self._nursery: trio.Nursery | None = None
 
     def start(self, nursery: trio.Nursery) -> None:
@@ -131,32 +138,38 @@ class LimitsCache:
     def update(self, info: ServerInfo) -> None:
         """Every ServerInfo the client receives refreshes the cache."""
         self.limits = ServerLimits(info, datetime.now(timezone.utc))
-        self._fetched_at = trio.current_time()
+        self._fetched_at = self._rt.now()
         self._stale_at = math.inf
 
     @property
     def fresh(self) -> bool:
         """Whether `limits` can be used now, without waiting for (or starting) a fetch."""
         stale_at = self._stale_at
-        return self._fetching is None and (stale_at == math.inf or trio.current_time() < stale_at)
+        return self._fetching is None and (stale_at == math.inf or self._rt.now() < stale_at)
 
     async def current(self, deadline: float) -> ServerLimits | None:
-        """The limits for a call that must be done by `deadline` (trio time; the caller's
-        cancel scopes count too)."""
+        """The limits for a call that must be done by `deadline` (the runtime's time; a trio
+        caller's cancel scopes count too)."""
+        rt = self._rt
         done = self._fetching
         fetch_here = False
         if done is None:
-            if trio.current_time() < self._stale_at:
+            if rt.now() < self._stale_at:
                 return self.limits
             done = self._begin_fetch()
             fetch_here = self._nursery is None  # no nursery to fetch in: this call does it
-        now = trio.current_time()
-        deadline = min(deadline, trio.current_effective_deadline())
-        with trio.move_on_at(now + (deadline - now) / 2):
-            if fetch_here:
-                await self._fetch(done)
-            else:
-                await done.wait()
+        now = rt.now()
+        deadline = min(deadline, rt.effective_deadline())
+        until = now + (deadline - now) / 2
+        if fetch_here:
+            fetching = done
+
+            async def fetch(timeout_s: float | None) -> None:
+                await self._fetch(fetching, timeout_s)
+
+            await rt.bounded(fetch, until)
+        else:
+            await rt.wait_event(done, until)
         return self.limits
 
     def note_rejections(self, rejections: Sequence[rj.JobRejection]) -> None:
@@ -165,8 +178,8 @@ class LimitsCache:
             # Refetch on the next enqueue, but never more than once per refresh interval.
             self._stale_at = min(self._stale_at, self._fetched_at + LIMITS_REFRESH_S)
 
-    def _begin_fetch(self) -> trio.Event:
-        done = self._fetching = trio.Event()
+    def _begin_fetch(self) -> EventLike:
+        done = self._fetching = self._rt.event()
         if self._nursery is not None:
             try:
                 self._nursery.start_soon(self._fetch, done, name="sepp.limits_fetch")
@@ -175,11 +188,11 @@ class LimitsCache:
                 done.set()
         return done
 
-    async def _fetch(self, done: trio.Event) -> None:
+    async def _fetch(self, done: EventLike, timeout_s: float | None = None) -> None:
         try:
-            await self._fetch_info()  # the client hands every ServerInfo to update()
+            await self._fetch_info(timeout_s)  # the client hands every ServerInfo to update()
         except Exception as exc:
-            self._stale_at = trio.current_time() + LIMITS_REFRESH_S
+            self._stale_at = self._rt.now() + LIMITS_REFRESH_S
             self._log.debug("sepp: cannot fetch server limits for local checks: %s", exc)
         finally:
             if self._fetching is done:

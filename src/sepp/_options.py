@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import os
 import ssl
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import TYPE_CHECKING, TypedDict
 
 import trio
 
@@ -18,8 +20,13 @@ from ._errors import ValidationError
 from ._log import Log, LoggerLike
 from ._retry import NO_RETRY, RetryPolicy
 from ._version import __version__
+from .wire._constants import Header
 from .wire._engine import WIRE_ENGINES, WireEngine
+from .wire._failure import FailureKind
 from .wire._transport import Channel, Endpoint
+
+if TYPE_CHECKING:
+    from .wire._blocking import BlockingChannel
 
 DEFAULT_MAX_RECEIVE_MESSAGE_BYTES = 272 * 1024 * 1024
 """The default `max_receive_message_bytes` of `sepp.open()`, 272 MiB: it fits the largest
@@ -126,19 +133,38 @@ class ConnectOptions:
 
     def channel(self, nursery: trio.Nursery) -> Channel:
         """The Channel these options describe, its connection tasks in `nursery`."""
-        return Channel(
-            self.endpoint,
-            nursery,
-            user_agent=USER_AGENT,
-            secret_metadata=self.secret_metadata,
-            connect_timeout=self.connect_timeout_s,
-            max_receive_message_bytes=self.max_receive_message_bytes,
-            keepalive_interval=self.keepalive_interval_s,
-            keepalive_timeout=self.keepalive_timeout_s,
-            wire_engine=self.wire_engine,
-            log=self.log,
-            on_transparent_retry=_otel.count_transparent_retry,
-        )
+        return Channel(self.endpoint, nursery, **self._channel_options())
+
+    def blocking_channel(self) -> BlockingChannel:
+        """The blocking channel these options describe (SyncClient's)."""
+        from .wire._blocking import BlockingChannel
+
+        return BlockingChannel(self.endpoint, **self._channel_options())
+
+    def _channel_options(self) -> _ChannelOptions:
+        return {
+            "user_agent": USER_AGENT,
+            "secret_metadata": self.secret_metadata,
+            "connect_timeout": self.connect_timeout_s,
+            "max_receive_message_bytes": self.max_receive_message_bytes,
+            "keepalive_interval": self.keepalive_interval_s,
+            "keepalive_timeout": self.keepalive_timeout_s,
+            "wire_engine": self.wire_engine,
+            "log": self.log,
+            "on_transparent_retry": _otel.count_transparent_retry,
+        }
+
+
+class _ChannelOptions(TypedDict):
+    user_agent: str
+    secret_metadata: tuple[Header, ...]
+    connect_timeout: float
+    max_receive_message_bytes: int | None
+    keepalive_interval: float | None
+    keepalive_timeout: float
+    wire_engine: WireEngine | None
+    log: Log
+    on_transparent_retry: Callable[[str, FailureKind], None]
 
 
 def _ssl_context(

@@ -76,6 +76,7 @@ async def call_with_retry(
     log: Log,
     retryable: frozenset[StatusCode] = RETRYABLE,
     ambiguous_retry_safe: bool = True,
+    sleep: Callable[[float], Awaitable[None]] = trio.sleep,
 ) -> T:
     """Run `attempt` until it succeeds, fails for good, or the policy is used up.
 
@@ -104,5 +105,5 @@ async def call_with_retry(
                 len(delays),
                 delay,
             )
-            await trio.sleep(delay)
+            await sleep(delay)
     raise AssertionError("unreachable")  # pragma: no cover

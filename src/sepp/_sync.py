@@ -1,10 +1,14 @@
-"""SyncClient: the trio Client for blocking code (Django, Flask, scripts).
+"""SyncClient: the client for blocking code (Django, Flask, scripts).
 
-The client runs its own `trio.run` in a daemon thread (its "portal"), started on first use, and
-each blocking call hands one coroutine of the trio `Client` to it and waits for the result, so
-every operation, validation, error and retry is the async client's own, and calls from many
-threads are in flight together on one connection. Why this design and not blocking sockets
-driving the codec directly: docs/sync.md, "How it works".
+Every operation is the `Client`'s own coroutine (validation, conversion, errors, retries),
+run to its end in the calling thread under the blocking runtime: its channel
+(`wire/_blocking.py`) drives the sans-IO HTTP/2 codec over plain sockets, the calling threads
+taking turns as the connection's reader, so calls from many threads are in flight together
+on one connection and a lone caller never hands over to another thread.
+
+With `enqueue_batching`, whose linger timer needs a task of its own, the trio `Client` runs
+instead in its own `trio.run` on a daemon thread (a "portal"), and each call is handed to it.
+Why: docs/sync.md, "How it works".
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ from ._errors import ClientError
 from ._log import LoggerLike
 from ._options import ConnectOptions
 from ._retry import RetryPolicy
+from ._runtime import BLOCKING, run_blocking
+from .wire._blocking import BlockingChannel
 from .wire._engine import WireEngine
 
 if TYPE_CHECKING:
@@ -67,7 +73,7 @@ def _blocking(
 
     @functools.wraps(method)
     def call(self: SyncClient, /, *args: P.args, **kwargs: P.kwargs) -> T:
-        return self._portal().run(method, *args, **kwargs)
+        return self._engine().run(method, *args, **kwargs)
 
     return call
 
@@ -89,10 +95,11 @@ class SyncClient:
 
     def __init__(self, address: str, **options: Unpack[ConnectOptionsDict]) -> None:
         # Every option is checked now, as open() would check it.
-        self._address = _checked_options(address, options).address
+        self._options = _checked_options(address, options)
+        self._address = self._options.address
         self._connect_args = (address, dict(options))
         self._lock = threading.Lock()
-        self._current: _Portal | None = None
+        self._current: _Direct | _Portal | None = None
         self._closed = False
         _LIVE.add(self)
 
@@ -107,15 +114,15 @@ class SyncClient:
 
     def connect(self) -> None:
         """Connect now rather than on first use (ConnectError if the server is unreachable)."""
-        self._portal()
+        self._engine()
 
     def close(self) -> None:
         """Close the connection; calls in flight fail, later calls raise ClientError."""
         with self._lock:
             self._closed = True
-            portal, self._current = self._current, None
-        if portal is not None:
-            portal.stop()
+            engine, self._current = self._current, None
+        if engine is not None:
+            engine.stop()
 
     def __enter__(self) -> SyncClient:
         return self
@@ -138,23 +145,26 @@ class SyncClient:
     drain_dead_letters = _blocking(Client.drain_dead_letters)
     get_server_info = _blocking(Client.get_server_info)
 
-    def _portal(self) -> _Portal:
-        portal = self._current
-        if portal is not None:
-            return portal
+    def _engine(self) -> _Direct | _Portal:
+        engine = self._current
+        if engine is not None:
+            return engine
         with self._lock:
             if self._closed:
                 raise ClientError(f"this sepp.SyncClient ({self._address}) is closed")
             if self._current is None:
-                address, options = self._connect_args
-                self._current = _Portal.start(address, options)
-                # A client dropped without close() stops its thread when collected.
+                if self._options.enqueue_batching is None:
+                    self._current = _Direct.start(self._options)
+                else:
+                    address, options = self._connect_args
+                    self._current = _Portal.start(address, options)
+                # A client dropped without close() closes its connection when collected.
                 weakref.finalize(self, self._current.stop_soon)
             return self._current
 
     def _forget_after_fork(self) -> None:
-        """In a fork() child: the portal thread is gone and its connection is the parent's;
-        keep them out of reach (never closed here) and connect anew on the next call."""
+        """In a fork() child: the connection (and a portal's thread) are the parent's; keep
+        them out of reach (never closed here) and connect anew on the next call."""
         self._lock = threading.Lock()  # another thread may have held it at the fork
         if self._current is not None:
             _INHERITED.append(self._current)
@@ -180,6 +190,46 @@ def _checked_options(address: str, options: ConnectOptionsDict) -> ConnectOption
     bound = _OPEN_SIGNATURE.bind(address, **options)  # TypeError for a misspelt option
     bound.apply_defaults()
     return ConnectOptions.parse(**bound.arguments)
+
+
+class _Direct:
+    """The shared `Client` code run in the calling thread, over a blocking channel."""
+
+    def __init__(self, client: Client, channel: BlockingChannel) -> None:
+        self.client = client
+        self._channel = channel
+        self._origin = fork.here()
+
+    @classmethod
+    def start(cls, options: ConnectOptions) -> _Direct:
+        """Connect; raises what open() raises."""
+        channel = options.blocking_channel()
+        client = Client(
+            channel,
+            address=options.address,
+            rpc_timeout=options.rpc_timeout_s,
+            retry_policy=options.retry_policy,
+            log=options.log,
+            validate_locally=options.validate_locally,
+            runtime=BLOCKING,
+        )
+        run_blocking(client._connect())
+        return cls(client, channel)
+
+    def run(
+        self,
+        method: Callable[Concatenate[Client, P], Coroutine[Any, Any, T]],
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> T:
+        return run_blocking(method(self.client, *args, **kwargs))
+
+    def stop_soon(self) -> None:
+        """Close the connection; never in a fork() child (it is the parent's)."""
+        if not self._origin.forked:
+            self._channel.close()
+
+    stop = stop_soon
 
 
 class _Pending:
@@ -330,7 +380,7 @@ def _cancelled(error: BaseException) -> bool:
 
 
 _LIVE: weakref.WeakSet[SyncClient] = weakref.WeakSet()
-_INHERITED: list[_Portal] = []  # a fork() child's copies of its parent's portals, never used
+_INHERITED: list[_Direct | _Portal] = []  # a fork() child's copies of its parent's, never used
 
 
 def _after_fork_in_child() -> None:

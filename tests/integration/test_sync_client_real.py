@@ -231,7 +231,8 @@ async def test_close_while_threads_call_fails_their_calls_and_hangs_none(
 async def test_a_call_the_closing_portal_never_started_fails_instead_of_hanging(
     sepp_server: SeppServer,
 ) -> None:
-    client = sepp.SyncClient(sepp_server.address)
+    # With auto-batching the client runs in a trio portal thread (its linger timer is a task).
+    client = sepp.SyncClient(sepp_server.address, enqueue_batching=sepp.Batching())
     client.connect()
     portal = client._current
     assert portal is not None

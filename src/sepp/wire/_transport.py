@@ -6,20 +6,29 @@ never raise into the caller's code.
 
 from __future__ import annotations
 
-import logging
 import math
 import os
 import socket
 import ssl
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Protocol
 
 import trio
 
-from . import _engine
+from ._channel_base import MAX_TRANSPARENT_ATTEMPTS as MAX_TRANSPARENT_ATTEMPTS
+from ._channel_base import (
+    ChannelBase,
+    Endpoint,
+    Logger,
+    RpcError,
+    closed_error,
+    conn_reason,
+    deadline_exceeded,
+    no_alpn_h2_error,
+)
+from ._channel_base import describe_io_error as _describe_io_error
+from ._channel_base import unprocessed_error as _unprocessed_error
 from ._constants import Header
-from ._engine import GrpcConnection, WireEngine, connection_class
+from ._engine import GrpcConnection, WireEngine
 from ._events import (
     CallFinished,
     ConnectionBroken,
@@ -31,47 +40,10 @@ from ._failure import FailureKind
 from ._status import StatusCode
 from ._waiters import Deadlines, Waiter
 
+__all__ = ["MAX_TRANSPARENT_ATTEMPTS", "Channel", "Endpoint", "RpcError", "conn_reason"]
+
 _RECEIVE_BYTES = 256 * 1024
 _GOAWAY_FLUSH_S = 0.25
-# How many times in all a call the server provably never processed (FailureKind.unprocessed)
-# is sent; a peer that refuses every stream must not keep a caller busy until its deadline.
-MAX_TRANSPARENT_ATTEMPTS = 8
-_ENHANCE_YOUR_CALM = 0xB
-_TOO_MANY_PINGS = b"too_many_pings"
-
-
-class _Logger(Protocol):
-    def debug(self, msg: str, /, *args: object) -> None: ...
-    def warning(self, msg: str, /, *args: object) -> None: ...
-
-
-class RpcError(Exception):
-    """A call failed: a gRPC status from the server, or a local verdict (`kind`)."""
-
-    def __init__(self, code: StatusCode, details: str, kind: FailureKind | None = None) -> None:
-        super().__init__(details)
-        self.code = code
-        self.details = details
-        self.kind = kind
-
-
-@dataclass(frozen=True, slots=True)
-class Endpoint:
-    host: str
-    port: int
-    ssl_context: ssl.SSLContext | None = None
-    server_hostname: str | None = None
-
-    @property
-    def authority(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"{host}:{self.port}"
-
-    @property
-    def request_authority(self) -> str:
-        """What `:authority` carries: the TLS server-name override when one is set (as
-        grpc's `ssl_target_name_override` does, so a proxy routes by the name), else host:port."""
-        return self.server_hostname or self.authority
 
 
 class _Connection:
@@ -324,14 +296,9 @@ def _raw_socket(stream: trio.abc.Stream) -> socket.socket | None:
     return raw
 
 
-def _describe_io_error(exc: BaseException) -> str:
-    if isinstance(exc, trio.BrokenResourceError) and exc.__cause__ is not None:
-        exc = exc.__cause__
-    return f"connection lost: {type(exc).__name__}: {exc}"
-
-
-class Channel:
-    """Places unary calls on one shared HTTP/2 connection, opening a new one when needed."""
+class Channel(ChannelBase):
+    """Places unary calls on one shared HTTP/2 connection, opening a new one when needed;
+    its connections' tasks run in `nursery`."""
 
     def __init__(
         self,
@@ -346,31 +313,32 @@ class Channel:
         keepalive_interval: float | None = 30.0,
         keepalive_timeout: float = 10.0,
         wire_engine: WireEngine | None = None,
-        log: _Logger | None = None,
+        log: Logger | None = None,
         on_transparent_retry: Callable[[str, FailureKind], None] | None = None,
     ) -> None:
-        self.endpoint = endpoint
-        # None: the package default, read here so tests can run a whole suite on each engine.
-        self._connection_class = connection_class(wire_engine or _engine.DEFAULT_WIRE_ENGINE)
-        self.keepalive_interval = keepalive_interval
-        self.keepalive_timeout = keepalive_timeout
+        super().__init__(
+            endpoint,
+            user_agent=user_agent,
+            metadata=metadata,
+            secret_metadata=secret_metadata,
+            connect_timeout=connect_timeout,
+            max_receive_message_bytes=max_receive_message_bytes,
+            keepalive_interval=keepalive_interval,
+            keepalive_timeout=keepalive_timeout,
+            wire_engine=wire_engine,
+            log=log,
+            on_transparent_retry=on_transparent_retry,
+        )
         self._nursery = nursery
-        self._user_agent = user_agent
-        self._metadata = tuple(metadata)
-        self._secret_metadata = tuple(secret_metadata)
-        self._connect_timeout = connect_timeout
-        self._max_receive = max_receive_message_bytes
         self._current: _Connection | None = None
         self._all: set[_Connection] = set()
         self._connect_lock = trio.Lock()
         self._connect_attempts = 0
         # (code, details, kind) of the latest connect attempt, if it failed
         self._connect_failure: tuple[StatusCode, str, FailureKind | None] | None = None
-        self._closed = False
-        self.connections_opened = 0
-        self._log: _Logger = log if log is not None else logging.getLogger("sepp.wire")
-        self._on_transparent_retry = on_transparent_retry
-        self._warned_too_many_pings = False
+
+    def _now(self) -> float:
+        return trio.current_time()
 
     def forget(self, conn: _Connection) -> None:
         """Stop placing new calls on `conn` (GOAWAY or death)."""
@@ -379,147 +347,59 @@ class Channel:
         if conn.dead:
             self._all.discard(conn)
 
-    def _retire(self, conn: _Connection) -> None:
+    def _retire(self, conn: object) -> None:
         """`conn` takes no new calls: the next call opens one new connection, and the callers
         parked for a stream on `conn` move to it; `conn`'s own calls finish where they are."""
+        assert isinstance(conn, _Connection)
         self.forget(conn)
         conn.slots.unpark_all()
 
-    def goaway_received(self, conn: _Connection, event: GoAwayReceived) -> None:
-        self._log.debug(
-            "sepp: server sent GOAWAY (last stream %d, error code %d); draining its connection",
-            event.last_stream_id,
-            event.error_code,
-        )
-        self._retire(conn)
-        interval = self.keepalive_interval
-        if (
-            event.error_code == _ENHANCE_YOUR_CALM
-            and event.debug_data == _TOO_MANY_PINGS
-            and interval is not None
-        ):
-            # gRFC A8: the server thinks we ping too often; back off on later connections.
-            self.keepalive_interval = interval * 2
-            if self._warned_too_many_pings:
-                log = self._log.debug
-            else:
-                self._warned_too_many_pings = True
-                log = self._log.warning
-            log(
-                "sepp: the server ended a connection for too many pings (GOAWAY "
-                "too_many_pings); keepalive interval doubled to %gs",
-                interval * 2,
-            )
-
-    async def call(
+    async def _attempt(
         self,
         method: str,
         request: bytes,
-        *,
+        own_deadline: float,
         timeout: float | None,
-        metadata: Sequence[Header] = (),
-        retry_request: Callable[[float], bytes] | None = None,
-    ) -> bytes:
-        """Make one unary call; returns the response message or raises RpcError.
-
-        `timeout` bounds this call; the caller's own trio deadline also applies, and the
-        smaller of the two is sent as grpc-timeout. Cancellation resets the stream.
-
-        A call the server provably never processed (above a GOAWAY's last stream id, refused
-        with REFUSED_STREAM, or never written before its connection died) is sent again,
-        within the same deadline, up to MAX_TRANSPARENT_ATTEMPTS times in all: it cannot
-        have had any effect. `retry_request(elapsed_s)`, if given, builds the request for such
-        a retry (a long poll's remaining wait).
-        """
-        now = trio.current_time()
-        started = now
-        own_deadline = now + timeout if timeout is not None else math.inf
-        attempts = 1
-        unprocessed: CallFinished | None = None  # the previous attempt's, when retrying
-        while True:
-            conn = self._current
-            if conn is None or not conn.usable or not conn.proto.can_start_call:
-                try:
-                    conn = await self._wait_for_slot(own_deadline, timeout)
-                except RpcError as exc:
-                    if unprocessed is None or exc.kind is not FailureKind.DEADLINE:
-                        raise
-                    # Nothing of this call was ever processed: say so, not "deadline" (which
-                    # would stop a retry policy, as if it might have been committed).
-                    raise _unprocessed_error(unprocessed) from None
-                now = trio.current_time()
-            else:
-                await trio.lowlevel.checkpoint_if_cancelled()
-            deadline = min(own_deadline, trio.current_effective_deadline())
+        metadata: Sequence[Header],
+        unprocessed: CallFinished | None,
+    ) -> CallFinished | None:
+        conn = self._current
+        if conn is None or not conn.usable or not conn.proto.can_start_call:
             try:
-                stream_id = conn.proto.start_call(
-                    method,
-                    request,
-                    timeout=deadline - now if deadline != math.inf else None,
-                    metadata=metadata,
-                )
-            except Exception as exc:
-                conn.die(f"cannot start a call: {exc!r}")
-                raise RpcError(
-                    StatusCode.UNAVAILABLE, conn_reason(exc), FailureKind.CONNECTION
-                ) from exc
-            conn.last_started = stream_id
-            if conn.proto.draining:  # its stream ids ran out: later calls go elsewhere
-                self._retire(conn)
-            waiter = Waiter(stream_id, own_deadline)
-            waiters = conn.waiters
-            waiters[stream_id] = waiter
-            conn.deadlines.add(waiter, len(waiters))
-            # A lone call writes at once; with others in flight, calls starting in the same
-            # scheduler pass (typically woken by one read) share the writer task's next write.
-            conn.flush(direct=len(waiters) == 1)
-            result = await conn.wait(waiter)
-            if result is None:
-                raise _deadline_exceeded(timeout)
-            code = result.code
-            if code is StatusCode.OK and result.body is not None:
-                return result.body
-            kind = result.error_kind
-            if kind is None or not kind.unprocessed:
-                break
-            self._before_transparent_retry(method, result, attempts, own_deadline)
-            unprocessed = result
-            attempts += 1
-            if retry_request is not None:
-                request = retry_request(trio.current_time() - started)
-            now = trio.current_time()
-        if code is StatusCode.CANCELLED and trio.current_time() >= own_deadline:
-            # The server enforced the grpc-timeout we sent (tonic answers CANCELLED "Timeout
-            # expired") just before our own deadline check ran: it is the same deadline.
-            raise _deadline_exceeded(timeout)
-        raise RpcError(code, result.details, result.error_kind)
-
-    def _before_transparent_retry(
-        self, method: str, result: CallFinished, attempts: int, own_deadline: float
-    ) -> None:
-        """Let a call the server never processed go out again, or raise RpcError: attempts
-        used up, or its deadline passed (then it fails as unprocessed, not as a timeout that
-        might hide a commit)."""
-        kind = result.error_kind
-        assert kind is not None
-        if attempts >= MAX_TRANSPARENT_ATTEMPTS:
-            raise RpcError(
-                result.code,
-                f"{result.details}; gave up after {attempts} attempts, none processed by the "
-                "server (sent again transparently)",
-                kind,
+                conn = await self._wait_for_slot(own_deadline, timeout)
+            except RpcError as exc:
+                if unprocessed is None or exc.kind is not FailureKind.DEADLINE:
+                    raise
+                # Nothing of this call was ever processed: say so, not "deadline" (which
+                # would stop a retry policy, as if it might have been committed).
+                raise _unprocessed_error(unprocessed) from None
+        else:
+            await trio.lowlevel.checkpoint_if_cancelled()
+        now = trio.current_time()
+        deadline = min(own_deadline, trio.current_effective_deadline())
+        try:
+            stream_id = conn.proto.start_call(
+                method,
+                request,
+                timeout=deadline - now if deadline != math.inf else None,
+                metadata=metadata,
             )
-        if trio.current_time() >= own_deadline:
-            raise _unprocessed_error(result)
-        self._log.debug(
-            "sepp: %s was not processed by the server (%s: %s); sending it again (attempt %d)",
-            method,
-            kind,
-            result.details,
-            attempts + 1,
-        )
-        if self._on_transparent_retry is not None:
-            self._on_transparent_retry(method, kind)
+        except Exception as exc:
+            conn.die(f"cannot start a call: {exc!r}")
+            raise RpcError(
+                StatusCode.UNAVAILABLE, conn_reason(exc), FailureKind.CONNECTION
+            ) from exc
+        conn.last_started = stream_id
+        if conn.proto.draining:  # its stream ids ran out: later calls go elsewhere
+            self._retire(conn)
+        waiter = Waiter(stream_id, own_deadline)
+        waiters = conn.waiters
+        waiters[stream_id] = waiter
+        conn.deadlines.add(waiter, len(waiters))
+        # A lone call writes at once; with others in flight, calls starting in the same
+        # scheduler pass (typically woken by one read) share the writer task's next write.
+        conn.flush(direct=len(waiters) == 1)
+        return await conn.wait(waiter)
 
     async def _wait_for_slot(self, own_deadline: float, timeout: float | None) -> _Connection:
         """The slow path: connect, or wait for a stream slot, within the call's deadline."""
@@ -531,7 +411,7 @@ class Channel:
                     continue
                 await conn.slots.park()
             return conn
-        raise _deadline_exceeded(timeout)
+        raise deadline_exceeded(timeout)
 
     async def connect(self) -> None:
         """Open a connection now (calls otherwise connect on first use); raises RpcError."""
@@ -560,14 +440,14 @@ class Channel:
                 raise
             if self._closed:  # aclose() ran while we were connecting
                 conn.die("the client is closed")
-                raise RpcError(StatusCode.UNAVAILABLE, "the client is closed", FailureKind.CLOSED)
+                raise closed_error()
             self._current = conn
             self._all.add(conn)
             return conn
 
     async def _connect(self) -> _Connection:
         if self._closed:
-            raise RpcError(StatusCode.UNAVAILABLE, "the client is closed", FailureKind.CLOSED)
+            raise closed_error()
         ep = self.endpoint
         stream: trio.abc.Stream | None = None
         conn: _Connection | None = None
@@ -584,29 +464,15 @@ class Channel:
                     stream = tls
                     await tls.do_handshake()
                     if tls.selected_alpn_protocol() != "h2":
-                        raise RpcError(
-                            StatusCode.UNAVAILABLE,
-                            "the server did not negotiate HTTP/2 (ALPN h2) over TLS",
-                            FailureKind.CONNECT,
-                        )
-                proto = self._connection_class(
-                    authority=ep.request_authority,
-                    scheme="https" if ep.ssl_context is not None else "http",
-                    user_agent=self._user_agent,
-                    metadata=self._metadata,
-                    secret_metadata=self._secret_metadata,
-                    max_receive_message_bytes=self._max_receive,
-                )
-                proto.initiate()
+                        raise no_alpn_h2_error()
+                proto = self.new_protocol()
                 await stream.send_all(proto.data_to_send())
                 conn = _Connection(stream, proto, self)
                 try:
                     await self._nursery.start(conn.run)
                 except RuntimeError as exc:  # the client's nursery is closing
                     conn = None
-                    raise RpcError(
-                        StatusCode.UNAVAILABLE, "the client is closed", FailureKind.CLOSED
-                    ) from exc
+                    raise closed_error() from exc
                 # The server's SETTINGS frame is its half of the connection preface: until it
                 # arrives its MAX_CONCURRENT_STREAMS is unknown, and a peer that never sends it is
                 # not an HTTP/2 server. (grpc-go also waits for it before using a connection.)
@@ -614,10 +480,7 @@ class Channel:
                 if conn.dead:
                     raise RpcError(StatusCode.UNAVAILABLE, conn.reason, FailureKind.CONNECT)
         except trio.TooSlowError:
-            if conn is None:
-                reason = f"could not connect within {self._connect_timeout:g}s"
-            else:
-                reason = f"the server sent no HTTP/2 SETTINGS within {self._connect_timeout:g}s"
+            reason = self._connect_timeout_reason(connected=conn is not None)
             await _abandon_connect(stream, conn, reason)
             raise RpcError(StatusCode.UNAVAILABLE, reason, FailureKind.CONNECT) from None
         except RpcError as exc:
@@ -640,25 +503,6 @@ class Channel:
             conn.die("the client is closed")
         self._all.clear()
         self._current = None
-
-
-def _unprocessed_error(result: CallFinished) -> RpcError:
-    return RpcError(result.code, result.details, result.error_kind)
-
-
-def _deadline_exceeded(timeout: float | None) -> RpcError:
-    return RpcError(
-        StatusCode.DEADLINE_EXCEEDED,
-        f"deadline exceeded after {timeout:g}s" if timeout is not None else "deadline",
-        FailureKind.DEADLINE,
-    )
-
-
-def conn_reason(exc: BaseException) -> str:
-    if isinstance(exc, trio.BrokenResourceError) and exc.__cause__ is not None:
-        exc = exc.__cause__
-    text = str(exc) or type(exc).__name__
-    return f"{type(exc).__name__}: {text}" if str(exc) else text
 
 
 async def _close_quietly(stream: trio.abc.Stream | None) -> None:
