@@ -1,9 +1,9 @@
 """Blocking clients side by side: `sepp.SyncClient` against grpcio's own blocking unary call
-(a sync `grpc.insecure_channel` with sepp-py's generated stub), and the unbuilt sockets
-prototype, on one real server: sequential single-job enqueues from 1 thread and from 16
-threads sharing one client. Each run is a fresh driver process (benchmarks/blocking_driver.py);
-clients alternate, in an order that rotates every round, and ratios are the median of per-round
-ratios. See benchmarks/README.md, "Blocking clients".
+(a sync `grpc.insecure_channel` with sepp-py's generated stub), and SyncClient's previous
+design (the trio client on a thread of its own), on one real server: sequential single-job
+enqueues from 1 thread and from 16 threads sharing one client. Each run is a fresh driver
+process (benchmarks/blocking_driver.py); clients alternate, in an order that rotates every
+round, and ratios are the median of per-round ratios. See benchmarks/README.md, "Blocking clients".
 
     .venv/bin/python -m benchmarks.blocking [--rounds 5] [--jobs 2000] [--update-readme]
 """
@@ -30,7 +30,7 @@ import sepp.testing
 DRIVER = BENCH_DIR / "blocking_driver.py"
 README = BENCH_DIR / "README.md"
 START, END = "<!-- blocking-results:start -->", "<!-- blocking-results:end -->"
-CLIENTS = ("sepp-trio", "grpcio", "sockets-prototype")
+CLIENTS = ("sepp-trio", "grpcio", "trio-portal")
 THREADS = (1, 16)
 CONFIG = {"admin": {"enabled": False}, "storage": {"persist_mode": "buffer"}}
 
@@ -78,19 +78,19 @@ def table(rows: list[dict[str, Any]]) -> str:
 
     head = (
         "| enqueue, blocking | sepp-trio SyncClient ops/s | grpcio blocking ops/s |"
-        " sockets prototype ops/s | SyncClient / grpcio | prototype / grpcio |"
-        " SyncClient CPU ms/call | grpcio CPU ms/call | prototype CPU ms/call |\n"
+        " trio portal ops/s | SyncClient / grpcio | portal / grpcio |"
+        " SyncClient CPU ms/call | grpcio CPU ms/call | portal CPU ms/call |\n"
         "|---|---|---|---|---|---|---|---|---|\n"
     )
     lines = [
         f"| {threads} thread{'s' if threads > 1 else ''}, one shared client"
         f" | {median('sepp-trio', threads, 'ops_s'):,.0f}"
         f" | {median('grpcio', threads, 'ops_s'):,.0f}"
-        f" | {median('sockets-prototype', threads, 'ops_s'):,.0f}"
-        f" | {ratio('sepp-trio', threads):.2f} | {ratio('sockets-prototype', threads):.2f}"
+        f" | {median('trio-portal', threads, 'ops_s'):,.0f}"
+        f" | {ratio('sepp-trio', threads):.2f} | {ratio('trio-portal', threads):.2f}"
         f" | {median('sepp-trio', threads, 'cpu_ms_per_call'):.3f}"
         f" | {median('grpcio', threads, 'cpu_ms_per_call'):.3f}"
-        f" | {median('sockets-prototype', threads, 'cpu_ms_per_call'):.3f} |"
+        f" | {median('trio-portal', threads, 'cpu_ms_per_call'):.3f} |"
         for threads in THREADS
     ]
     return head + "\n".join(lines) + "\n"

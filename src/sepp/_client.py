@@ -640,20 +640,32 @@ def open(
     return Opening(_open_client(options))
 
 
+def client_for(
+    options: ConnectOptions,
+    channel: ChannelBase,
+    *,
+    nursery: trio.Nursery | None = None,
+    runtime: Runtime = TRIO,
+) -> Client:
+    """The Client `options` describe, over `channel` (its background tasks in `nursery`)."""
+    return Client(
+        channel,
+        address=options.address,
+        rpc_timeout=options.rpc_timeout_s,
+        retry_policy=options.retry_policy,
+        log=options.log,
+        nursery=nursery,
+        enqueue_batching=options.enqueue_batching,
+        validate_locally=options.validate_locally,
+        runtime=runtime,
+    )
+
+
 @asynccontextmanager
 async def _open_client(options: ConnectOptions) -> AsyncIterator[Client]:
     user_exc: BaseException | None = None
     async with trio.open_nursery() as nursery:
-        client = Client(
-            options.channel(nursery),
-            address=options.address,
-            rpc_timeout=options.rpc_timeout_s,
-            retry_policy=options.retry_policy,
-            log=options.log,
-            nursery=nursery,
-            enqueue_batching=options.enqueue_batching,
-            validate_locally=options.validate_locally,
-        )
+        client = client_for(options, options.channel(nursery), nursery=nursery)
         try:
             await client._connect()
             yield client

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import os
 import ssl
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -20,9 +19,8 @@ from ._errors import ValidationError
 from ._log import Log, LoggerLike
 from ._retry import NO_RETRY, RetryPolicy
 from ._version import __version__
-from .wire._constants import Header
+from .wire._channel_base import ChannelOptions
 from .wire._engine import WIRE_ENGINES, WireEngine
-from .wire._failure import FailureKind
 from .wire._transport import Channel, Endpoint
 
 if TYPE_CHECKING:
@@ -141,7 +139,7 @@ class ConnectOptions:
 
         return BlockingChannel(self.endpoint, **self._channel_options())
 
-    def _channel_options(self) -> _ChannelOptions:
+    def _channel_options(self) -> ChannelOptions:
         return {
             "user_agent": USER_AGENT,
             "secret_metadata": self.secret_metadata,
@@ -153,18 +151,6 @@ class ConnectOptions:
             "log": self.log,
             "on_transparent_retry": _otel.count_transparent_retry,
         }
-
-
-class _ChannelOptions(TypedDict):
-    user_agent: str
-    secret_metadata: tuple[Header, ...]
-    connect_timeout: float
-    max_receive_message_bytes: int | None
-    keepalive_interval: float | None
-    keepalive_timeout: float
-    wire_engine: WireEngine | None
-    log: Log
-    on_transparent_retry: Callable[[str, FailureKind], None]
 
 
 def _ssl_context(

@@ -30,7 +30,7 @@ import trio
 
 from . import _fork as fork
 from ._batching import Batching
-from ._client import Client
+from ._client import Client, client_for
 from ._client import open as open_client
 from ._errors import ClientError
 from ._log import LoggerLike
@@ -204,15 +204,7 @@ class _Direct:
     def start(cls, options: ConnectOptions) -> _Direct:
         """Connect; raises what open() raises."""
         channel = options.blocking_channel()
-        client = Client(
-            channel,
-            address=options.address,
-            rpc_timeout=options.rpc_timeout_s,
-            retry_policy=options.retry_policy,
-            log=options.log,
-            validate_locally=options.validate_locally,
-            runtime=BLOCKING,
-        )
+        client = client_for(options, channel, runtime=BLOCKING)
         run_blocking(client._connect())
         return cls(client, channel)
 

@@ -20,12 +20,13 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from ._channel_base import (
+    Attempt,
     ChannelBase,
+    ChannelOptions,
     Endpoint,
-    Logger,
     RpcError,
     closed_error,
     conn_reason,
@@ -34,8 +35,7 @@ from ._channel_base import (
     no_alpn_h2_error,
     unprocessed_error,
 )
-from ._constants import Header
-from ._engine import GrpcConnection, WireEngine
+from ._engine import GrpcConnection
 from ._events import (
     CallFinished,
     ConnectionBroken,
@@ -45,6 +45,9 @@ from ._events import (
 )
 from ._failure import FailureKind
 from ._status import StatusCode
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 _RECEIVE_BYTES = 256 * 1024
 _POLL_IN = select.POLLIN | select.POLLPRI | select.POLLERR | select.POLLHUP
@@ -115,12 +118,11 @@ class _BlockingConnection:
 
     # -- sending --------------------------------------------------------------------------------
 
-    def start(
-        self, method: str, request: bytes, own_deadline: float, metadata: Sequence[Header]
-    ) -> _Waiter | None:
+    def start(self, call: Attempt) -> _Waiter | None:
         """Open the call's stream and send its request; None if this connection takes no new
         calls after all (died, or GOAWAY): the caller goes on to another one. Raises the
         deadline RpcError if no stream frees up in time."""
+        own_deadline = call.own_deadline
         with self.lock:
             if not self.reading and not self.waiters:
                 self._read_what_arrived()  # a GOAWAY or a close that came while idle
@@ -131,22 +133,7 @@ class _BlockingConnection:
                 if left <= 0:
                     raise deadline_exceeded(None)
                 self.slots.wait(None if left == math.inf else left)
-            now = time.monotonic()
-            try:
-                stream_id = self.proto.start_call(
-                    method,
-                    request,
-                    timeout=own_deadline - now if own_deadline != math.inf else None,
-                    metadata=metadata,
-                )
-            except Exception as exc:
-                self._die(f"cannot start a call: {exc!r}")
-                raise RpcError(
-                    StatusCode.UNAVAILABLE, conn_reason(exc), FailureKind.CONNECTION
-                ) from exc
-            self.last_started = stream_id
-            if self.proto.draining:  # its stream ids ran out: later calls go elsewhere
-                self._channel.retire(self)
+            stream_id = self._channel.open_stream(self, call, own_deadline, time.monotonic())
             waiter = _Waiter(stream_id, own_deadline)
             self.waiters[stream_id] = waiter
             if not self.reading:
@@ -173,7 +160,7 @@ class _BlockingConnection:
                 failure = describe_io_error(exc)
             with self.lock:
                 if failure is not None:
-                    self._die(failure)
+                    self.die(failure)
                     data = b""
                 else:
                     data = self._take_output()
@@ -215,22 +202,35 @@ class _BlockingConnection:
     def wait(self, me: _Waiter) -> CallFinished | None:
         """Block until the call's result arrives (None: its own deadline passed), reading the
         socket whenever this caller holds the reader's role."""
-        while not me.lead:
-            left = me.deadline - time.monotonic()
-            woken = me.wake.acquire(timeout=left) if left != math.inf else me.wake.acquire()
-            with self.lock:
-                if woken:
-                    me.signalled = False
-                # Handed the reader's role: _lead returns at once if the result is here too.
-                if me.done and not me.lead:
-                    return me.result
-                expired = not (woken or me.lead or me.done)
+        try:
+            while not me.lead:
+                left = me.deadline - time.monotonic()
+                woken = me.wake.acquire(timeout=left) if left != math.inf else me.wake.acquire()
+                with self.lock:
+                    if woken:
+                        me.signalled = False
+                    # Handed the reader's role: _lead returns at once if the result is here too.
+                    if me.done and not me.lead:
+                        return me.result
+                    expired = not (woken or me.lead or me.done)
+                    if expired:
+                        self._abandon(me)
                 if expired:
-                    self._abandon(me)
-            if expired:
-                self.flush()  # the stream's reset
-                return None
-        return self._lead(me)
+                    self.flush()  # the stream's reset
+                    return None
+            return self._lead(me)
+        except BaseException:  # KeyboardInterrupt in the caller: give the call up
+            self._interrupted(me)
+            raise
+
+    def _interrupted(self, me: _Waiter) -> None:
+        with self.lock:
+            if not me.done:
+                self._abandon(me)
+            handed_the_reading = me.lead  # and never got to _lead, which clears it
+        if handed_the_reading:
+            self._pass_the_reading_on(me)
+        self.flush()
 
     def _lead(self, me: _Waiter) -> CallFinished | None:
         try:
@@ -264,17 +264,18 @@ class _BlockingConnection:
                 with self.lock:
                     self._in_io -= 1
                     if failure is not None:
-                        self._die(failure)
+                        self.die(failure)
                     elif data:
                         self._received(data)
                     else:
                         self._keepalive_check(time.monotonic())
                 self.flush()
         finally:
-            self._pass_the_reading_on()
+            self._pass_the_reading_on(me)
 
-    def _pass_the_reading_on(self) -> None:
+    def _pass_the_reading_on(self, me: _Waiter) -> None:
         with self.lock:
+            me.lead = False
             self.reading = False
             if not self.dead:
                 for waiter in self.waiters.values():
@@ -291,10 +292,10 @@ class _BlockingConnection:
         except (BlockingIOError, InterruptedError):
             return
         except OSError as exc:
-            self._die(describe_io_error(exc))
+            self.die(describe_io_error(exc))
             return
         if not data:
-            self._die("connection closed by the server")
+            self.die("connection closed by the server")
             return
         self._received(data)
         if len(data) == _RECEIVE_BYTES and not self.dead:
@@ -325,12 +326,12 @@ class _BlockingConnection:
                 self._channel.goaway_received(self, event)
                 self.slots.notify_all()
             elif type(event) is ConnectionBroken:
-                self._die(event.reason)
+                self.die(event.reason)
                 return
         if freed:
             self.slots.notify(freed)
         if self.proto.draining and self.proto.active_calls == 0:
-            self._die("connection drained after GOAWAY", goodbye=True)
+            self.die("connection drained after GOAWAY", goodbye=True)
 
     def _abandon(self, waiter: _Waiter) -> None:
         """Under the lock: the caller gave up (its deadline passed): reset the stream."""
@@ -358,7 +359,7 @@ class _BlockingConnection:
         if self._ping is not None:
             if now >= self._ping_sent_at + self._channel.keepalive_timeout:
                 timeout = self._channel.keepalive_timeout
-                self._die(f"keepalive ping not answered within {timeout:g}s")
+                self.die(f"keepalive ping not answered within {timeout:g}s")
         elif now >= self._heard_at + interval:
             self._ping = os.urandom(8)
             self._ping_sent_at = now
@@ -366,7 +367,7 @@ class _BlockingConnection:
 
     # -- ending ---------------------------------------------------------------------------------
 
-    def _die(self, reason: str, *, goodbye: bool = False) -> None:
+    def die(self, reason: str, *, goodbye: bool = False) -> None:
         """Under the lock: fail every waiting call with UNAVAILABLE and shut the socket (with a
         GOAWAY first when `goodbye`)."""
         if self.dead:
@@ -426,7 +427,7 @@ class _BlockingConnection:
 
     def close(self, reason: str) -> None:
         with self.lock:
-            self._die(reason)
+            self.die(reason)
 
 
 _CLOSED = "the client is closed"
@@ -493,34 +494,8 @@ class BlockingChannel(ChannelBase):
     """Places unary calls from any number of threads on one shared HTTP/2 connection, opening
     a new one when needed."""
 
-    def __init__(
-        self,
-        endpoint: Endpoint,
-        *,
-        user_agent: str,
-        metadata: Sequence[Header] = (),
-        secret_metadata: Sequence[Header] = (),
-        connect_timeout: float = 5.0,
-        max_receive_message_bytes: int | None = None,
-        keepalive_interval: float | None = 30.0,
-        keepalive_timeout: float = 10.0,
-        wire_engine: WireEngine | None = None,
-        log: Logger | None = None,
-        on_transparent_retry: Callable[[str, FailureKind], None] | None = None,
-    ) -> None:
-        super().__init__(
-            endpoint,
-            user_agent=user_agent,
-            metadata=metadata,
-            secret_metadata=secret_metadata,
-            connect_timeout=connect_timeout,
-            max_receive_message_bytes=max_receive_message_bytes,
-            keepalive_interval=keepalive_interval,
-            keepalive_timeout=keepalive_timeout,
-            wire_engine=wire_engine,
-            log=log,
-            on_transparent_retry=on_transparent_retry,
-        )
+    def __init__(self, endpoint: Endpoint, **options: Unpack[ChannelOptions]) -> None:
+        super().__init__(endpoint, **options)
         self._current: _BlockingConnection | None = None
         self._all: set[_BlockingConnection] = set()
         self._connect_lock = threading.Lock()
@@ -536,34 +511,23 @@ class BlockingChannel(ChannelBase):
         if conn.dead:
             self._all.discard(conn)
 
-    def retire(self, conn: _BlockingConnection) -> None:
-        self.forget(conn)
-
     def _retire(self, conn: object) -> None:
         assert isinstance(conn, _BlockingConnection)
-        self.retire(conn)
+        self.forget(conn)
 
-    async def _attempt(
-        self,
-        method: str,
-        request: bytes,
-        own_deadline: float,
-        timeout: float | None,
-        metadata: Sequence[Header],
-        unprocessed: CallFinished | None,
-    ) -> CallFinished | None:
+    async def _attempt(self, call: Attempt) -> CallFinished | None:
         while True:
             conn = self._current
             try:
                 if conn is None or not conn.usable:
-                    conn = self._ready_connection(own_deadline, timeout)
-                waiter = conn.start(method, request, own_deadline, metadata)
+                    conn = self._ready_connection(call.own_deadline, call.timeout)
+                waiter = conn.start(call)
             except RpcError as exc:
                 if exc.kind is FailureKind.DEADLINE:
-                    if unprocessed is not None:
+                    if call.unprocessed is not None:
                         # Nothing of this call was ever processed: say so, not "deadline".
-                        raise unprocessed_error(unprocessed) from None
-                    raise deadline_exceeded(timeout) from None
+                        raise unprocessed_error(call.unprocessed) from None
+                    raise deadline_exceeded(call.timeout) from None
                 raise
             if waiter is not None:
                 return conn.wait(waiter)

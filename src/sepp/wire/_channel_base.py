@@ -11,7 +11,7 @@ import math
 import ssl
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypedDict
 
 import trio
 
@@ -63,6 +63,43 @@ class Endpoint:
         return self.server_hostname or self.authority
 
 
+@dataclass(slots=True)
+class Attempt:
+    """One call as the loop sends it: `request` changes for a long poll's re-send, and
+    `unprocessed` is the previous attempt's result when this one is a transparent retry."""
+
+    method: str
+    request: bytes
+    metadata: Sequence[Header]
+    own_deadline: float
+    timeout: float | None
+    unprocessed: CallFinished | None = None
+
+
+class _StreamHost(Protocol):
+    """What open_stream needs of a driver's connection."""
+
+    proto: GrpcConnection
+    last_started: int
+
+    def die(self, reason: str) -> None: ...
+
+
+class ChannelOptions(TypedDict, total=False):
+    """What every channel is built with, besides its endpoint (`user_agent` is required)."""
+
+    user_agent: str
+    metadata: Sequence[Header]
+    secret_metadata: Sequence[Header]
+    connect_timeout: float
+    max_receive_message_bytes: int | None
+    keepalive_interval: float | None
+    keepalive_timeout: float
+    wire_engine: WireEngine | None
+    log: Logger | None
+    on_transparent_retry: Callable[[str, FailureKind], None] | None
+
+
 class ChannelBase:
     """Unary calls over HTTP/2 connections to one endpoint; a driver subclass does the I/O."""
 
@@ -103,18 +140,10 @@ class ChannelBase:
         """The driver's clock, in seconds."""
         raise NotImplementedError
 
-    async def _attempt(
-        self,
-        method: str,
-        request: bytes,
-        own_deadline: float,
-        timeout: float | None,
-        metadata: Sequence[Header],
-        unprocessed: CallFinished | None,
-    ) -> CallFinished | None:
+    async def _attempt(self, call: Attempt) -> CallFinished | None:
         """Send the call once on a usable connection and return how it finished (None: its own
-        deadline passed). `unprocessed` is the previous attempt's result when this is a
-        transparent retry: running out of time before this one is sent fails as that."""
+        deadline passed). When it is a transparent retry, running out of time before it is sent
+        fails it as `call.unprocessed`."""
         raise NotImplementedError
 
     def _retire(self, conn: object) -> None:
@@ -167,12 +196,10 @@ class ChannelBase:
         """
         started = self._now()
         own_deadline = started + timeout if timeout is not None else math.inf
+        call = Attempt(method, request, metadata, own_deadline, timeout)
         attempts = 1
-        unprocessed: CallFinished | None = None  # the previous attempt's, when retrying
         while True:
-            result = await self._attempt(
-                method, request, own_deadline, timeout, metadata, unprocessed
-            )
+            result = await self._attempt(call)
             if result is None:
                 raise deadline_exceeded(timeout)
             code = result.code
@@ -182,10 +209,10 @@ class ChannelBase:
             if kind is None or not kind.unprocessed:
                 break
             self._before_transparent_retry(method, result, attempts, own_deadline)
-            unprocessed = result
+            call.unprocessed = result
             attempts += 1
             if retry_request is not None:
-                request = retry_request(self._now() - started)
+                call.request = retry_request(self._now() - started)
         if code is StatusCode.CANCELLED and self._now() >= own_deadline:
             # The server enforced the grpc-timeout we sent (tonic answers CANCELLED "Timeout
             # expired") just before our own deadline check ran: it is the same deadline.
@@ -218,6 +245,26 @@ class ChannelBase:
         )
         if self._on_transparent_retry is not None:
             self._on_transparent_retry(method, kind)
+
+    def open_stream(self, conn: _StreamHost, call: Attempt, deadline: float, now: float) -> int:
+        """Start `call` on `conn`'s protocol, its grpc-timeout what is left until `deadline`;
+        returns the stream id. A connection that cannot start one is ended (RpcError)."""
+        try:
+            stream_id = conn.proto.start_call(
+                call.method,
+                call.request,
+                timeout=deadline - now if deadline != math.inf else None,
+                metadata=call.metadata,
+            )
+        except Exception as exc:
+            conn.die(f"cannot start a call: {exc!r}")
+            raise RpcError(
+                StatusCode.UNAVAILABLE, conn_reason(exc), FailureKind.CONNECTION
+            ) from exc
+        conn.last_started = stream_id
+        if conn.proto.draining:  # its stream ids ran out: later calls go elsewhere
+            self._retire(conn)
+        return stream_id
 
     def goaway_received(self, conn: object, event: GoAwayReceived) -> None:
         self._log.debug(

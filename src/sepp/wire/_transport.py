@@ -6,19 +6,19 @@ never raise into the caller's code.
 
 from __future__ import annotations
 
-import math
 import os
 import socket
 import ssl
-from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import trio
 
 from ._channel_base import MAX_TRANSPARENT_ATTEMPTS as MAX_TRANSPARENT_ATTEMPTS
 from ._channel_base import (
+    Attempt,
     ChannelBase,
+    ChannelOptions,
     Endpoint,
-    Logger,
     RpcError,
     closed_error,
     conn_reason,
@@ -27,8 +27,7 @@ from ._channel_base import (
 )
 from ._channel_base import describe_io_error as _describe_io_error
 from ._channel_base import unprocessed_error as _unprocessed_error
-from ._constants import Header
-from ._engine import GrpcConnection, WireEngine
+from ._engine import GrpcConnection
 from ._events import (
     CallFinished,
     ConnectionBroken,
@@ -38,6 +37,9 @@ from ._events import (
 )
 from ._failure import FailureKind
 from ._status import StatusCode
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 from ._waiters import Deadlines, Waiter
 
 __all__ = ["MAX_TRANSPARENT_ATTEMPTS", "Channel", "Endpoint", "RpcError", "conn_reason"]
@@ -301,34 +303,9 @@ class Channel(ChannelBase):
     its connections' tasks run in `nursery`."""
 
     def __init__(
-        self,
-        endpoint: Endpoint,
-        nursery: trio.Nursery,
-        *,
-        user_agent: str,
-        metadata: Sequence[Header] = (),
-        secret_metadata: Sequence[Header] = (),
-        connect_timeout: float = 5.0,
-        max_receive_message_bytes: int | None = None,
-        keepalive_interval: float | None = 30.0,
-        keepalive_timeout: float = 10.0,
-        wire_engine: WireEngine | None = None,
-        log: Logger | None = None,
-        on_transparent_retry: Callable[[str, FailureKind], None] | None = None,
+        self, endpoint: Endpoint, nursery: trio.Nursery, **options: Unpack[ChannelOptions]
     ) -> None:
-        super().__init__(
-            endpoint,
-            user_agent=user_agent,
-            metadata=metadata,
-            secret_metadata=secret_metadata,
-            connect_timeout=connect_timeout,
-            max_receive_message_bytes=max_receive_message_bytes,
-            keepalive_interval=keepalive_interval,
-            keepalive_timeout=keepalive_timeout,
-            wire_engine=wire_engine,
-            log=log,
-            on_transparent_retry=on_transparent_retry,
-        )
+        super().__init__(endpoint, **options)
         self._nursery = nursery
         self._current: _Connection | None = None
         self._all: set[_Connection] = set()
@@ -354,44 +331,22 @@ class Channel(ChannelBase):
         self.forget(conn)
         conn.slots.unpark_all()
 
-    async def _attempt(
-        self,
-        method: str,
-        request: bytes,
-        own_deadline: float,
-        timeout: float | None,
-        metadata: Sequence[Header],
-        unprocessed: CallFinished | None,
-    ) -> CallFinished | None:
+    async def _attempt(self, call: Attempt) -> CallFinished | None:
         conn = self._current
         if conn is None or not conn.usable or not conn.proto.can_start_call:
             try:
-                conn = await self._wait_for_slot(own_deadline, timeout)
+                conn = await self._wait_for_slot(call.own_deadline, call.timeout)
             except RpcError as exc:
-                if unprocessed is None or exc.kind is not FailureKind.DEADLINE:
+                if call.unprocessed is None or exc.kind is not FailureKind.DEADLINE:
                     raise
                 # Nothing of this call was ever processed: say so, not "deadline" (which
                 # would stop a retry policy, as if it might have been committed).
-                raise _unprocessed_error(unprocessed) from None
+                raise _unprocessed_error(call.unprocessed) from None
         else:
             await trio.lowlevel.checkpoint_if_cancelled()
-        now = trio.current_time()
+        own_deadline = call.own_deadline
         deadline = min(own_deadline, trio.current_effective_deadline())
-        try:
-            stream_id = conn.proto.start_call(
-                method,
-                request,
-                timeout=deadline - now if deadline != math.inf else None,
-                metadata=metadata,
-            )
-        except Exception as exc:
-            conn.die(f"cannot start a call: {exc!r}")
-            raise RpcError(
-                StatusCode.UNAVAILABLE, conn_reason(exc), FailureKind.CONNECTION
-            ) from exc
-        conn.last_started = stream_id
-        if conn.proto.draining:  # its stream ids ran out: later calls go elsewhere
-            self._retire(conn)
+        stream_id = self.open_stream(conn, call, deadline, trio.current_time())
         waiter = Waiter(stream_id, own_deadline)
         waiters = conn.waiters
         waiters[stream_id] = waiter
