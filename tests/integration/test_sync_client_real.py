@@ -387,3 +387,59 @@ async def test_the_async_client_refuses_use_after_fork(sepp_server: SeppServer) 
         await client.enqueue("afork", "after")  # the parent's connection is intact
         jobs = await client.reserve("afork", max_jobs=10, wait_timeout=0)
     assert jobs is not None and sorted(j.ctx.job_type for j in jobs) == ["after", "before"]
+
+
+async def test_tls_verifies_and_carries_the_api_key(tmp_path: object) -> None:
+    from pathlib import Path
+
+    import trustme  # a dev dependency: missing means a broken setup, not a skip
+
+    from sepp.testing import sepp_server
+
+    tmp = Path(str(tmp_path))
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1", "localhost")
+    cert.private_key_and_cert_chain_pem.write_to_path(str(tmp / "c.pem"))
+    cert.private_key_pem.write_to_path(str(tmp / "k.pem"))
+    key = "sync-s3cr3t"
+    cfg = {
+        "admin": {"enabled": False},
+        "server": {"tls_cert_path": str(tmp / "c.pem"), "tls_key_path": str(tmp / "k.pem")},
+        "auth": {"api_keys": [{"name": "app", "key": key}]},
+    }
+    async with sepp_server(cfg) as server:
+
+        def scenario() -> tuple[str, str, int]:
+            # System roots do not know this private CA: refused, never downgraded.
+            with pytest.raises(sepp.ConnectError) as refused:
+                sepp.connect(f"https://{server.address}", connect_timeout=3).__enter__()
+            with sepp.connect(
+                f"https://{server.address}", tls_ca_cert=ca.cert_pem.bytes(), api_key=key
+            ) as client:
+                # Enough calls from threads at once for TLS records to interleave both ways.
+                results: list[str] = []
+
+                def many() -> None:
+                    for _ in range(20):
+                        results.append(client.enqueue("tls", "t").job_id)
+
+                threads = [threading.Thread(target=many) for _ in range(8)]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join(FORK_WAIT_S)
+                jobs = client.reserve("tls", max_jobs=200, wait_timeout=1)
+                assert jobs is not None
+                for job in jobs:
+                    client.ack(job.ctx)
+            with sepp.connect(
+                f"https://{server.address}", tls_ca_cert=ca.cert_pem.bytes(), api_key=key + "x"
+            ) as wrong:
+                with pytest.raises(sepp.UnauthenticatedError) as auth:
+                    wrong.get_server_info()
+            return str(refused.value), str(auth.value), len(set(results) & {j.id for j in jobs})
+
+        refused, unauthenticated, acked = await in_thread(scenario)
+    assert "certificate" in refused.lower()
+    assert key not in unauthenticated
+    assert acked == 160
