@@ -443,3 +443,34 @@ async def test_tls_verifies_and_carries_the_api_key(tmp_path: object) -> None:
     assert "certificate" in refused.lower()
     assert key not in unauthenticated
     assert acked == 160
+
+
+async def test_an_interrupted_call_gives_up_its_stream(sepp_server: SeppServer) -> None:
+    """Ctrl-C during a blocking long poll: the poll's stream is reset, so the server does not
+    lease the next job to a caller that is gone, and the client goes on working."""
+    import signal
+
+    client = sepp.SyncClient(sepp_server.address)
+    try:
+        client.connect()
+        engine = client._current
+        assert engine is not None
+        channel = engine.client._channel
+        main = threading.get_ident()
+
+        def interrupt_once_polling() -> None:
+            for _ in range(FORK_WAIT_S * 100):
+                conn = channel._current  # type: ignore[attr-defined]
+                if conn is not None and conn.waiters:
+                    signal.pthread_kill(main, signal.SIGINT)
+                    return
+                threading.Event().wait(0.01)
+
+        threading.Thread(target=interrupt_once_polling, daemon=True).start()
+        with pytest.raises(KeyboardInterrupt):
+            client.reserve("interrupted", wait_timeout=30)  # in this (the main) thread
+        client.enqueue("interrupted", "t")
+        jobs = await in_thread(lambda: client.reserve("interrupted", wait_timeout=10))
+        assert jobs is not None and jobs[0].ctx.job_type == "t"
+    finally:
+        client.close()

@@ -119,9 +119,9 @@ class _BlockingConnection:
     # -- sending --------------------------------------------------------------------------------
 
     def start(self, call: Attempt) -> _Waiter | None:
-        """Open the call's stream and send its request; None if this connection takes no new
-        calls after all (died, or GOAWAY): the caller goes on to another one. Raises the
-        deadline RpcError if no stream frees up in time."""
+        """Open the call's stream and queue its request (`wait` sends it); None if this
+        connection takes no new calls after all (died, or GOAWAY): the caller goes on to
+        another one. Raises the deadline RpcError if no stream frees up in time."""
         own_deadline = call.own_deadline
         with self.lock:
             if not self.reading and not self.waiters:
@@ -138,7 +138,6 @@ class _BlockingConnection:
             self.waiters[stream_id] = waiter
             if not self.reading:
                 self.reading = waiter.lead = True
-        self.flush()
         return waiter
 
     def flush(self) -> None:
@@ -158,6 +157,13 @@ class _BlockingConnection:
                 self._send_all(data)
             except OSError as exc:
                 failure = describe_io_error(exc)
+            except BaseException:  # KeyboardInterrupt mid-write: a frame may be cut short
+                with self.lock:
+                    self.die("interrupted while writing")
+                    self._in_io -= 1
+                    self.write_lock.release()
+                    self._close_if_unused()
+                raise
             with self.lock:
                 if failure is not None:
                     self.die(failure)
@@ -201,8 +207,9 @@ class _BlockingConnection:
 
     def wait(self, me: _Waiter) -> CallFinished | None:
         """Block until the call's result arrives (None: its own deadline passed), reading the
-        socket whenever this caller holds the reader's role."""
+        socket whenever this caller holds the reader's role. Sends the request first."""
         try:
+            self.flush()
             while not me.lead:
                 left = me.deadline - time.monotonic()
                 woken = me.wake.acquire(timeout=left) if left != math.inf else me.wake.acquire()
@@ -261,8 +268,10 @@ class _BlockingConnection:
                     pass
                 except OSError as exc:
                     failure = describe_io_error(exc)
+                finally:
+                    with self.lock:
+                        self._in_io -= 1
                 with self.lock:
-                    self._in_io -= 1
                     if failure is not None:
                         self.die(failure)
                     elif data:
