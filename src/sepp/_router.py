@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Iterable
 from contextlib import AbstractAsyncContextManager
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar, overload
 
 from . import _validate as v
 from ._backoff import Backoff
@@ -25,6 +25,24 @@ is accepted too: it runs in a worker thread (see "Synchronous code" in the docs)
 
 H = TypeVar("H", bound=Callable[[Any, JobContext], Awaitable[None]] | SyncHandler)
 T = TypeVar("T")
+
+# A task's handler: `async def` or `def` (run in a worker thread), taking the decoded payload.
+TaskHandler = Callable[[T, JobContext], Awaitable[None]] | Callable[[T, JobContext], None]
+
+
+class TaskDecorator(Protocol[T]):
+    """What `Router.task(...)` returns: a decorator that keeps the handler as it is."""
+
+    @overload
+    def __call__(
+        self, fn: Callable[[T, JobContext], Awaitable[None]], /
+    ) -> Callable[[T, JobContext], Awaitable[None]]: ...
+
+    @overload
+    def __call__(
+        self, fn: Callable[[T, JobContext], None], /
+    ) -> Callable[[T, JobContext], None]: ...
+
 
 # Takes the sepp.Worker (typed Any: _router cannot import _worker).
 Lifespan = Callable[[Any], AbstractAsyncContextManager[Any]]
@@ -154,13 +172,11 @@ class Router:
         *,
         timeout: float | timedelta | None = None,
         backoff: BackoffSetting | None = None,
-    ) -> Callable[
-        [Callable[[T, JobContext], Awaitable[None]]], Callable[[T, JobContext], Awaitable[None]]
-    ]:
+    ) -> TaskDecorator[T]:
         """Decorator: register the handler of `task`'s job type; it gets the payload decoded
         into the task's type: `@router.task(send_welcome)` on
-        `async def handle(job: Welcome, ctx: sepp.JobContext)`. `timeout` and `backoff` as
-        for `handle`."""
+        `async def handle(job: Welcome, ctx: sepp.JobContext)`, or on a `def` handler, which
+        runs in a worker thread. `timeout` and `backoff` as for `handle`."""
         from ._task import Task
         from ._typed_handler import prepare_for_task
 
@@ -168,13 +184,11 @@ class Router:
             raise ValidationError("task", f"must be a sepp.Task, got {type(task).__name__}")
         settings = RouteSettings((), optional_timeout(timeout), checked_backoff("backoff", backoff))
 
-        def register(
-            fn: Callable[[T, JobContext], Awaitable[None]],
-        ) -> Callable[[T, JobContext], Awaitable[None]]:
+        def register(fn: TaskHandler[T]) -> TaskHandler[T]:
             self._add(task.job_type, _checked_handler(prepare_for_task(fn, task)), settings)
             return fn
 
-        return register
+        return register  # type: ignore[return-value]  # TaskDecorator's overloads, one body
 
     def handler(
         self,

@@ -41,6 +41,8 @@ from ._router import (
     Lifespan,
     Router,
     RouteSettings,
+    TaskDecorator,
+    TaskHandler,
     checked_backoff,
     optional_timeout,
 )
@@ -326,20 +328,16 @@ class Worker:
         *,
         timeout: float | timedelta | None = None,
         backoff: BackoffSetting | None = None,
-    ) -> Callable[
-        [Callable[[T, JobContext], Awaitable[None]]], Callable[[T, JobContext], Awaitable[None]]
-    ]:
+    ) -> TaskDecorator[T]:
         """Decorator: register the handler of `task` (see `Router.task`)."""
         register = self._router.task(task, timeout=timeout, backoff=backoff)
 
-        def register_here(
-            fn: Callable[[T, JobContext], Awaitable[None]],
-        ) -> Callable[[T, JobContext], Awaitable[None]]:
+        def register_here(fn: TaskHandler[T]) -> TaskHandler[T]:
             register(fn)
             self._build_routes()
             return fn
 
-        return register_here
+        return register_here  # type: ignore[return-value]  # TaskDecorator's overloads
 
     def catch_all(self, fn: H) -> H:
         """Run `fn` for job types without a handler (usable as a decorator). Only one."""

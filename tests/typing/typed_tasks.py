@@ -71,3 +71,20 @@ codec = sepp.PydanticCodec()
 codec = sepp.MsgspecCodec("msgpack")
 decoded: Welcome = codec.decode(None, Welcome)
 sepp.MsgspecCodec("yaml")  # type: ignore[arg-type]
+
+
+@router.task(send_welcome)
+def in_a_thread(job: Welcome, ctx: sepp.JobContext) -> None:
+    assert job.user >= 0
+
+
+@router.task(send_welcome)  # type: ignore[arg-type]
+def thread_wrong_type(job: NotWelcome, ctx: sepp.JobContext) -> None: ...
+
+
+def on_a_worker(worker: sepp.Worker) -> None:
+    @worker.task(send_welcome)
+    def threaded(job: Welcome, ctx: sepp.JobContext) -> None: ...
+
+    @worker.task(send_welcome)  # type: ignore[arg-type]
+    def wrong(job: NotWelcome, ctx: sepp.JobContext) -> None: ...
