@@ -87,6 +87,9 @@ class Client:
     ) -> None:
         self._channel = channel
         self._rt = runtime
+        # What reserved jobs' contexts give as `ctx.client`: this client, or the SyncClient
+        # that runs it.
+        self.ctx_client: object = self
         self._address = address
         self._rpc_timeout = rpc_timeout
         self._retry_policy = retry_policy
@@ -414,7 +417,7 @@ class Client:
 
         with _otel.client_span("sepp.reserve", attributes) as span:
             body = await self._send(call, None)
-            jobs = ops.read_reserve(body, worker_id, self._log, self)
+            jobs = ops.read_reserve(body, worker_id, self._log, self.ctx_client)
             span.set("sepp.jobs", len(jobs))
         return jobs or None
 

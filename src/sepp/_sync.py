@@ -158,6 +158,7 @@ class SyncClient:
                 else:
                     address, options = self._connect_args
                     self._current = _Portal.start(address, options)
+                self._current.client.ctx_client = self  # a reserved job's ctx.client
                 # A client dropped without close() closes its connection when collected.
                 weakref.finalize(self, self._current.stop_soon)
             return self._current

@@ -48,6 +48,7 @@ async def test_every_call_of_the_async_client(sepp_server: SeppServer) -> None:
 
             jobs = client.reserve("sq", max_jobs=10, wait_timeout=0, worker_id="w")
             assert jobs is not None and len(jobs) == 5
+            assert all(j.ctx.client is client for j in jobs)  # usable from this thread
             assert {j.ctx.id for j in jobs} == {ack.job_id, again.job_id} | {
                 r.job_id for r in batch if isinstance(r, sepp.EnqueueAck)
             }
