@@ -475,3 +475,15 @@ async def test_an_interrupted_call_gives_up_its_stream(sepp_server: SeppServer) 
         assert jobs is not None and jobs[0].ctx.job_type == "t"
     finally:
         client.close()
+
+
+async def test_a_batch_over_the_servers_limits_goes_out_in_chunks(sepp_server: SeppServer) -> None:
+    def scenario() -> tuple[int, int, int]:
+        with sepp.connect(sepp_server.address) as client:
+            jobs = [sepp.EnqueueRequest("chunks", "t", idempotency_key=f"k{n}") for n in range(600)]
+            results = client.enqueue_batch(jobs)  # 256 jobs per call at most: 3 calls, in order
+            acks = [r for r in results if isinstance(r, sepp.EnqueueAck)]
+            again = client.enqueue_batch(jobs[:300])
+            return len(acks), len({a.job_id for a in acks}), sum(a.deduplicated for a in again)  # type: ignore[union-attr]
+
+    assert await in_thread(scenario) == (600, 600, 300)
