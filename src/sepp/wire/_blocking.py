@@ -160,22 +160,22 @@ class _BlockingConnection:
         with self.lock:
             if not self.write_lock.acquire(blocking=False):
                 return  # the writer sends it
+            written_before = self.written_through
             data = self._take_output()
             if not data:
                 self.write_lock.release()
                 return
             self._in_io += 1
         while True:
-            failure = None
-            try:
-                self._send_all(data)
-            except OSError as exc:
-                failure = describe_io_error(exc)
+            failure, none_sent = self._send_all(data)
             with self.lock:
                 if failure is not None:
+                    if none_sent:  # its requests never left: they may go out again
+                        self.written_through = written_before
                     self._die(failure)
                     data = b""
                 else:
+                    written_before = self.written_through
                     data = self._take_output()
                 if not data:
                     self._in_io -= 1
@@ -194,21 +194,27 @@ class _BlockingConnection:
             self.written_through = self.last_started
         return data
 
-    def _send_all(self, data: bytes) -> None:
+    def _send_all(self, data: bytes) -> tuple[str | None, bool]:
+        """Write all of `data`: (None, False), or why the connection failed and whether
+        none of `data` reached the socket."""
         view = memoryview(data)
         poller: select.poll | None = None
-        while view:
-            try:
-                view = view[self.sock.send(view) :]
-                continue
-            except BlockingIOError:
-                pass
-            if poller is None:
-                poller = select.poll()
-                poller.register(self.sock, _POLL_OUT)
-            stall = self._channel.keepalive_timeout
-            if not poller.poll(_poll_ms(stall)):
-                raise TimeoutError(f"the server took no bytes for {stall:g}s")
+        try:
+            while view:
+                try:
+                    view = view[self.sock.send(view) :]
+                    continue
+                except BlockingIOError:
+                    pass
+                if poller is None:
+                    poller = select.poll()
+                    poller.register(self.sock, _POLL_OUT)
+                stall = self._channel.keepalive_timeout
+                if not poller.poll(_poll_ms(stall)):
+                    raise TimeoutError(f"the server took no bytes for {stall:g}s")
+        except OSError as exc:
+            return describe_io_error(exc), len(view) == len(data)
+        return None, False
 
     # -- waiting and reading --------------------------------------------------------------------
 
@@ -524,7 +530,7 @@ class BlockingChannel(ChannelBase):
         self._current: _BlockingConnection | None = None
         self._all: set[_BlockingConnection] = set()
         self._connect_lock = threading.Lock()
-        self._connect_attempts = 0
+        self._connects_ended = 0  # connect attempts that have ended, either way
         self._connect_failure: RpcError | None = None
 
     def _now(self) -> float:
@@ -576,7 +582,7 @@ class BlockingChannel(ChannelBase):
         conn = self._current
         if conn is not None and conn.usable:
             return conn
-        attempt = self._connect_attempts
+        ended = self._connects_ended
         left = own_deadline - time.monotonic()
         if not self._connect_lock.acquire(timeout=left if left != math.inf else -1):
             raise deadline_exceeded(timeout)
@@ -585,10 +591,9 @@ class BlockingChannel(ChannelBase):
             if conn is not None and conn.usable:
                 return conn
             failure = self._connect_failure
-            if failure is not None and self._connect_attempts != attempt:
-                # An attempt made while we queued for the lock just failed: share its verdict.
+            if failure is not None and self._connects_ended != ended:
+                # An attempt under way (or queued) when we came just failed: share its verdict.
                 raise RpcError(failure.code, failure.details, failure.kind)
-            self._connect_attempts += 1
             self._connect_failure = None
             try:
                 conn = self._connect(own_deadline, timeout)
@@ -596,6 +601,8 @@ class BlockingChannel(ChannelBase):
                 if exc.kind is not FailureKind.DEADLINE:
                     self._connect_failure = exc
                 raise
+            finally:
+                self._connects_ended += 1
             if self._closed:  # close() ran while we were connecting
                 conn.close(_CLOSED)
                 raise closed_error()
