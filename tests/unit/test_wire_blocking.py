@@ -605,8 +605,9 @@ async def test_trailers_only_error_is_raised_with_code_and_details() -> None:
         )
 
 
-async def test_large_response() -> None:
-    big = bytes(range(256)) * (8 * 1024 * 1024 // 256)
+async def test_a_response_larger_than_the_stream_window() -> None:
+    # Over our 16 MiB stream window: the reader must send WINDOW_UPDATEs as it takes it in.
+    big = bytes(range(256)) * (20 * 1024 * 1024 // 256)
 
     async def handler(call: ServerCall) -> None:
         await call.respond(big)
