@@ -760,3 +760,21 @@ async def test_tls_handshake_stall_with_a_deadline_closes_the_socket() -> None:
         assert kind_of(result) == (StatusCode.DEADLINE_EXCEEDED, FailureKind.DEADLINE)
         await server.wait_until(lambda: len(server.connections) == 1)
         await server.wait_until(lambda: server.connections[0].closed)
+
+
+async def test_a_corrupt_tls_record_ends_the_connection_and_the_next_call_reconnects() -> None:
+    async def handler(call: ServerCall) -> None:
+        if call.conn.index == 0:
+            # Application data that fails the record's integrity check: not TLS from the peer.
+            stream = call.conn.stream
+            assert isinstance(stream, trio.SSLStream)
+            await stream.transport_stream.send_all(b"\x17\x03\x03\x00\x20" + b"\x00" * 32)
+            await call.stall()
+        else:
+            await echo(call)
+
+    async with serving_tls(handler, ["h2"]) as (_, channel):
+        result = await outcome(channel)
+        assert kind_of(result) == (StatusCode.UNAVAILABLE, FailureKind.CONNECTION)
+        assert await call(channel, b"y") == b"echo:y"
+        assert channel.connections_opened == 2

@@ -310,7 +310,11 @@ class _BlockingConnection:
         """Under the lock: feed bytes from the socket, deliver what finished."""
         self._heard_at = time.monotonic()
         if self._tls is not None:
-            data = self._tls.decrypt(data)
+            try:
+                data = self._tls.decrypt(data)
+            except ssl.SSLError as exc:  # a broken record: the connection is unusable
+                self._die(describe_io_error(exc))
+                return
             if not data:
                 return
         freed = 0
