@@ -167,6 +167,30 @@ async def test_max_concurrent_streams_queues_the_excess_threads() -> None:
         assert channel.connections_opened == 1
 
 
+async def test_a_thread_waiting_for_a_stream_gives_up_at_its_deadline_unsent() -> None:
+    release = trio.Event()
+
+    async def handler(call: ServerCall) -> None:
+        await release.wait()
+        await echo(call)
+
+    async with serving(handler, max_concurrent_streams=1) as (server, channel):
+        results: dict[str, Outcome] = {}
+
+        async def one(name: str, timeout: float) -> None:
+            results[name] = await outcome(channel, name.encode(), timeout=timeout)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(one, "first", 5.0)
+            await server.wait_until(lambda: len(server.calls) == 1)
+            await one("parked", 0.3)  # no stream frees up in time
+            release.set()
+        assert kind_of(results["parked"]) == (StatusCode.DEADLINE_EXCEEDED, FailureKind.DEADLINE)
+        assert results["first"] == b"echo:first"
+        assert len(server.calls) == 1  # the parked call never went out
+        assert await call(channel, b"z") == b"echo:z"
+
+
 # -- deadlines ------------------------------------------------------------------------------------
 
 
@@ -416,6 +440,76 @@ async def test_40_calls_above_goaway_last_stream_id_go_out_again_on_one_new_conn
         assert channel.connections_opened == 2
 
 
+async def test_threads_parked_for_a_stream_move_to_the_new_connection_at_once() -> None:
+    held: list[ServerCall] = []
+    results: dict[int, Outcome] = {}
+    async with serving(None, max_concurrent_streams=2) as (server, channel):
+        server.handler = held_on_first_connection(held)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(call_all, channel, 6, results)
+            await server.wait_until(lambda: len(held) == 2)
+            await server.connections[0].goaway(3)  # both streams in flight may finish
+            # The four parked threads go to connection 1 without waiting for the old calls.
+            await until(lambda: len(results) == 4)
+            assert all(r == b"echo:%d" % i for i, r in results.items())
+            for held_call in held:
+                await held_call.respond(b"old")
+        old = {i for i, r in results.items() if r == b"old"}
+        assert len(old) == 2
+        assert all(results[i] == b"echo:%d" % i for i in range(6) if i not in old)
+        assert len(server.connections) == 2
+
+
+async def test_goaway_then_close_before_answering_fails_the_calls_it_kept() -> None:
+    async def handler(call: ServerCall) -> None:
+        if call.conn.index == 0:
+            await call.conn.goaway(call.stream_id)
+            await trio.sleep(0.05)
+            await call.conn.close()
+        else:
+            await echo(call)
+
+    async with serving(handler) as (_, channel):
+        result = await outcome(channel)
+        assert kind_of(result) == (StatusCode.UNAVAILABLE, FailureKind.CONNECTION)
+        assert await call(channel, b"y") == b"echo:y"
+
+
+async def test_stream_ids_running_out_hand_over_to_one_new_connection(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    held: list[ServerCall] = []
+    results: dict[int, Outcome] = {}
+    last_stream_id = 2**31 - 1
+    async with serving(None, max_concurrent_streams=2) as (server, channel):
+        server.handler = held_on_first_connection(held)
+        engine = channel._connection_class
+
+        def near_the_end(**kwargs: Any) -> Any:
+            proto = engine(**kwargs)
+            if channel.connections_opened == 0:
+                proto._set_next_stream_id(last_stream_id - 4)  # type: ignore[attr-defined]
+            return proto
+
+        monkeypatch.setattr(channel, "_connection_class", near_the_end)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(call_all, channel, 6, results)
+            await server.wait_until(lambda: len(held) == 2)
+            await held[0].respond(b"old")
+            # The next call takes the last stream id; the three still parked move at once.
+            await until(lambda: len(held) == 3 and len(results) == 4)
+            for held_call in held[1:]:
+                await held_call.respond(b"old")
+        assert sorted(c.stream_id for c in held) == [
+            last_stream_id - 4,
+            last_stream_id - 2,
+            last_stream_id,
+        ]
+        assert sum(r == b"old" for r in results.values()) == 3
+        assert len(server.connections) == 2
+        await server.wait_until(lambda: server.connections[0].closed)
+
+
 @pytest.mark.parametrize("then_close", [False, True])
 async def test_a_goaway_that_came_while_idle_is_noticed_before_the_next_call(
     then_close: bool,
@@ -574,6 +668,18 @@ async def test_too_many_pings_doubles_the_keepalive_interval_of_later_connection
     assert len(warnings) == 1 and "too many pings" in warnings[0].getMessage()
 
 
+async def test_a_ping_flood_is_answered_and_calls_still_work() -> None:
+    async def handler(call: ServerCall) -> None:
+        await call.conn.ping_flood(2000)
+        await echo(call)
+
+    async with serving(handler) as (server, channel):
+        assert await call(channel) == b"echo:x"
+        conn = server.connections[0]
+        await server.wait_until(lambda: conn.ping_acks == 2000)
+        assert await call(channel, b"y") == b"echo:y"
+
+
 # -- responses ------------------------------------------------------------------------------------
 
 
@@ -695,6 +801,18 @@ async def test_close_fails_every_waiting_thread_and_refuses_new_calls() -> None:
         )
         assert kind_of(await outcome(channel)) == (StatusCode.UNAVAILABLE, FailureKind.CLOSED)
         assert len(server.calls) == 2
+        await server.wait_until(lambda: server.connections[0].closed)
+
+
+async def test_close_while_a_thread_connects_leaves_no_live_connection() -> None:
+    async with serving(echo, settings_delay=0.3) as (server, channel):
+        async with trio.open_nursery() as nursery:
+            results: dict[int, Outcome] = {}
+            nursery.start_soon(call_all, channel, 1, results)
+            await server.wait_until(lambda: len(server.connections) == 1)
+            channel.close()  # while the thread waits for the server's SETTINGS
+        assert kind_of(results[0]) == (StatusCode.UNAVAILABLE, FailureKind.CLOSED)
+        assert not server.calls
         await server.wait_until(lambda: server.connections[0].closed)
 
 
