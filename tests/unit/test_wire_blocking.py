@@ -235,6 +235,30 @@ async def test_a_stall_mid_response_ends_at_the_deadline_and_resets_the_stream()
         assert channel.connections_opened == 1
 
 
+async def test_a_call_whose_request_the_server_stops_reading_ends_at_its_deadline() -> None:
+    body = bytes(8 * 1024 * 1024)  # far more than the socket buffers hold
+
+    window = 2**31 - 1  # flow control lets it all go: only the socket can hold it back
+
+    async def handler(call: ServerCall) -> None:
+        if call.index == 0:
+            call.conn.h2.increment_flow_control_window(window - 65_535)  # the connection's
+        await echo(call)
+
+    async with serving(handler, initial_window_size=window) as (server, channel):
+        assert await call(channel, b"a") == b"echo:a"
+        server.connections[0].stop_reading()
+        result = await outcome(channel, body, method="EnqueueBatch", timeout=0.3)
+        assert kind_of(result) == (StatusCode.DEADLINE_EXCEEDED, FailureKind.DEADLINE)
+        server.connections[0].resume_reading()
+        # The rest of the request, then its reset, still reach the server in order, and the
+        # connection carries on.
+        await server.wait_until(lambda: server.resets == {(0, 3): ErrorCodes.CANCEL})
+        assert len(server.calls[1].body) == len(frame_message(body))
+        assert await call(channel, b"b") == b"echo:b"
+        assert channel.connections_opened == 1
+
+
 async def test_a_follower_whose_deadline_passes_gives_up_while_the_reader_reads_on() -> None:
     async def handler(call: ServerCall) -> None:
         server = call.conn.server

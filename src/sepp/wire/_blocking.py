@@ -151,12 +151,13 @@ class _BlockingConnection:
             self.waiters[stream_id] = waiter
             if not self.reading:
                 self.reading = waiter.lead = True
-        self.flush()
+        self.flush(own_deadline)
         return waiter
 
-    def flush(self) -> None:
+    def flush(self, until: float = math.inf) -> None:
         """Send what the connection has queued, in order. Never waits for another thread's
-        write: the thread writing sends what was queued meanwhile before it stops."""
+        write: the thread writing sends what was queued meanwhile before it stops. A socket
+        still full at `until` (the caller's deadline) is left to a writer thread."""
         with self.lock:
             if not self.write_lock.acquire(blocking=False):
                 return  # the writer sends it
@@ -166,22 +167,41 @@ class _BlockingConnection:
                 self.write_lock.release()
                 return
             self._in_io += 1
+        self._write(memoryview(data), written_before, until)
+
+    def _write(self, data: memoryview, written_before: int, until: float) -> None:
+        """Holding `write_lock` and an `_in_io` count: send `data` and what is queued
+        meanwhile. `written_before`: the mark to go back to if none of `data` leaves."""
         while True:
-            failure, none_sent = self._send_all(data)
+            failure, rest = self._send_all(data, until)
+            if failure is None and rest:
+                # The caller's deadline passed with the server not reading: a thread of its
+                # own writes the rest (the bytes' order holds), the caller goes.
+                if len(rest) < len(data):
+                    written_before = self.written_through
+                writer = threading.Thread(
+                    target=self._write,
+                    args=(rest, written_before, math.inf),
+                    name="sepp-blocking-writer",
+                    daemon=True,
+                )
+                writer.start()
+                return
             with self.lock:
                 if failure is not None:
-                    if none_sent:  # its requests never left: they may go out again
+                    if len(rest) == len(data):  # its requests never left: may go out again
                         self.written_through = written_before
                     self._die(failure)
-                    data = b""
+                    output = b""
                 else:
                     written_before = self.written_through
-                    data = self._take_output()
-                if not data:
+                    output = self._take_output()
+                if not output:
                     self._in_io -= 1
                     self.write_lock.release()
                     self._close_if_unused()
                     return
+            data = memoryview(output)
 
     def _take_output(self) -> bytes:
         """Under the lock: the bytes for the socket (encrypted with TLS)."""
@@ -194,10 +214,10 @@ class _BlockingConnection:
             self.written_through = self.last_started
         return data
 
-    def _send_all(self, data: bytes) -> tuple[str | None, bool]:
-        """Write all of `data`: (None, False), or why the connection failed and whether
-        none of `data` reached the socket."""
-        view = memoryview(data)
+    def _send_all(self, data: memoryview, until: float) -> tuple[str | None, memoryview]:
+        """Write `data` until all is sent or the clock reaches `until`; returns why the
+        connection failed (None: it did not) and what was left unsent."""
+        view = data
         poller: select.poll | None = None
         try:
             while view:
@@ -210,11 +230,14 @@ class _BlockingConnection:
                     poller = select.poll()
                     poller.register(self.sock, _POLL_OUT)
                 stall = self._channel.keepalive_timeout
-                if not poller.poll(_poll_ms(stall)):
+                wait = min(stall, until - time.monotonic())
+                if not poller.poll(_poll_ms(wait)):
+                    if wait < stall:
+                        return None, view  # `until` came first
                     raise TimeoutError(f"the server took no bytes for {stall:g}s")
         except OSError as exc:
-            return describe_io_error(exc), len(view) == len(data)
-        return None, False
+            return describe_io_error(exc), view
+        return None, view
 
     # -- waiting and reading --------------------------------------------------------------------
 
@@ -234,7 +257,7 @@ class _BlockingConnection:
                 if expired:
                     self._abandon(me)
             if expired:
-                self.flush()  # the stream's reset
+                self.flush(me.deadline)  # the stream's reset
                 return None
         return self._lead(me)
 
@@ -255,7 +278,7 @@ class _BlockingConnection:
                         until = self._keepalive_due(now)
                         self._in_io += 1
                 if expired:
-                    self.flush()
+                    self.flush(me.deadline)
                     return None
                 failure = data = None
                 try:
@@ -275,7 +298,7 @@ class _BlockingConnection:
                         self._received(data)
                     else:
                         self._keepalive_check(time.monotonic())
-                self.flush()
+                self.flush(me.deadline)
         finally:
             self._pass_the_reading_on()
 
