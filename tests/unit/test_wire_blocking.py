@@ -259,6 +259,40 @@ async def test_a_call_whose_request_the_server_stops_reading_ends_at_its_deadlin
         assert channel.connections_opened == 1
 
 
+async def test_a_follower_whose_deadline_passes_while_it_writes_gives_up_in_time() -> None:
+    body = bytes(8 * 1024 * 1024)
+    window = 2**31 - 1
+
+    async def handler(call: ServerCall) -> None:
+        server = call.conn.server
+        if call.index == 0:
+            call.conn.h2.increment_flow_control_window(window - 65_535)
+            await echo(call)
+        elif call.index == 1:
+            call.conn.stop_reading()  # the reader's call: the large one cannot get through
+            await server.wait_until(lambda: 5 in call.conn.resets)  # the large call's reset
+            await call.respond(b"reader")
+        else:
+            await echo(call)
+
+    async with serving(handler, initial_window_size=window) as (server, channel):
+        assert await call(channel, b"a") == b"echo:a"
+        results: dict[str, Outcome] = {}
+
+        async def one(name: str, message: bytes, timeout: float) -> None:
+            results[name] = await outcome(channel, message, timeout=timeout)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(one, "reader", b"r", 5.0)
+            await server.wait_until(lambda: len(server.calls) == 2)  # it holds the reading
+            await one("large", body, 0.3)
+            server.connections[0].resume_reading()
+        assert kind_of(results["large"]) == (StatusCode.DEADLINE_EXCEEDED, FailureKind.DEADLINE)
+        assert results["reader"] == b"reader"
+        assert server.resets == {(0, 5): ErrorCodes.CANCEL}
+        assert channel.connections_opened == 1
+
+
 async def test_a_follower_whose_deadline_passes_gives_up_while_the_reader_reads_on() -> None:
     async def handler(call: ServerCall) -> None:
         server = call.conn.server
@@ -388,6 +422,22 @@ async def test_call_deadline_while_waiting_for_settings_closes_the_socket() -> N
         assert kind_of(result) == (StatusCode.DEADLINE_EXCEEDED, FailureKind.DEADLINE)
         await server.wait_until(lambda: len(server.connections) == 1)
         await server.wait_until(lambda: server.connections[0].closed)
+
+
+async def test_a_connect_reached_after_the_deadline_is_deadline_exceeded() -> None:
+    # As a call parked for a stream does when its connection dies just as its time runs out.
+    async with serving(echo, silent=True) as (_, channel):
+        passed = time.monotonic() - 0.01
+
+        def connect_late() -> Outcome:
+            try:
+                channel._ready_connection(passed, 0.3)
+            except RpcError as exc:
+                return exc
+            return b"connected"
+
+        result = await in_thread(connect_late)
+        assert kind_of(result) == (StatusCode.DEADLINE_EXCEEDED, FailureKind.DEADLINE)
 
 
 async def test_a_failed_connect_is_shared_by_the_threads_queued_behind_it() -> None:

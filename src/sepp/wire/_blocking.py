@@ -245,7 +245,7 @@ class _BlockingConnection:
         """Block until the call's result arrives (None: its own deadline passed), reading the
         socket whenever this caller holds the reader's role."""
         while not me.lead:
-            left = me.deadline - time.monotonic()
+            left = max(me.deadline - time.monotonic(), 0)  # < 0 is an error to acquire()
             woken = me.wake.acquire(timeout=left) if left != math.inf else me.wake.acquire()
             with self.lock:
                 if woken:
@@ -610,7 +610,7 @@ class BlockingChannel(ChannelBase):
         if conn is not None and conn.usable:
             return conn
         ended = self._connects_ended
-        left = own_deadline - time.monotonic()
+        left = max(own_deadline - time.monotonic(), 0)
         if not self._connect_lock.acquire(timeout=left if left != math.inf else -1):
             raise deadline_exceeded(timeout)
         try:
