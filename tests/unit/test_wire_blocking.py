@@ -942,6 +942,8 @@ async def test_tls_handshake_stall_is_a_connect_error_at_the_connect_timeout() -
     async with serving_tls(echo, ["h2"], connect_timeout=0.3, silent=True) as (server, channel):
         result = await outcome(channel, timeout=GUARD_S)
         assert kind_of(result) == (StatusCode.UNAVAILABLE, FailureKind.CONNECT)
+        assert isinstance(result, RpcError)
+        assert result.details == "could not connect within 0.3s"  # as the trio Channel says
         await server.wait_until(lambda: len(server.connections) == 1)
         await server.wait_until(lambda: server.connections[0].closed)
 

@@ -654,12 +654,12 @@ class BlockingChannel(ChannelBase):
             )
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.setblocking(False)
-            connected = True
             if ep.ssl_context is not None:
                 tls = _Tls(ep)
                 tls.handshake(sock, deadline)
                 if tls.obj.selected_alpn_protocol() != "h2":
                     raise no_alpn_h2_error()
+            connected = True  # a stall from here on is the missing SETTINGS
             proto = self.new_protocol()
             conn = _BlockingConnection(sock, tls, proto, self)
             conn.flush()
