@@ -19,6 +19,7 @@ import pytest
 import trio
 from fixtures.h2_server import H2Server, ServerCall, frame_message
 from h2.errors import ErrorCodes
+from h2.settings import SettingCodes
 from test_wire_transport import GUARD_S, echo, timeout_seconds, tls_contexts
 
 from sepp._runtime import run_blocking
@@ -189,6 +190,41 @@ async def test_a_thread_waiting_for_a_stream_gives_up_at_its_deadline_unsent() -
         assert results["first"] == b"echo:first"
         assert len(server.calls) == 1  # the parked call never went out
         assert await call(channel, b"z") == b"echo:z"
+
+
+async def test_threads_refused_when_the_server_lowers_its_stream_limit_wait_for_a_stream() -> None:
+    held: list[ServerCall] = []
+    results: dict[int, Outcome] = {}
+    lowered = False
+    active_when_lowered: list[int] = []
+
+    async def handler(call: ServerCall) -> None:
+        if lowered:
+            active_when_lowered.append(call.conn.server.active)
+            await echo(call)
+            return
+        held.append(call)
+        call.conn.server.changed()
+        await call.stall()
+
+    async with serving(handler, max_concurrent_streams=10) as (server, channel):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(call_all, channel, 6, results)
+            await server.wait_until(lambda: len(held) == 6)
+            conn = server.connections[0]
+            # The server lowers its limit to 2 and refuses what it will not serve (as nginx
+            # does with streams over http2_max_concurrent_streams).
+            conn.h2.update_settings({SettingCodes.MAX_CONCURRENT_STREAMS: 2})
+            await conn.flush()
+            lowered = True
+            for held_call in held[2:]:
+                await held_call.reset(ErrorCodes.REFUSED_STREAM)
+            for held_call in held[:2]:
+                await held_call.respond(b"kept")
+        assert sum(r == b"kept" for r in results.values()) == 2
+        assert sum(isinstance(r, bytes) and r.startswith(b"echo:") for r in results.values()) == 4
+        assert active_when_lowered and max(active_when_lowered) <= 2
+        assert len(server.connections) == 1
 
 
 # -- deadlines ------------------------------------------------------------------------------------
