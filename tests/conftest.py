@@ -41,7 +41,12 @@ _CATEGORY_BY_DIR = {
     "proxies": "real_server",
 }
 # Tests that talk to our misbehaving h2 server or to a scripted fake client.
-_FIXTURE_FILES = {"test_wire_transport.py", "test_wire_handover.py", "test_worker.py"}
+_FIXTURE_FILES = {
+    "test_wire_transport.py",
+    "test_wire_handover.py",
+    "test_wire_blocking.py",
+    "test_worker.py",
+}
 _passed: Counter[str] = Counter()
 # The suites that run once per wire engine (our codec and the h2 reference): the sans-IO
 # engine tests, the transport and hostile-server suites, the real-server client tests and
@@ -51,6 +56,7 @@ _BOTH_ENGINES = {
     "test_wire_limits.py",
     "test_wire_transport.py",
     "test_wire_handover.py",
+    "test_wire_blocking.py",
     "test_hostile_server.py",
     "test_client_real.py",
     "test_proxies_real.py",

@@ -140,23 +140,27 @@ class _BlockingConnection:
                 self.reading = waiter.lead = True
         return waiter
 
-    def flush(self) -> None:
+    def flush(self, until: float = math.inf) -> None:
         """Send what the connection has queued, in order. Never waits for another thread's
-        write: the thread writing sends what was queued meanwhile before it stops."""
+        write: the thread writing sends what was queued meanwhile before it stops. A socket
+        still full at `until` (the caller's deadline) is left to a writer thread."""
         with self.lock:
             if not self.write_lock.acquire(blocking=False):
                 return  # the writer sends it
+            written_before = self.written_through
             data = self._take_output()
             if not data:
                 self.write_lock.release()
                 return
             self._in_io += 1
+        self._write(memoryview(data), written_before, until)
+
+    def _write(self, data: memoryview, written_before: int, until: float) -> None:
+        """Holding `write_lock` and an `_in_io` count: send `data` and what is queued
+        meanwhile. `written_before`: the mark to go back to if none of `data` leaves."""
         while True:
-            failure = None
             try:
-                self._send_all(data)
-            except OSError as exc:
-                failure = describe_io_error(exc)
+                failure, rest = self._send_all(data, until)
             except BaseException:  # KeyboardInterrupt mid-write: a frame may be cut short
                 with self.lock:
                     self.die("interrupted while writing")
@@ -164,17 +168,34 @@ class _BlockingConnection:
                     self.write_lock.release()
                     self._close_if_unused()
                 raise
+            if failure is None and rest:
+                # The caller's deadline passed with the server not reading: a thread of its
+                # own writes the rest (the bytes' order holds), the caller goes.
+                if len(rest) < len(data):
+                    written_before = self.written_through
+                writer = threading.Thread(
+                    target=self._write,
+                    args=(rest, written_before, math.inf),
+                    name="sepp-blocking-writer",
+                    daemon=True,
+                )
+                writer.start()
+                return
             with self.lock:
                 if failure is not None:
+                    if len(rest) == len(data):  # its requests never left: may go out again
+                        self.written_through = written_before
                     self.die(failure)
-                    data = b""
+                    output = b""
                 else:
-                    data = self._take_output()
-                if not data:
+                    written_before = self.written_through
+                    output = self._take_output()
+                if not output:
                     self._in_io -= 1
                     self.write_lock.release()
                     self._close_if_unused()
                     return
+            data = memoryview(output)
 
     def _take_output(self) -> bytes:
         """Under the lock: the bytes for the socket (encrypted with TLS)."""
@@ -187,21 +208,30 @@ class _BlockingConnection:
             self.written_through = self.last_started
         return data
 
-    def _send_all(self, data: bytes) -> None:
-        view = memoryview(data)
+    def _send_all(self, data: memoryview, until: float) -> tuple[str | None, memoryview]:
+        """Write `data` until all is sent or the clock reaches `until`; returns why the
+        connection failed (None: it did not) and what was left unsent."""
+        view = data
         poller: select.poll | None = None
-        while view:
-            try:
-                view = view[self.sock.send(view) :]
-                continue
-            except BlockingIOError:
-                pass
-            if poller is None:
-                poller = select.poll()
-                poller.register(self.sock, _POLL_OUT)
-            stall = self._channel.keepalive_timeout
-            if not poller.poll(_poll_ms(stall)):
-                raise TimeoutError(f"the server took no bytes for {stall:g}s")
+        try:
+            while view:
+                try:
+                    view = view[self.sock.send(view) :]
+                    continue
+                except BlockingIOError:
+                    pass
+                if poller is None:
+                    poller = select.poll()
+                    poller.register(self.sock, _POLL_OUT)
+                stall = self._channel.keepalive_timeout
+                wait = min(stall, until - time.monotonic())
+                if not poller.poll(_poll_ms(wait)):
+                    if wait < stall:
+                        return None, view  # `until` came first
+                    raise TimeoutError(f"the server took no bytes for {stall:g}s")
+        except OSError as exc:
+            return describe_io_error(exc), view
+        return None, view
 
     # -- waiting and reading --------------------------------------------------------------------
 
@@ -209,9 +239,9 @@ class _BlockingConnection:
         """Block until the call's result arrives (None: its own deadline passed), reading the
         socket whenever this caller holds the reader's role. Sends the request first."""
         try:
-            self.flush()
+            self.flush(me.deadline)
             while not me.lead:
-                left = me.deadline - time.monotonic()
+                left = max(me.deadline - time.monotonic(), 0)  # < 0 is an error to acquire()
                 woken = me.wake.acquire(timeout=left) if left != math.inf else me.wake.acquire()
                 with self.lock:
                     if woken:
@@ -223,7 +253,7 @@ class _BlockingConnection:
                     if expired:
                         self._abandon(me)
                 if expired:
-                    self.flush()  # the stream's reset
+                    self.flush(me.deadline)  # the stream's reset
                     return None
             return self._lead(me)
         except BaseException:  # KeyboardInterrupt in the caller: give the call up
@@ -245,7 +275,7 @@ class _BlockingConnection:
                 with self.lock:
                     if me.done:
                         return me.result
-                    if self.dead:  # pragma: no cover - _die finishes every waiter
+                    if self.dead:  # pragma: no cover - die() finishes every waiter
                         return me.result
                     now = time.monotonic()
                     if now >= me.deadline:
@@ -256,7 +286,7 @@ class _BlockingConnection:
                         until = self._keepalive_due(now)
                         self._in_io += 1
                 if expired:
-                    self.flush()
+                    self.flush(me.deadline)
                     return None
                 failure = data = None
                 try:
@@ -278,7 +308,7 @@ class _BlockingConnection:
                         self._received(data)
                     else:
                         self._keepalive_check(time.monotonic())
-                self.flush()
+                self.flush(me.deadline)
         finally:
             self._pass_the_reading_on(me)
 
@@ -314,7 +344,11 @@ class _BlockingConnection:
         """Under the lock: feed bytes from the socket, deliver what finished."""
         self._heard_at = time.monotonic()
         if self._tls is not None:
-            data = self._tls.decrypt(data)
+            try:
+                data = self._tls.decrypt(data)
+            except ssl.SSLError as exc:  # a broken record: the connection is unusable
+                self.die(describe_io_error(exc))
+                return
             if not data:
                 return
         freed = 0
@@ -508,7 +542,7 @@ class BlockingChannel(ChannelBase):
         self._current: _BlockingConnection | None = None
         self._all: set[_BlockingConnection] = set()
         self._connect_lock = threading.Lock()
-        self._connect_attempts = 0
+        self._connects_ended = 0  # connect attempts that have ended, either way
         self._connect_failure: RpcError | None = None
 
     def _now(self) -> float:
@@ -549,8 +583,8 @@ class BlockingChannel(ChannelBase):
         conn = self._current
         if conn is not None and conn.usable:
             return conn
-        attempt = self._connect_attempts
-        left = own_deadline - time.monotonic()
+        ended = self._connects_ended
+        left = max(own_deadline - time.monotonic(), 0)
         if not self._connect_lock.acquire(timeout=left if left != math.inf else -1):
             raise deadline_exceeded(timeout)
         try:
@@ -558,10 +592,9 @@ class BlockingChannel(ChannelBase):
             if conn is not None and conn.usable:
                 return conn
             failure = self._connect_failure
-            if failure is not None and self._connect_attempts != attempt:
-                # An attempt made while we queued for the lock just failed: share its verdict.
+            if failure is not None and self._connects_ended != ended:
+                # An attempt under way (or queued) when we came just failed: share its verdict.
                 raise RpcError(failure.code, failure.details, failure.kind)
-            self._connect_attempts += 1
             self._connect_failure = None
             try:
                 conn = self._connect(own_deadline, timeout)
@@ -569,6 +602,8 @@ class BlockingChannel(ChannelBase):
                 if exc.kind is not FailureKind.DEADLINE:
                     self._connect_failure = exc
                 raise
+            finally:
+                self._connects_ended += 1
             if self._closed:  # close() ran while we were connecting
                 conn.close(_CLOSED)
                 raise closed_error()
@@ -593,12 +628,12 @@ class BlockingChannel(ChannelBase):
             )
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.setblocking(False)
-            connected = True
             if ep.ssl_context is not None:
                 tls = _Tls(ep)
                 tls.handshake(sock, deadline)
                 if tls.obj.selected_alpn_protocol() != "h2":
                     raise no_alpn_h2_error()
+            connected = True  # a stall from here on is the missing SETTINGS
             proto = self.new_protocol()
             conn = _BlockingConnection(sock, tls, proto, self)
             conn.flush()
