@@ -604,11 +604,11 @@ class BlockingChannel(ChannelBase):
                 raise
             finally:
                 self._connects_ended += 1
+            self._all.add(conn)  # before the check: a close() from now on closes it too
             if self._closed:  # close() ran while we were connecting
                 conn.close(_CLOSED)
                 raise closed_error()
             self._current = conn
-            self._all.add(conn)
             return conn
         finally:
             self._connect_lock.release()
