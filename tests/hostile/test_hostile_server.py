@@ -18,12 +18,15 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import gc
 import ipaddress
+import os
 import ssl
 import struct
 import tempfile
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+import warnings
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from contextvars import ContextVar
 from typing import Any, TypeVar, cast
 
@@ -200,6 +203,34 @@ def leaked_tasks() -> list[str]:
     return [] if blocking() else sepp_tasks()
 
 
+def open_sockets() -> set[str]:
+    """The sockets this process holds open (Linux: their inodes, from /proc/self/fd)."""
+    sockets = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except FileNotFoundError:  # the listing's own descriptor, closed already
+            continue
+        if target.startswith("socket:"):
+            sockets.add(target)
+    return sockets
+
+
+@contextmanager
+def every_socket_closed() -> Iterator[None]:
+    """Check that each socket opened in the block was closed by its owner in the block: none
+    is still open, and none was left for the garbage collector to close."""
+    gc.collect()  # what earlier tests left is theirs
+    before = open_sockets()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        yield
+        gc.collect()
+    assert open_sockets() <= before, "a socket was left open"
+    unclosed = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+    assert not unclosed, unclosed
+
+
 def sepp_tasks() -> list[str]:
     """Names of every live trio task that runs sepp code."""
     names: list[str] = []
@@ -255,7 +286,7 @@ async def hostile(handler: Any, **options: Any) -> AsyncIterator[tuple[H2Server,
     server_kwargs = {k: v for k, v in options.items() if k in server_keys}
     open_kwargs: dict[str, Any] = {"validate_locally": False, "connect_timeout": 3.0}
     open_kwargs.update({k: v for k, v in options.items() if k not in server_keys})
-    with trio.fail_after(GUARD_S):
+    with trio.fail_after(GUARD_S), every_socket_closed():
         async with trio.open_nursery() as nursery:
             server = await H2Server(handler, **server_kwargs).start(nursery)
             async with open_client(f"127.0.0.1:{server.port}", **open_kwargs) as client:
@@ -1117,7 +1148,7 @@ async def test_receive_cap_holds_when_the_server_declares_a_huge_message(cap: in
 
 
 async def test_server_that_never_sends_settings_is_a_connect_error_within_connect_timeout() -> None:
-    with trio.fail_after(GUARD_S):
+    with trio.fail_after(GUARD_S), every_socket_closed():
         async with trio.open_nursery() as nursery:
             server = await H2Server(behave, silent=True).start(nursery)
             start = trio.current_time()
@@ -1156,7 +1187,7 @@ async def _http1_server(nursery: trio.Nursery, *, linger: bool) -> tuple[int, li
 
 @pytest.mark.parametrize("linger", [False, True])
 async def test_http1_server_on_the_port_is_a_connect_error(linger: bool) -> None:
-    with trio.fail_after(GUARD_S):
+    with trio.fail_after(GUARD_S), every_socket_closed():
         async with trio.open_nursery() as nursery:
             port, seen = await _http1_server(nursery, linger=linger)
             start = trio.current_time()
@@ -1187,7 +1218,7 @@ def _tls_server_context(cert: Any) -> ssl.SSLContext:
 
 @asynccontextmanager
 async def tls_server(ctx: ssl.SSLContext) -> AsyncIterator[H2Server]:
-    with trio.fail_after(GUARD_S):
+    with trio.fail_after(GUARD_S), every_socket_closed():
         async with trio.open_nursery() as nursery:
             server = await H2Server(behave, ssl_context=ctx).start(nursery)
             yield server
@@ -1288,7 +1319,7 @@ async def test_tls_self_signed_certificate_is_a_connect_error(trust: str) -> Non
 async def test_https_address_never_falls_back_to_plaintext() -> None:
     trustme = _trustme()
     ca = trustme.CA()
-    with trio.fail_after(GUARD_S):
+    with trio.fail_after(GUARD_S), every_socket_closed():
         async with trio.open_nursery() as nursery:
             server = await H2Server(behave).start(nursery)  # plaintext h2
             start = trio.current_time()
