@@ -826,6 +826,29 @@ async def test_ping_flood_is_answered_and_calls_keep_working() -> None:
         assert len(server.connections) == 1
 
 
+async def test_ping_flood_from_a_server_that_never_reads_fails_the_call_in_time() -> None:
+    # Our PING ACKs cannot all leave: the server reads nothing, so the socket fills up. The
+    # client must not wait on the full socket past the call's deadline (nor for keepalive):
+    # it goes on reading, and either the engine's cap on unsent ACKs ends the connection or
+    # the deadline ends the call, whichever comes first (with h2, parsing is the bottleneck).
+    async def flood(call: ServerCall) -> None:
+        call.conn.stop_reading()
+        while not call.conn.closed:
+            await call.conn.ping_flood(10_000)
+
+    timeout = 2.0
+    async with hostile(first_call(flood), keepalive_timeout=GUARD_S) as (server, client):
+        exc = await raises(
+            sepp.TransportError, client.get_server_info(timeout=timeout), within=timeout + 1.5
+        )
+        if exc.code is sepp.StatusCode.UNAVAILABLE:
+            assert "did not read" in str(exc)
+        else:
+            assert exc.code is sepp.StatusCode.DEADLINE_EXCEEDED
+        server.connections[0].discarding = True  # only to see the close: what we sent is moot
+        server.connections[0].resume_reading()
+
+
 async def test_zero_window_forever_ends_every_call_at_its_deadline() -> None:
     # The server never lets a single request byte through; each call's HEADERS get out but
     # its body cannot. The client cannot tell this from a slow server: it keeps the

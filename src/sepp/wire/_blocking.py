@@ -107,6 +107,13 @@ class _BlockingConnection:
         self._poll = select.poll()
         self._poll.register(sock, _POLL_IN)
         self._in_io = 0  # threads inside a socket call: the socket closes when none is
+        # Bytes taken for the socket that it would not take before the writer's own deadline:
+        # the next flush sends them first, and until then the engine keeps what is queued
+        # behind them (so its cap on unsent PING/SETTINGS ACKs sees a server that stops
+        # reading). Set only with write_lock free; `_blocked_since`: when the socket last
+        # refused bytes, None once it takes some.
+        self._unsent = b""
+        self._blocked_since: float | None = None
         self._closed = False
         self._heard_at = time.monotonic()  # when the server last sent anything
         self._ping: bytes | None = None  # an unanswered keepalive ping's payload
@@ -140,9 +147,11 @@ class _BlockingConnection:
                 self.reading = waiter.lead = True
         return waiter
 
-    def flush(self) -> None:
-        """Send what the connection has queued, in order. Never waits for another thread's
-        write: the thread writing sends what was queued meanwhile before it stops."""
+    def flush(self, until: float = math.inf) -> None:
+        """Send what the connection has queued, in order, waiting for a full socket at most
+        until `until` (the caller's own deadline): what it has not taken then waits for the
+        next flush (the reader's, as soon as the socket takes bytes). Never waits for another
+        thread's write: the thread writing sends what was queued meanwhile before it stops."""
         with self.lock:
             if not self.write_lock.acquire(blocking=False):
                 return  # the writer sends it
@@ -154,7 +163,7 @@ class _BlockingConnection:
         while True:
             failure = None
             try:
-                self._send_all(data)
+                data = self._send_all(data, until)
             except OSError as exc:
                 failure = describe_io_error(exc)
             except BaseException:  # KeyboardInterrupt mid-write: a frame may be cut short
@@ -168,6 +177,9 @@ class _BlockingConnection:
                 if failure is not None:
                     self.die(failure)
                     data = b""
+                elif data:  # the socket is full at `until`
+                    self._unsent = data
+                    data = b""
                 else:
                     data = self._take_output()
                 if not data:
@@ -180,6 +192,9 @@ class _BlockingConnection:
         """Under the lock: the bytes for the socket (encrypted with TLS)."""
         if self.dead:
             return b""
+        if self._unsent:
+            data, self._unsent = self._unsent, b""
+            return data
         data = self.proto.data_to_send()
         if self._tls is not None:
             data = self._tls.encrypt(data)
@@ -187,21 +202,31 @@ class _BlockingConnection:
             self.written_through = self.last_started
         return data
 
-    def _send_all(self, data: bytes) -> None:
+    def _send_all(self, data: bytes, until: float) -> bytes:
+        """Send `data`; returns what the socket did not take by `until`. TimeoutError if it
+        has taken nothing for keepalive_timeout."""
         view = memoryview(data)
         poller: select.poll | None = None
         while view:
             try:
                 view = view[self.sock.send(view) :]
+                self._blocked_since = None
                 continue
             except BlockingIOError:
                 pass
+            now = time.monotonic()
+            if self._blocked_since is None:
+                self._blocked_since = now
+            stall = self._channel.keepalive_timeout
+            if now >= self._blocked_since + stall:
+                raise TimeoutError(f"the server took no bytes for {stall:g}s")
+            if now >= until:
+                return bytes(view)
             if poller is None:
                 poller = select.poll()
                 poller.register(self.sock, _POLL_OUT)
-            stall = self._channel.keepalive_timeout
-            if not poller.poll(_poll_ms(stall)):
-                raise TimeoutError(f"the server took no bytes for {stall:g}s")
+            poller.poll(_poll_ms(min(until, self._blocked_since + stall) - now))
+        return b""
 
     # -- waiting and reading --------------------------------------------------------------------
 
@@ -209,9 +234,9 @@ class _BlockingConnection:
         """Block until the call's result arrives (None: its own deadline passed), reading the
         socket whenever this caller holds the reader's role. Sends the request first."""
         try:
-            self.flush()
+            self.flush(me.deadline)
             while not me.lead:
-                left = me.deadline - time.monotonic()
+                left = max(me.deadline - time.monotonic(), 0)  # a lock takes no negative timeout
                 woken = me.wake.acquire(timeout=left) if left != math.inf else me.wake.acquire()
                 with self.lock:
                     if woken:
@@ -223,7 +248,7 @@ class _BlockingConnection:
                     if expired:
                         self._abandon(me)
                 if expired:
-                    self.flush()  # the stream's reset
+                    self.flush(until=0)  # the stream's reset
                     return None
             return self._lead(me)
         except BaseException:  # KeyboardInterrupt in the caller: give the call up
@@ -237,7 +262,7 @@ class _BlockingConnection:
             handed_the_reading = me.lead  # and never got to _lead, which clears it
         if handed_the_reading:
             self._pass_the_reading_on(me)
-        self.flush()
+        self.flush(until=0)
 
     def _lead(self, me: _Waiter) -> CallFinished | None:
         try:
@@ -254,13 +279,23 @@ class _BlockingConnection:
                     else:
                         expired = False
                         until = self._keepalive_due(now)
+                        # Bytes waiting for the socket: wake when it takes more, or to give up.
+                        events = _POLL_IN
+                        if self._unsent:
+                            events |= select.POLLOUT
+                            assert self._blocked_since is not None
+                            until = min(
+                                until, self._blocked_since + self._channel.keepalive_timeout
+                            )
+                        self._poll.modify(self.sock, events)
                         self._in_io += 1
                 if expired:
-                    self.flush()
+                    self.flush(until=0)
                     return None
                 failure = data = None
                 try:
-                    if self._poll.poll(_poll_ms(min(me.deadline, until) - now)):
+                    ready = self._poll.poll(_poll_ms(min(me.deadline, until) - now))
+                    if any(event & ~select.POLLOUT for _, event in ready):
                         data = self.sock.recv(_RECEIVE_BYTES)
                         if not data:
                             failure = "connection closed by the server"
@@ -278,7 +313,7 @@ class _BlockingConnection:
                         self._received(data)
                     else:
                         self._keepalive_check(time.monotonic())
-                self.flush()
+                self.flush(until=0)  # the reader never waits on the socket: it goes on reading
         finally:
             self._pass_the_reading_on(me)
 
@@ -424,6 +459,7 @@ class _BlockingConnection:
             data = self.proto.data_to_send()
             if self._tls is not None:
                 data = self._tls.encrypt(data)
+            data = self._unsent + data  # after the rest of a frame cut short, not inside it
             if data and not self._in_io:
                 self.sock.send(data)
         except Exception:
@@ -550,7 +586,7 @@ class BlockingChannel(ChannelBase):
         if conn is not None and conn.usable:
             return conn
         attempt = self._connect_attempts
-        left = own_deadline - time.monotonic()
+        left = max(own_deadline - time.monotonic(), 0)
         if not self._connect_lock.acquire(timeout=left if left != math.inf else -1):
             raise deadline_exceeded(timeout)
         try:
@@ -601,7 +637,7 @@ class BlockingChannel(ChannelBase):
                     raise no_alpn_h2_error()
             proto = self.new_protocol()
             conn = _BlockingConnection(sock, tls, proto, self)
-            conn.flush()
+            conn.flush(deadline)
             # The server's SETTINGS is its half of the preface: until it arrives its stream
             # limit is unknown, and a peer that never sends it is not an HTTP/2 server.
             while not proto.remote_settings_received:
@@ -611,7 +647,7 @@ class BlockingChannel(ChannelBase):
                     raise TimeoutError
                 with conn.lock:
                     conn._read_what_arrived()
-                conn.flush()
+                conn.flush(deadline)
             if conn.dead:
                 raise RpcError(StatusCode.UNAVAILABLE, conn.reason, FailureKind.CONNECT)
         except RpcError:
