@@ -7,7 +7,8 @@ against `fixtures.h2_server.H2Server` (or a plain TCP / TLS peer), and checks th
 - time: the failure arrives within the call's deadline (every test also runs under
   `trio.fail_after(GUARD_S)`, so a hang fails the test instead of the run);
 - hygiene: the client's `async with` exits cleanly, no task started by sepp outlives it, and
-  every connection it opened is closed (`hostile()` checks this after each test body).
+  every connection it opened is closed (`hostile()` checks this after each test body; on the
+  blocking front end, which starts no tasks, that its own sockets are closed too).
 
 Each case runs on both front ends (`front_end`): the trio `sepp.Client`, and the blocking
 `sepp.SyncClient` behind `Threaded`, which runs each blocking call in a worker thread so the
