@@ -1177,16 +1177,25 @@ async def test_receive_cap_holds_when_the_server_declares_a_huge_message(cap: in
 # -- connection setup: no SETTINGS, HTTP/1.1, TLS (§4) ----------------------------------------
 
 
-async def test_server_that_never_sends_settings_is_a_connect_error_within_connect_timeout() -> None:
+@pytest.mark.parametrize(
+    ("scheme", "reason"),
+    [
+        ("", "the server sent no HTTP/2 SETTINGS"),
+        ("https://", "could not connect"),  # the TLS handshake never ends: no HTTP/2 yet
+    ],
+)
+async def test_server_that_never_sends_settings_is_a_connect_error_within_connect_timeout(
+    scheme: str, reason: str
+) -> None:
     with trio.fail_after(GUARD_S), every_socket_closed():
         async with trio.open_nursery() as nursery:
             server = await H2Server(behave, silent=True).start(nursery)
             start = trio.current_time()
             with pytest.raises(sepp.ConnectError) as info:
-                async with open_client(f"127.0.0.1:{server.port}", connect_timeout=0.3):
+                async with open_client(f"{scheme}127.0.0.1:{server.port}", connect_timeout=0.3):
                     raise AssertionError("connected to a server that never sent SETTINGS")
             assert 0.3 <= trio.current_time() - start < 1.8
-            assert "SETTINGS" in info.value.reason
+            assert info.value.reason.startswith(reason)
             assert info.value.addr == f"127.0.0.1:{server.port}"
             assert not leaked_tasks()
             await server.wait_until(lambda: all(c.closed for c in server.connections))

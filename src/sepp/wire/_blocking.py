@@ -629,12 +629,12 @@ class BlockingChannel(ChannelBase):
             )
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.setblocking(False)
-            connected = True
             if ep.ssl_context is not None:
                 tls = _Tls(ep)
                 tls.handshake(sock, deadline)
                 if tls.obj.selected_alpn_protocol() != "h2":
                     raise no_alpn_h2_error()
+            connected = True  # as the trio driver counts it: TCP and TLS are up, HTTP/2 is next
             proto = self.new_protocol()
             conn = _BlockingConnection(sock, tls, proto, self)
             conn.flush(deadline)
