@@ -643,6 +643,36 @@ async def test_stall_without_a_deadline_is_bounded_by_the_callers_cancel_scope(
         assert server.calls[1].stream_id == 3
 
 
+@pytest.mark.parametrize("behind", ["a_call_in_flight", "a_lost_connection"])
+async def test_a_deadline_gone_before_the_call_can_wait_fails_it_typed_and_in_time(
+    behind: str,
+) -> None:
+    # The call must wait behind something (on SyncClient: for the thread reading the
+    # connection, or for a new connection), and its deadline is gone by then: that is still a
+    # TransportError in time, and whatever it waited behind goes on undisturbed.
+    release = trio.Event()
+
+    async def held(call: ServerCall) -> None:
+        await release.wait()
+        await behave(call)
+
+    async with hostile(held) as (server, client), trio.open_nursery() as nursery:
+        if behind == "a_call_in_flight":
+            nursery.start_soon(client.get_server_info)
+            await server.wait_until(lambda: len(server.calls) == 1)
+        else:
+            release.set()
+            await server.connections[0].close()
+            await wait_all_tasks_blocked()  # the trio client saw it; SyncClient reads when used
+        exc = await raises(sepp.TransportError, client.get_server_info(timeout=1e-6), within=1)
+        expected = {sepp.StatusCode.DEADLINE_EXCEEDED}
+        if behind == "a_lost_connection":  # or it went out on the lost one, and died with it
+            expected.add(sepp.StatusCode.UNAVAILABLE)
+        assert exc.code in expected
+        release.set()
+        assert (await client.get_server_info(timeout=5)).server_version == "hostile-1"
+
+
 # -- resets, GOAWAY, dropped connections ------------------------------------------------------
 
 
