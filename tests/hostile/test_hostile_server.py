@@ -7,19 +7,29 @@ against `fixtures.h2_server.H2Server` (or a plain TCP / TLS peer), and checks th
 - time: the failure arrives within the call's deadline (every test also runs under
   `trio.fail_after(GUARD_S)`, so a hang fails the test instead of the run);
 - hygiene: the client's `async with` exits cleanly, no task started by sepp outlives it, and
-  every connection it opened is closed (`hostile()` checks this after each test body).
+  every connection it opened is closed (`hostile()` checks this after each test body; on the
+  blocking front end, which starts no tasks, that its own sockets are closed too).
+
+Each case runs on both front ends (`front_end`): the trio `sepp.Client`, and the blocking
+`sepp.SyncClient` behind `Threaded`, which runs each blocking call in a worker thread so the
+test bodies are the same. A test marked `@trio_only("why")` runs on the trio front end alone.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import functools
+import gc
 import ipaddress
+import os
 import ssl
 import struct
 import tempfile
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
-from typing import Any, TypeVar
+import warnings
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from contextvars import ContextVar
+from typing import Any, TypeVar, cast
 
 import pytest
 import trio
@@ -124,6 +134,109 @@ def first_call(script: Callable[[ServerCall], Awaitable[None]]) -> Any:
 
 # -- harness --------------------------------------------------------------------------------
 
+FRONT_ENDS = ("trio", "blocking")
+_front_end: ContextVar[str] = ContextVar("front_end")
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def trio_only(reason: str) -> Callable[[F], F]:
+    """Run this test on the trio front end alone, for `reason`."""
+
+    def mark(test: F) -> F:
+        test.trio_only = reason  # type: ignore[attr-defined]
+        return test
+
+    return mark
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    trio_only = getattr(metafunc.function, "trio_only", None)
+    metafunc.parametrize("front_end", FRONT_ENDS[:1] if trio_only else FRONT_ENDS)
+
+
+@pytest.fixture(autouse=True)
+def _on_front_end(front_end: str) -> Any:
+    token = _front_end.set(front_end)
+    yield
+    _front_end.reset(token)
+
+
+def blocking() -> bool:
+    return _front_end.get() == "blocking"
+
+
+class Threaded:
+    """A `sepp.SyncClient` whose methods are awaitables: each call runs the blocking method
+    in a worker thread, so a test drives it as it drives a `sepp.Client`. A cancelled wait
+    abandons its thread (a thread cannot be cancelled): GUARD_S still ends a hung test."""
+
+    def __init__(self, sync: sepp.SyncClient) -> None:
+        self._sync = sync
+
+    def __getattr__(self, name: str) -> Callable[..., Awaitable[Any]]:
+        method = getattr(self._sync, name)
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            run = functools.partial(method, *args, **kwargs)
+            return await trio.to_thread.run_sync(run, abandon_on_cancel=True)
+
+        return call
+
+
+@asynccontextmanager
+async def open_client(address: str, **options: Any) -> AsyncIterator[sepp.Client]:
+    """`sepp.open(address, **options)` on the trio front end; on the blocking one, a
+    `sepp.SyncClient` with the same options, connected (as open() connects) and closed."""
+    if not blocking():
+        async with sepp.open(address, **options) as client:
+            yield client
+        return
+    sync = sepp.SyncClient(address, **options)
+    try:
+        await trio.to_thread.run_sync(sync.connect, abandon_on_cancel=True)
+        yield cast(sepp.Client, Threaded(sync))
+    finally:
+        sync.close()  # never blocks: it shuts the sockets, waking any thread still reading
+
+
+def leaked_tasks() -> list[str]:
+    """The trio tasks running sepp code (the blocking front end starts none)."""
+    return [] if blocking() else sepp_tasks()
+
+
+def open_sockets() -> set[str]:
+    """The sockets this process holds open (Linux: their inodes, from /proc/self/fd)."""
+    sockets = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except FileNotFoundError:  # the listing's own descriptor, closed already
+            continue
+        if target.startswith("socket:"):
+            sockets.add(target)
+    return sockets
+
+
+@contextmanager
+def every_socket_closed() -> Iterator[None]:
+    """On the blocking front end (whose only resources are its sockets, as the trio one's are
+    its tasks), check that each socket opened in the block was closed by its owner in the
+    block: none is still open, and none was left for the garbage collector to close."""
+    if not blocking():
+        yield
+        return
+    gc.collect()  # what earlier tests left (in a traceback's cycle, say) is theirs
+    before = open_sockets()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        try:
+            yield
+        finally:
+            gc.collect()
+    assert open_sockets() <= before, "a socket was left open"
+    unclosed = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+    assert not unclosed, unclosed
+
 
 def sepp_tasks() -> list[str]:
     """Names of every live trio task that runs sepp code."""
@@ -165,7 +278,8 @@ class Recorder:
 
 @asynccontextmanager
 async def hostile(handler: Any, **options: Any) -> AsyncIterator[tuple[H2Server, sepp.Client]]:
-    """The fixture server (H2Server options among `options`) and a Client to it.
+    """The fixture server (H2Server options among `options`) and a client to it, on the
+    test's front end (`open_client`).
 
     The remaining `options` go to `sepp.open`. Local validation is off so that an enqueue is
     exactly one call (no GetServerInfo first), and keepalive is the default."""
@@ -179,13 +293,14 @@ async def hostile(handler: Any, **options: Any) -> AsyncIterator[tuple[H2Server,
     server_kwargs = {k: v for k, v in options.items() if k in server_keys}
     open_kwargs: dict[str, Any] = {"validate_locally": False, "connect_timeout": 3.0}
     open_kwargs.update({k: v for k, v in options.items() if k not in server_keys})
-    with trio.fail_after(GUARD_S):
+    with trio.fail_after(GUARD_S), every_socket_closed():
         async with trio.open_nursery() as nursery:
             server = await H2Server(handler, **server_kwargs).start(nursery)
-            async with sepp.open(f"127.0.0.1:{server.port}", **open_kwargs) as client:
-                assert sepp_tasks(), "the client's connection tasks should be running"
+            async with open_client(f"127.0.0.1:{server.port}", **open_kwargs) as client:
+                if not blocking():
+                    assert sepp_tasks(), "the client's connection tasks should be running"
                 yield server, client
-            assert not sepp_tasks(), f"tasks leaked past the client's async with: {sepp_tasks()}"
+            assert not leaked_tasks(), f"tasks leaked past the client: {leaked_tasks()}"
             # Every connection the client opened is closed, none left half-open.
             await server.wait_until(lambda: all(c.closed for c in server.connections))
             nursery.cancel_scope.cancel()
@@ -510,6 +625,7 @@ async def test_stall_with_the_client_wide_rpc_timeout_is_deadline_exceeded() -> 
         assert exc.code is sepp.StatusCode.DEADLINE_EXCEEDED
 
 
+@trio_only("a trio cancel scope around the call: a thread blocked in a call cannot be cancelled")
 @pytest.mark.parametrize("stage", ["before_headers", "trailers_never_come"])
 async def test_stall_without_a_deadline_is_bounded_by_the_callers_cancel_scope(
     stage: str,
@@ -525,6 +641,36 @@ async def test_stall_without_a_deadline_is_bounded_by_the_callers_cancel_scope(
         assert (await client.get_server_info()).server_version == "hostile-1"
         assert len(server.connections) == 1
         assert server.calls[1].stream_id == 3
+
+
+@pytest.mark.parametrize("behind", ["a_call_in_flight", "a_lost_connection"])
+async def test_a_deadline_gone_before_the_call_can_wait_fails_it_typed_and_in_time(
+    behind: str,
+) -> None:
+    # The call must wait behind something (on SyncClient: for the thread reading the
+    # connection, or for a new connection), and its deadline is gone by then: that is still a
+    # TransportError in time, and whatever it waited behind goes on undisturbed.
+    release = trio.Event()
+
+    async def held(call: ServerCall) -> None:
+        await release.wait()
+        await behave(call)
+
+    async with hostile(held) as (server, client), trio.open_nursery() as nursery:
+        if behind == "a_call_in_flight":
+            nursery.start_soon(client.get_server_info)
+            await server.wait_until(lambda: len(server.calls) == 1)
+        else:
+            release.set()
+            await server.connections[0].close()
+            await wait_all_tasks_blocked()  # the trio client saw it; SyncClient reads when used
+        exc = await raises(sepp.TransportError, client.get_server_info(timeout=1e-6), within=1)
+        expected = {sepp.StatusCode.DEADLINE_EXCEEDED}
+        if behind == "a_lost_connection":  # or it went out on the lost one, and died with it
+            expected.add(sepp.StatusCode.UNAVAILABLE)
+        assert exc.code in expected
+        release.set()
+        assert (await client.get_server_info(timeout=5)).server_version == "hostile-1"
 
 
 # -- resets, GOAWAY, dropped connections ------------------------------------------------------
@@ -709,6 +855,29 @@ async def test_ping_flood_is_answered_and_calls_keep_working() -> None:
         await server.wait_until(lambda: conn.ping_acks == 5000)
         assert await client.enqueue("q", "t", timeout=5) == sepp.EnqueueAck("c0-0", False)
         assert len(server.connections) == 1
+
+
+async def test_ping_flood_from_a_server_that_never_reads_fails_the_call_in_time() -> None:
+    # Our PING ACKs cannot all leave: the server reads nothing, so the socket fills up. The
+    # client must not wait on the full socket past the call's deadline (nor for keepalive):
+    # it goes on reading, and either the engine's cap on unsent ACKs ends the connection or
+    # the deadline ends the call, whichever comes first (with h2, parsing is the bottleneck).
+    async def flood(call: ServerCall) -> None:
+        call.conn.stop_reading()
+        while not call.conn.closed:
+            await call.conn.ping_flood(10_000)
+
+    timeout = 2.0
+    async with hostile(first_call(flood), keepalive_timeout=GUARD_S) as (server, client):
+        exc = await raises(
+            sepp.TransportError, client.get_server_info(timeout=timeout), within=timeout + 1.5
+        )
+        if exc.code is sepp.StatusCode.UNAVAILABLE:
+            assert "did not read" in str(exc)
+        else:
+            assert exc.code is sepp.StatusCode.DEADLINE_EXCEEDED
+        server.connections[0].discarding = True  # only to see the close: what we sent is moot
+        server.connections[0].resume_reading()
 
 
 async def test_zero_window_forever_ends_every_call_at_its_deadline() -> None:
@@ -1038,18 +1207,27 @@ async def test_receive_cap_holds_when_the_server_declares_a_huge_message(cap: in
 # -- connection setup: no SETTINGS, HTTP/1.1, TLS (§4) ----------------------------------------
 
 
-async def test_server_that_never_sends_settings_is_a_connect_error_within_connect_timeout() -> None:
-    with trio.fail_after(GUARD_S):
+@pytest.mark.parametrize(
+    ("scheme", "reason"),
+    [
+        ("", "the server sent no HTTP/2 SETTINGS"),
+        ("https://", "could not connect"),  # the TLS handshake never ends: no HTTP/2 yet
+    ],
+)
+async def test_server_that_never_sends_settings_is_a_connect_error_within_connect_timeout(
+    scheme: str, reason: str
+) -> None:
+    with trio.fail_after(GUARD_S), every_socket_closed():
         async with trio.open_nursery() as nursery:
             server = await H2Server(behave, silent=True).start(nursery)
             start = trio.current_time()
             with pytest.raises(sepp.ConnectError) as info:
-                async with sepp.open(f"127.0.0.1:{server.port}", connect_timeout=0.3):
+                async with open_client(f"{scheme}127.0.0.1:{server.port}", connect_timeout=0.3):
                     raise AssertionError("connected to a server that never sent SETTINGS")
             assert 0.3 <= trio.current_time() - start < 1.8
-            assert "SETTINGS" in info.value.reason
+            assert info.value.reason.startswith(reason)
             assert info.value.addr == f"127.0.0.1:{server.port}"
-            assert not sepp_tasks()
+            assert not leaked_tasks()
             await server.wait_until(lambda: all(c.closed for c in server.connections))
             nursery.cancel_scope.cancel()
 
@@ -1078,19 +1256,19 @@ async def _http1_server(nursery: trio.Nursery, *, linger: bool) -> tuple[int, li
 
 @pytest.mark.parametrize("linger", [False, True])
 async def test_http1_server_on_the_port_is_a_connect_error(linger: bool) -> None:
-    with trio.fail_after(GUARD_S):
+    with trio.fail_after(GUARD_S), every_socket_closed():
         async with trio.open_nursery() as nursery:
             port, seen = await _http1_server(nursery, linger=linger)
             start = trio.current_time()
             with pytest.raises(sepp.ConnectError) as info:
-                async with sepp.open(f"127.0.0.1:{port}", connect_timeout=5):
+                async with open_client(f"127.0.0.1:{port}", connect_timeout=5):
                     raise AssertionError("connected to an HTTP/1.1 server")
             assert trio.current_time() - start < 1.0  # refused on sight, not by a timeout
             assert info.value.code is sepp.StatusCode.UNAVAILABLE
             if linger:  # the reply itself gave it away, not the closed socket
                 assert "HTTP/2" in info.value.reason and "HTTP/1.1 400" in info.value.reason
             assert seen and seen[0].startswith(b"PRI * HTTP/2.0")
-            assert not sepp_tasks()
+            assert not leaked_tasks()
             nursery.cancel_scope.cancel()
 
 
@@ -1109,11 +1287,11 @@ def _tls_server_context(cert: Any) -> ssl.SSLContext:
 
 @asynccontextmanager
 async def tls_server(ctx: ssl.SSLContext) -> AsyncIterator[H2Server]:
-    with trio.fail_after(GUARD_S):
+    with trio.fail_after(GUARD_S), every_socket_closed():
         async with trio.open_nursery() as nursery:
             server = await H2Server(behave, ssl_context=ctx).start(nursery)
             yield server
-            assert not sepp_tasks()
+            assert not leaked_tasks()
             nursery.cancel_scope.cancel()
     assert not server.errors
 
@@ -1121,7 +1299,7 @@ async def tls_server(ctx: ssl.SSLContext) -> AsyncIterator[H2Server]:
 async def _refused_tls(server: H2Server, **options: Any) -> sepp.ConnectError:
     start = trio.current_time()
     with pytest.raises(sepp.ConnectError) as info:
-        async with sepp.open(f"https://127.0.0.1:{server.port}", connect_timeout=3, **options):
+        async with open_client(f"https://127.0.0.1:{server.port}", connect_timeout=3, **options):
             raise AssertionError("TLS connection accepted")
     assert trio.current_time() - start < 3
     assert not server.calls  # not one request reached the server
@@ -1132,7 +1310,7 @@ async def test_tls_with_a_valid_certificate_works() -> None:
     trustme = _trustme()
     ca = trustme.CA()
     async with tls_server(_tls_server_context(ca.issue_cert("127.0.0.1"))) as server:
-        async with sepp.open(
+        async with open_client(
             f"https://127.0.0.1:{server.port}", tls_ca_cert=ca.cert_pem.bytes()
         ) as client:
             assert (await client.get_server_info(timeout=5)).server_version == "hostile-1"
@@ -1210,12 +1388,12 @@ async def test_tls_self_signed_certificate_is_a_connect_error(trust: str) -> Non
 async def test_https_address_never_falls_back_to_plaintext() -> None:
     trustme = _trustme()
     ca = trustme.CA()
-    with trio.fail_after(GUARD_S):
+    with trio.fail_after(GUARD_S), every_socket_closed():
         async with trio.open_nursery() as nursery:
             server = await H2Server(behave).start(nursery)  # plaintext h2
             start = trio.current_time()
             with pytest.raises(sepp.ConnectError):
-                async with sepp.open(
+                async with open_client(
                     f"https://127.0.0.1:{server.port}",
                     tls_ca_cert=ca.cert_pem.bytes(),
                     connect_timeout=3,
@@ -1227,8 +1405,8 @@ async def test_https_address_never_falls_back_to_plaintext() -> None:
             # Turning TLS off for an https:// address is refused before any socket is opened.
             connections = len(server.connections)
             with pytest.raises(sepp.ValidationError):
-                async with sepp.open(f"https://127.0.0.1:{server.port}", tls=False):
+                async with open_client(f"https://127.0.0.1:{server.port}", tls=False):
                     raise AssertionError("https:// with tls=False was accepted")
             assert len(server.connections) == connections
-            assert not sepp_tasks()
+            assert not leaked_tasks()
             nursery.cancel_scope.cancel()
