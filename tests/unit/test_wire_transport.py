@@ -850,3 +850,29 @@ async def test_settings_wake_parked_callers_only_for_streams_they_can_have() -> 
             assert conn.proto.active_calls == 3
             assert counter.steps == 2  # two callers woke, and both started their call
             nursery.cancel_scope.cancel()
+
+
+async def test_a_write_failing_in_the_callers_own_task_sends_the_call_again() -> None:
+    """The socket refuses the request as the caller writes it (the server closed an idle
+    connection and the reader has not seen it yet): the connection dies inside the caller's
+    own task, before it parks. The call finishes as never sent, and goes out again on a new
+    connection, with trio's scheduler intact (this once rescheduled a running task)."""
+
+    class Refusing:
+        def __init__(self, real: socket.socket) -> None:
+            self.real = real
+
+        def send(self, data: bytes) -> int:
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def close(self) -> None:
+            self.real.close()
+
+    async with serving(echo) as (server, channel):
+        assert await channel.call("Ack", b"a", timeout=5) == b"echo:a"
+        conn = channel._current
+        assert conn is not None and conn._raw is not None
+        conn._raw = Refusing(conn._raw)  # type: ignore[assignment]
+        assert await channel.call("Ack", b"b", timeout=5) == b"echo:b"
+        assert channel.connections_opened == 2
+        assert [c.message for c in server.calls] == [b"a", b"b"]

@@ -80,11 +80,26 @@ async def test_finish_wakes_the_parked_task_once() -> None:
         async def parked(task_status: trio.TaskStatus[Waiter]) -> None:
             waiter = Waiter(1, math.inf)
             task_status.started(waiter)
-            await trio.lowlevel.wait_task_rescheduled(lambda _: trio.lowlevel.Abort.FAILED)
-            results.append(waiter.result)
+            results.append(await waiter.park(lambda _: trio.lowlevel.Abort.FAILED))
 
         waiter = await nursery.start(parked)
         waiter.finish(None)
         waiter.finish(None)  # a second result is ignored, not a second wake-up (trio would fail)
         await trio.testing.wait_all_tasks_blocked()
     assert results == [None]
+
+
+async def test_a_call_finished_before_its_caller_parks_leaves_the_running_task_alone() -> None:
+    """A connection can die inside the caller's own task (its write fails), finishing the call
+    before the caller parks: the result is kept, and the running task is not rescheduled
+    (which trio reports as TrioInternalError at its next checkpoint)."""
+    from sepp.wire._events import CallFinished
+    from sepp.wire._status import StatusCode
+
+    waiter = Waiter(1, math.inf)
+    result = CallFinished(1, StatusCode.UNAVAILABLE, "gone", None, None)
+    waiter.finish(result)
+    assert waiter.done and waiter.result is result
+    await trio.lowlevel.checkpoint()  # trio would find this task scheduled twice
+    waiter.finish(None)  # a second verdict (the deadline keeper's) changes nothing
+    assert waiter.result is result

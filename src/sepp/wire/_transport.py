@@ -191,7 +191,8 @@ class _Connection:
 
     def _expire(self, waiter: Waiter) -> None:
         self.abandon(waiter)
-        trio.lowlevel.reschedule(waiter.task)  # result None: its own deadline passed
+        if waiter.parked:
+            trio.lowlevel.reschedule(waiter.task)  # result None: its own deadline passed
 
     async def wait(self, waiter: Waiter) -> CallFinished | None:
         """Park until the call's result arrives (None: its own deadline passed)."""
@@ -201,8 +202,7 @@ class _Connection:
             self.abandon(waiter)
             return trio.lowlevel.Abort.SUCCEEDED
 
-        await trio.lowlevel.wait_task_rescheduled(abort)
-        return waiter.result
+        return await waiter.park(abort)
 
     async def _reader(self) -> None:
         stream = self.stream

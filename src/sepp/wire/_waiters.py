@@ -21,7 +21,7 @@ from ._events import CallFinished
 class Waiter:
     """One call in flight: its parked task, and its result once it has one."""
 
-    __slots__ = ("deadline", "done", "result", "stream_id", "task")
+    __slots__ = ("deadline", "done", "parked", "result", "stream_id", "task")
 
     def __init__(self, stream_id: int, deadline: float) -> None:
         self.stream_id = stream_id
@@ -29,13 +29,25 @@ class Waiter:
         self.task = trio.lowlevel.current_task()
         self.result: CallFinished | None = None  # None when its own deadline passed
         self.done = False
+        # Whether the caller is parked yet: a call can finish before (its connection dying as
+        # the caller writes the request), and a task that is running must not be rescheduled.
+        self.parked = False
+
+    async def park(self, abort: Callable[[object], trio.lowlevel.Abort]) -> CallFinished | None:
+        """Wait for `finish` (at once if it already came); `abort` as for trio's
+        wait_task_rescheduled."""
+        if not self.done:
+            self.parked = True
+            await trio.lowlevel.wait_task_rescheduled(abort)
+        return self.result
 
     def finish(self, result: CallFinished | None) -> None:
         """Hand the caller its result (None: its deadline passed) and wake it."""
         if not self.done:
             self.done = True
             self.result = result
-            trio.lowlevel.reschedule(self.task)
+            if self.parked:
+                trio.lowlevel.reschedule(self.task)
 
 
 class Deadlines:
