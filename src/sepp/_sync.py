@@ -114,7 +114,7 @@ class SyncClient:
 
     def connect(self) -> None:
         """Connect now rather than on first use (ConnectError if the server is unreachable)."""
-        self._engine()
+        self._engine().connect()
 
     def close(self) -> None:
         """Close the connection; calls in flight fail, later calls raise ClientError."""
@@ -203,11 +203,13 @@ class _Direct:
 
     @classmethod
     def start(cls, options: ConnectOptions) -> _Direct:
-        """Connect; raises what open() raises."""
+        """Ready to connect: the first call connects, within its own deadline."""
         channel = options.blocking_channel()
-        client = client_for(options, channel, runtime=BLOCKING)
-        run_blocking(client._connect())
-        return cls(client, channel)
+        return cls(client_for(options, channel, runtime=BLOCKING), channel)
+
+    def connect(self) -> None:
+        """Connect now (within connect_timeout); raises what open() raises."""
+        run_blocking(self.client._connect())
 
     def run(
         self,
@@ -350,6 +352,9 @@ class _Portal:
             self._token.run_sync_soon(cancel)
         except trio.RunFinishedError:
             pass
+
+    def connect(self) -> None:
+        """Connected already: the portal connects as it starts."""
 
     def stop_soon(self) -> None:
         """Ask the thread to close the connection and end (from any thread, without waiting).

@@ -139,19 +139,24 @@ _front_end: ContextVar[str] = ContextVar("front_end")
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def trio_only(reason: str) -> Callable[[F], F]:
-    """Run this test on the trio front end alone, for `reason`."""
+def only_on(front_end: str, reason: str) -> Callable[[F], F]:
+    """Run this test on one front end alone, for `reason`."""
 
     def mark(test: F) -> F:
-        test.trio_only = reason  # type: ignore[attr-defined]
+        test.only_on = (front_end, reason)  # type: ignore[attr-defined]
         return test
 
     return mark
 
 
+def trio_only(reason: str) -> Callable[[F], F]:
+    """Run this test on the trio front end alone, for `reason`."""
+    return only_on("trio", reason)
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    trio_only = getattr(metafunc.function, "trio_only", None)
-    metafunc.parametrize("front_end", FRONT_ENDS[:1] if trio_only else FRONT_ENDS)
+    only = getattr(metafunc.function, "only_on", None)
+    metafunc.parametrize("front_end", FRONT_ENDS if only is None else (only[0],))
 
 
 @pytest.fixture(autouse=True)
@@ -1229,6 +1234,23 @@ async def test_server_that_never_sends_settings_is_a_connect_error_within_connec
             assert info.value.addr == f"127.0.0.1:{server.port}"
             assert not leaked_tasks()
             await server.wait_until(lambda: all(c.closed for c in server.connections))
+            nursery.cancel_scope.cancel()
+
+
+@only_on("blocking", "the trio client connects in open(), never in a call")
+async def test_a_first_call_that_connects_keeps_to_its_own_timeout() -> None:
+    """A SyncClient used without `connect()` first: the call connects, and its own timeout
+    bounds that too (not only connect_timeout), against a server whose SETTINGS come late."""
+    with trio.fail_after(GUARD_S), every_socket_closed():
+        async with trio.open_nursery() as nursery:
+            server = await H2Server(behave, settings_delay=3.0).start(nursery)
+            sync = sepp.SyncClient(f"127.0.0.1:{server.port}", validate_locally=False)
+            try:
+                with pytest.raises(sepp.TransportError) as info:
+                    await Threaded(sync).get_server_info(timeout=0.2)
+            finally:
+                sync.close()
+            assert info.value.code is sepp.StatusCode.DEADLINE_EXCEEDED
             nursery.cancel_scope.cancel()
 
 
