@@ -54,6 +54,7 @@ _BOTH_ENGINES = {
     "test_hostile_server.py",
     "test_client_real.py",
     "test_proxies_real.py",
+    "test_proxies_sync_real.py",
 }
 
 
