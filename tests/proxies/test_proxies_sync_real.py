@@ -15,6 +15,7 @@ trio runs the proxy (and sends the reloads) in the test's own thread.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections import Counter
@@ -24,12 +25,13 @@ import pytest
 import trio
 from fixtures.proxies import haproxy_proxy, nginx_proxy
 from fixtures.proxy_load import QUEUE, Load, arrival_problems, jobs_on_server, payload_of
-from fixtures.proxy_load_sync import enqueue_through_sync
+from fixtures.proxy_load_sync import enqueue_one, enqueue_through_sync
 
 import sepp
 from sepp.testing import SeppServer
 
 TEST_TIMEOUT_S = 150.0  # above fixtures.proxy_load_sync.HUNG_AFTER_S: a hang fails by name
+_WORKER_EXITED = re.compile(r"worker process \d+ exited")
 
 
 async def check_all_arrived(server: SeppServer, load: Load) -> None:
@@ -96,6 +98,25 @@ async def test_sync_threads_through_nginx_reloaded_three_times_under_load_fail_n
         await check_all_arrived(sepp_server, load)
 
 
+async def test_sync_idle_client_between_nginx_reloads_fails_no_call(
+    sepp_server: SeppServer, tmp_path: Path
+) -> None:
+    # An application's client idles between requests while nginx reloads: the old worker
+    # ends the idle connection (GOAWAY, then close once its lingering_timeout, 5 s, is
+    # over) and no thread is reading it then.
+    load, lock = Load(sent=4), threading.Lock()
+    with trio.fail_after(TEST_TIMEOUT_S):
+        async with nginx_proxy(sepp_server.address, tmp_path) as proxy:
+            with sepp.SyncClient(proxy.h2c_address) as client:
+                for index in range(load.sent):
+                    await trio.to_thread.run_sync(enqueue_one, client, index, load, lock)
+                    exited = len(_WORKER_EXITED.findall(proxy.error_log()))
+                    await proxy.reload()
+                    while len(_WORKER_EXITED.findall(proxy.error_log())) == exited:
+                        await trio.sleep(0.02)  # the old worker closed our connection
+        await check_all_arrived(sepp_server, load)
+
+
 async def test_sync_threads_over_nginx_stream_limit_fail_no_call(
     sepp_server: SeppServer, tmp_path: Path
 ) -> None:
@@ -129,9 +150,13 @@ async def test_sync_long_poll_through_nginx_survives_goaway_and_is_woken_by_an_e
             time.sleep(0.5)  # let it park on the server (no job yet either way)
             # 150 more calls on the same client from this thread: nginx ends the long-poll's
             # connection with GOAWAY after its 100th call, and the long-poll must live on.
-            for _ in range(150):
-                client.get_server_info()
-            client.enqueue(QUEUE, "wake", payload=sepp.Payload.bytes(b"wake"))
+            try:
+                for _ in range(150):
+                    client.get_server_info()
+                client.enqueue(QUEUE, "wake", payload=sepp.Payload.bytes(b"wake"))
+            except Exception as exc:
+                failures.append(f"get_server_info or enqueue: {exc!r}")
+                client.close()  # ends the long-poll too
             poller.join(60)  # a bound on a hang only: the next line reports it
             if poller.is_alive():
                 failures.append("the long-poll did not return")
@@ -207,7 +232,8 @@ async def test_sync_threads_through_haproxy_h2_on_both_sides_fail_no_call(
 ) -> None:
     with trio.fail_after(TEST_TIMEOUT_S):
         async with haproxy_proxy(sepp_server.address, tmp_path) as proxy:
+            # 128 threads against HAProxy's 100 streams per connection (tune.h2's default).
             load = await trio.to_thread.run_sync(
-                lambda: enqueue_through_sync(proxy.address, 2000, threads=32)
+                lambda: enqueue_through_sync(proxy.address, 2000, threads=128)
             )
         await check_all_arrived(sepp_server, load)
