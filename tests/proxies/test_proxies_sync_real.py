@@ -20,10 +20,11 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
-from fixtures.proxies import haproxy_proxy, nginx_proxy
+from fixtures.proxies import NginxProxy, haproxy_proxy, nginx_proxy
 from fixtures.proxy_load import QUEUE, Load, arrival_problems, jobs_on_server, payload_of
 from fixtures.proxy_load_sync import enqueue_one, enqueue_through_sync
 
@@ -42,6 +43,14 @@ async def check_all_arrived(server: SeppServer, load: Load) -> None:
     assert (missing, extra, twice) == (0, 0, 0), (
         f"{missing} missing, {extra} unexpected, {twice} more than once"
     )
+
+
+async def worker_exited(proxy: NginxProxy, before: int) -> None:
+    """Return once an nginx worker has exited since `before` were: it closed its connections."""
+    while True:
+        if len(_WORKER_EXITED.findall(proxy.error_log())) > before:
+            return
+        await trio.sleep(0.02)
 
 
 # -- nginx ---------------------------------------------------------------------------------------
@@ -112,8 +121,7 @@ async def test_sync_idle_client_between_nginx_reloads_fails_no_call(
                     await trio.to_thread.run_sync(enqueue_one, client, index, load, lock)
                     exited = len(_WORKER_EXITED.findall(proxy.error_log()))
                     await proxy.reload()
-                    while len(_WORKER_EXITED.findall(proxy.error_log())) == exited:
-                        await trio.sleep(0.02)  # the old worker closed our connection
+                    await worker_exited(proxy, exited)
         await check_all_arrived(sepp_server, load)
 
 
@@ -186,7 +194,7 @@ async def test_sync_threads_reserve_and_ack_through_nginx_tls_without_a_failed_a
     failures: list[str] = []
     lock = threading.Lock()
 
-    def workers(address: str, options: dict[str, object]) -> None:
+    def workers(address: str, options: dict[str, Any]) -> None:
         def work(client: sepp.SyncClient) -> None:
             # Reserve-ack loops until the queue is empty: each reserve, each ack through nginx.
             while True:
@@ -207,7 +215,7 @@ async def test_sync_threads_reserve_and_ack_through_nginx_tls_without_a_failed_a
                     with lock:
                         handled[job.payload.data if job.payload else b""] += 1
 
-        with sepp.SyncClient(address, **options) as client:  # type: ignore[arg-type]
+        with sepp.SyncClient(address, **options) as client:
             threads = [threading.Thread(target=work, args=(client,)) for _ in range(24)]
             for thread in threads:
                 thread.start()
