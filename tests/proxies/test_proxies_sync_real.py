@@ -57,19 +57,19 @@ async def worker_exited(proxy: NginxProxy, before: int) -> None:
 
 
 @pytest.mark.parametrize(
-    ("keepalive_requests", "jobs"),
-    [(1000, 2500), (100, 1000)],
-    ids=["keepalive_requests=1000", "keepalive_requests=100"],
+    ("keepalive_requests", "jobs", "threads"),
+    [(1000, 2500, 32), (100, 1000, 32), (100, 300, 1)],
+    ids=["keepalive_requests=1000", "keepalive_requests=100", "keepalive_requests=100-one-thread"],
 )
 async def test_sync_threads_through_nginx_goaway_after_keepalive_requests_fail_no_call(
-    sepp_server: SeppServer, tmp_path: Path, keepalive_requests: int, jobs: int
+    sepp_server: SeppServer, tmp_path: Path, keepalive_requests: int, jobs: int, threads: int
 ) -> None:
     with trio.fail_after(TEST_TIMEOUT_S):
         async with nginx_proxy(
             sepp_server.address, tmp_path, keepalive_requests=keepalive_requests
         ) as proxy:
             load = await trio.to_thread.run_sync(
-                lambda: enqueue_through_sync(proxy.h2c_address, jobs, threads=32)
+                lambda: enqueue_through_sync(proxy.h2c_address, jobs, threads=threads)
             )
         await check_all_arrived(sepp_server, load)
 
@@ -113,15 +113,16 @@ async def test_sync_idle_client_between_nginx_reloads_fails_no_call(
     # An application's client idles between requests while nginx reloads: the old worker
     # ends the idle connection (GOAWAY, then close once its lingering_timeout, 5 s, is
     # over) and no thread is reading it then.
-    load, lock = Load(sent=4), threading.Lock()
+    load, lock = Load(sent=3), threading.Lock()
     with trio.fail_after(TEST_TIMEOUT_S):
         async with nginx_proxy(sepp_server.address, tmp_path) as proxy:
             with sepp.SyncClient(proxy.h2c_address) as client:
                 for index in range(load.sent):
+                    if index:
+                        exited = len(_WORKER_EXITED.findall(proxy.error_log()))
+                        await proxy.reload()
+                        await worker_exited(proxy, exited)
                     await trio.to_thread.run_sync(enqueue_one, client, index, load, lock)
-                    exited = len(_WORKER_EXITED.findall(proxy.error_log()))
-                    await proxy.reload()
-                    await worker_exited(proxy, exited)
         await check_all_arrived(sepp_server, load)
 
 
@@ -173,7 +174,7 @@ async def test_sync_long_poll_through_nginx_survives_goaway_and_is_woken_by_an_e
     with trio.fail_after(TEST_TIMEOUT_S):
         async with nginx_proxy(sepp_server.address, tmp_path, keepalive_requests=100) as proxy:
             reserved, failures = await trio.to_thread.run_sync(scenario, proxy.h2c_address)
-    assert failures == []
+    assert failures == [], failures
     assert reserved is not None
     assert [job.payload for job in reserved] == [sepp.Payload.bytes(b"wake")]
 
