@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from ._channel_base import (
+    MAX_TRANSPARENT_ATTEMPTS,
     ChannelBase,
     Endpoint,
     Logger,
@@ -97,6 +98,9 @@ class _BlockingConnection:
         self.reading = False
         self.dead = False
         self.reason = ""
+        # The socket refused our bytes (reset by the server); the reader empties the receive
+        # buffer before the connection dies (see _send_failed).
+        self.write_failed: str | None = None
         self.last_started = 0
         self.written_through = 0  # as in the trio driver: above it, provably never sent
         self._channel = channel
@@ -111,7 +115,7 @@ class _BlockingConnection:
 
     @property
     def usable(self) -> bool:
-        return not self.dead and self.proto.usable
+        return not self.dead and self.write_failed is None and self.proto.usable
 
     # -- sending --------------------------------------------------------------------------------
 
@@ -124,7 +128,7 @@ class _BlockingConnection:
         with self.lock:
             if not self.reading and not self.waiters:
                 self._read_what_arrived()  # a GOAWAY or a close that came while idle
-            while not self.proto.can_start_call:
+            while not (self.proto.can_start_call and self.write_failed is None):
                 if not self.usable:
                     return None
                 left = own_deadline - time.monotonic()
@@ -170,10 +174,10 @@ class _BlockingConnection:
             try:
                 self._send_all(data)
             except OSError as exc:
-                failure = describe_io_error(exc)
+                failure = exc
             with self.lock:
                 if failure is not None:
-                    self._die(failure)
+                    self._send_failed(failure)
                     data = b""
                 else:
                     data = self._take_output()
@@ -183,9 +187,24 @@ class _BlockingConnection:
                     self._close_if_unused()
                     return
 
+    def _send_failed(self, exc: OSError) -> None:
+        """Under the lock: a send failed. A server that resets the connection (nginx ending
+        a TLS connection on reload) may have sent responses and a GOAWAY naming the calls it
+        never processed just before: they wait in the receive buffer, so read them before the
+        calls fail (those answered succeed, those above the GOAWAY go out again)."""
+        failure = describe_io_error(exc)
+        if not isinstance(exc, ConnectionError) or self.write_failed is not None:
+            self._die(failure)  # a stalled server: nothing more will come either
+            return
+        self.write_failed = failure
+        self._channel.retire(self)
+        if not self.reading:  # else the reader reads it all, and meets the end
+            self._read_what_arrived()
+            self._die(failure)
+
     def _take_output(self) -> bytes:
         """Under the lock: the bytes for the socket (encrypted with TLS)."""
-        if self.dead:
+        if self.dead or self.write_failed is not None:
             return b""
         data = self.proto.data_to_send()
         if self._tls is not None:
@@ -256,7 +275,7 @@ class _BlockingConnection:
                     if self._poll.poll(_poll_ms(min(me.deadline, until) - now)):
                         data = self.sock.recv(_RECEIVE_BYTES)
                         if not data:
-                            failure = "connection closed by the server"
+                            failure = _SERVER_CLOSED
                 except BlockingIOError:
                     pass
                 except OSError as exc:
@@ -281,6 +300,9 @@ class _BlockingConnection:
                     self.reading = waiter.lead = True
                     waiter.signal()
                     break
+                else:
+                    if self.write_failed is not None:  # no call is left to read for
+                        self._die(self.write_failed)
             self._close_if_unused()
 
     def _read_what_arrived(self) -> None:
@@ -294,7 +316,7 @@ class _BlockingConnection:
             self._die(describe_io_error(exc))
             return
         if not data:
-            self._die("connection closed by the server")
+            self._die(_SERVER_CLOSED)
             return
         self._received(data)
         if len(data) == _RECEIVE_BYTES and not self.dead:
@@ -330,7 +352,7 @@ class _BlockingConnection:
         if freed:
             self.slots.notify(freed)
         if self.proto.draining and self.proto.active_calls == 0:
-            self._die("connection drained after GOAWAY", goodbye=True)
+            self._die(_DRAINED, goodbye=True)
 
     def _abandon(self, waiter: _Waiter) -> None:
         """Under the lock: the caller gave up (its deadline passed): reset the stream."""
@@ -430,6 +452,8 @@ class _BlockingConnection:
 
 
 _CLOSED = "the client is closed"
+_SERVER_CLOSED = "connection closed by the server"
+_DRAINED = "connection drained after GOAWAY"
 
 
 class _Tls:
@@ -591,7 +615,7 @@ class BlockingChannel(ChannelBase):
             self._connect_attempts += 1
             self._connect_failure = None
             try:
-                conn = self._connect(own_deadline, timeout)
+                conn = self._dial(own_deadline, timeout)
             except RpcError as exc:
                 if exc.kind is not FailureKind.DEADLINE:
                     self._connect_failure = exc
@@ -604,6 +628,16 @@ class BlockingChannel(ChannelBase):
             return conn
         finally:
             self._connect_lock.release()
+
+    def _dial(self, own_deadline: float, timeout: float | None) -> _BlockingConnection:
+        """`_connect`, again if the server ends the new connection before any call went on it
+        (an nginx worker exiting on reload took it): nothing was sent, so dialing is safe."""
+        for _ in range(MAX_TRANSPARENT_ATTEMPTS - 1):
+            try:
+                return self._connect(own_deadline, timeout)
+            except _EndedBeforeUse:
+                pass
+        return self._connect(own_deadline, timeout)
 
     def _connect(self, own_deadline: float, timeout: float | None) -> _BlockingConnection:
         if self._closed:
@@ -633,14 +667,14 @@ class BlockingChannel(ChannelBase):
             # limit is unknown, and a peer that never sends it is not an HTTP/2 server.
             while not proto.remote_settings_received:
                 if conn.dead:
-                    raise RpcError(StatusCode.UNAVAILABLE, conn.reason, FailureKind.CONNECT)
+                    raise _connect_failure(conn)
                 if not _wait_for(sock, _POLL_IN, deadline):
                     raise TimeoutError
                 with conn.lock:
                     conn._read_what_arrived()
                 conn.flush()
             if conn.dead:
-                raise RpcError(StatusCode.UNAVAILABLE, conn.reason, FailureKind.CONNECT)
+                raise _connect_failure(conn)
         except RpcError:
             _close_quietly(sock)
             raise
@@ -669,6 +703,15 @@ class BlockingChannel(ChannelBase):
             conn.close(_CLOSED)
         self._all.clear()
         self._current = None
+
+
+class _EndedBeforeUse(RpcError):
+    """The server closed a new connection, or sent GOAWAY on it, before any call."""
+
+
+def _connect_failure(conn: _BlockingConnection) -> RpcError:
+    kind = _EndedBeforeUse if conn.reason in (_SERVER_CLOSED, _DRAINED) else RpcError
+    return kind(StatusCode.UNAVAILABLE, conn.reason, FailureKind.CONNECT)
 
 
 def _wait_for(sock: socket.socket, events: int, deadline: float) -> bool:
