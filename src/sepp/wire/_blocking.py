@@ -101,6 +101,7 @@ class _BlockingConnection:
         # The socket refused our bytes (reset by the server); the reader empties the receive
         # buffer before the connection dies (see _send_failed).
         self.write_failed: str | None = None
+        self.broke_protocol = False  # the server's bytes were not HTTP/2 as it must speak it
         self.last_started = 0
         self.written_through = 0  # as in the trio driver: above it, provably never sent
         self._channel = channel
@@ -275,7 +276,7 @@ class _BlockingConnection:
                     if self._poll.poll(_poll_ms(min(me.deadline, until) - now)):
                         data = self.sock.recv(_RECEIVE_BYTES)
                         if not data:
-                            failure = _SERVER_CLOSED
+                            failure = "connection closed by the server"
                 except BlockingIOError:
                     pass
                 except OSError as exc:
@@ -316,7 +317,7 @@ class _BlockingConnection:
             self._die(describe_io_error(exc))
             return
         if not data:
-            self._die(_SERVER_CLOSED)
+            self._die("connection closed by the server")
             return
         self._received(data)
         if len(data) == _RECEIVE_BYTES and not self.dead:
@@ -347,12 +348,13 @@ class _BlockingConnection:
                 self._channel.goaway_received(self, event)
                 self.slots.notify_all()
             elif type(event) is ConnectionBroken:
+                self.broke_protocol = True
                 self._die(event.reason)
                 return
         if freed:
             self.slots.notify(freed)
         if self.proto.draining and self.proto.active_calls == 0:
-            self._die(_DRAINED, goodbye=True)
+            self._die("connection drained after GOAWAY", goodbye=True)
 
     def _abandon(self, waiter: _Waiter) -> None:
         """Under the lock: the caller gave up (its deadline passed): reset the stream."""
@@ -452,8 +454,6 @@ class _BlockingConnection:
 
 
 _CLOSED = "the client is closed"
-_SERVER_CLOSED = "connection closed by the server"
-_DRAINED = "connection drained after GOAWAY"
 
 
 class _Tls:
@@ -686,7 +686,10 @@ class BlockingChannel(ChannelBase):
             raise deadline_exceeded(timeout) from None
         except (OSError, ssl.SSLError) as exc:
             _close_quietly(sock)
-            raise RpcError(StatusCode.UNAVAILABLE, conn_reason(exc), FailureKind.CONNECT) from exc
+            # Reset or closed once connected (in the TLS handshake): ended before use.
+            ended = connected and isinstance(exc, ConnectionError)
+            failure = _EndedBeforeUse if ended else RpcError
+            raise failure(StatusCode.UNAVAILABLE, conn_reason(exc), FailureKind.CONNECT) from exc
         except BaseException:
             _close_quietly(sock)
             raise
@@ -706,11 +709,11 @@ class BlockingChannel(ChannelBase):
 
 
 class _EndedBeforeUse(RpcError):
-    """The server closed a new connection, or sent GOAWAY on it, before any call."""
+    """The server ended a new connection (closed, reset, GOAWAY) before any call went on it."""
 
 
 def _connect_failure(conn: _BlockingConnection) -> RpcError:
-    kind = _EndedBeforeUse if conn.reason in (_SERVER_CLOSED, _DRAINED) else RpcError
+    kind = RpcError if conn.broke_protocol else _EndedBeforeUse
     return kind(StatusCode.UNAVAILABLE, conn.reason, FailureKind.CONNECT)
 
 
