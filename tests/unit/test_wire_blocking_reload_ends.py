@@ -47,8 +47,7 @@ class EndsFirstConnections(H2Server):
         self.connections.append(conn)
         if self.how == "goaway":
             conn.h2.initiate_connection()
-            await conn.flush()
-            await conn.goaway(0)
+            await conn.goaway(0)  # in one write with the SETTINGS
         elif self.how == "reset":
             sock = stream.socket  # type: ignore[attr-defined]
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
