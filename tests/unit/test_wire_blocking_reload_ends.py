@@ -1,14 +1,17 @@
-"""The blocking channel (SyncClient's) against what an nginx worker exiting on reload does to a
-connection it has just accepted: end it before any call went on it.
+"""The blocking channel (SyncClient's) against what nginx workers do to connections when
+nginx reloads (both seen through nginx with TLS reloaded under load, in
+tests/proxies/test_proxies_sync_real.py):
 
-Closed before its SETTINGS, reset, or GOAWAY straight after them: no call was sent on that
-connection, so the call dials again instead of failing with ConnectError (seen through nginx
-with TLS reloaded under load, tests/proxies/test_proxies_sync_real.py). A server that is not
-HTTP/2 still fails the call at once.
+- An exiting worker takes a new connection and ends it before any call went on it (closed
+  before its SETTINGS, reset, or GOAWAY straight after them): the call dials again instead of
+  failing with ConnectError. A server that is not HTTP/2 still fails the call at once.
+- A worker answers, sends GOAWAY and resets the connection while our next request is on its
+  way: the send fails, and what the server sent before is read all the same.
 """
 
 from __future__ import annotations
 
+import math
 import socket
 import struct
 
@@ -89,3 +92,39 @@ async def test_a_server_that_is_not_http2_fails_the_call_at_once() -> None:
                 nursery.cancel_scope.cancel()
     assert caught.value.kind is FailureKind.CONNECT
     assert len(server.connections) == 1
+
+
+async def test_calls_answered_before_a_reset_succeed_and_those_above_its_goaway_go_again() -> None:
+    # nginx ending a TLS connection on reload: it answers the calls it took, sends GOAWAY,
+    # and resets the connection while our next request is on its way. The send fails, but
+    # the answer and the GOAWAY are still in our receive buffer.
+    async def answer_then_reset(call: ServerCall) -> None:
+        await call.respond(b"answered")
+        await call.conn.goaway(1)
+        sock = call.conn.stream.socket  # type: ignore[attr-defined]
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        await call.conn.close()
+
+    with trio.fail_after(GUARD_S):
+        async with trio.open_nursery() as nursery:
+            server = await H2Server(answer_then_reset).start(nursery)
+            channel = BlockingChannel(Endpoint("127.0.0.1", server.port), user_agent="t")
+            try:
+                conn = await trio.to_thread.run_sync(channel._ready_connection, math.inf, None)
+                # The first call's thread holds the reader's role but has not read yet.
+                first = await trio.to_thread.run_sync(
+                    conn.start, "GetServerInfo", b"a", math.inf, ()
+                )
+                await server.wait_until(lambda: server.connections[0].closed)
+                second = await trio.to_thread.run_sync(
+                    conn.start, "GetServerInfo", b"b", math.inf, ()
+                )
+                assert first is not None and second is not None
+                results = [await trio.to_thread.run_sync(conn.wait, w) for w in (first, second)]
+            finally:
+                channel.close()
+                nursery.cancel_scope.cancel()
+    first_result, second_result = results
+    assert conn.dead  # and its socket closed: the reader met the reset after the GOAWAY
+    assert first_result is not None and first_result.body == b"answered"
+    assert second_result is not None and second_result.error_kind is FailureKind.GOAWAY
