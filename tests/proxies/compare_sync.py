@@ -3,8 +3,9 @@
     SEPPY_PYTHON=... PYTHONPATH=src:tests .venv/bin/python tests/proxies/compare_sync.py
         [--runs 3] [--only nginx-reload]
 
-Not a test: the blocking twin of compare_seppy.py, over its scenarios (a fresh sepp server and
-proxy per client and run, reloads at the same call counts), with threads in place of tasks:
+Not a test: the blocking twin of compare_seppy.py, over its scenarios and one more (TLS ended
+at nginx, reloaded every 100 calls; a fresh sepp server and proxy per client and run, reloads
+at the same call counts), with threads in place of tasks:
 each thread makes single enqueues on one shared client, both clients with their defaults (no
 retry policy). grpcio runs in sepp-py's python (grpcio_blocking_load.py). A row shows failed
 calls per run, then what arrived on the server (missing / duplicated jobs).
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import trio
-from compare_seppy import SCENARIOS, Scenario, _address, measure
+from compare_seppy import SCENARIOS, Scenario, measure
 from fixtures.proxy_load import QUEUE, Load
 from fixtures.proxy_load_sync import enqueue_through_sync
 from peers.seppy import seppy_python
@@ -31,6 +32,24 @@ from peers.seppy import seppy_python
 import sepp
 
 GRPCIO_LOAD = Path(__file__).resolve().parent / "grpcio_blocking_load.py"
+TLS_KEY = "nginx-tls-reload"
+SYNC_SCENARIOS = [
+    *SCENARIOS,
+    Scenario(
+        TLS_KEY,
+        "nginx, TLS ended there, keepalive_requests 100, reloaded every 100 calls",
+        4000,
+        64,
+        keepalive_requests=100,
+        reload_after=tuple(range(100, 4000, 100)),
+    ),
+]
+
+
+def _address(scenario: Scenario, proxy: Any) -> str:
+    if scenario.key == TLS_KEY:
+        return str(proxy.tls_address)
+    return str(getattr(proxy, "h2c_address", None) or proxy.address)
 
 
 async def run_sync_client(scenario: Scenario, proxy: Any) -> Counter[str]:
@@ -45,7 +64,11 @@ async def run_sync_client(scenario: Scenario, proxy: Any) -> Counter[str]:
         nursery.start_soon(reload_at_marks)
         await trio.to_thread.run_sync(
             lambda: enqueue_through_sync(
-                _address(proxy), scenario.jobs, threads=scenario.tasks, load=load
+                _address(scenario, proxy),
+                scenario.jobs,
+                threads=scenario.tasks,
+                load=load,
+                **(proxy.tls_options() if scenario.key == TLS_KEY else {}),
             )
         )
     print(f"  deduplicated acks (a keyed call processed twice): {len(load.deduplicated)}")
@@ -53,11 +76,15 @@ async def run_sync_client(scenario: Scenario, proxy: Any) -> Counter[str]:
 
 
 async def run_grpcio(scenario: Scenario, proxy: Any) -> Counter[str]:
-    command = [seppy_python(), str(GRPCIO_LOAD), _address(proxy), QUEUE]
+    command = [seppy_python(), str(GRPCIO_LOAD), _address(scenario, proxy), QUEUE]
     command += [str(scenario.jobs), str(scenario.tasks)]
     if scenario.reload_after:
         marks = ",".join(str(m) for m in scenario.reload_after)
         command.append(f"{proxy.proc.process.pid}:{int(signal.SIGHUP)}:{marks}")
+    if scenario.key == TLS_KEY:
+        ca_path = proxy.tls.cert_path.parent / "ca.pem"
+        ca_path.write_bytes(proxy.tls.ca_pem)
+        command += ["--tls", str(ca_path), proxy.tls.server_name]
     # Without our PYTHONPATH: `sepp` there is sepp-py's package, not ours.
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     done = await trio.run_process(command, capture_stdout=True, env=env)
@@ -71,7 +98,7 @@ async def main(args: argparse.Namespace) -> None:
     clients = {"sepp.SyncClient": run_sync_client, "grpcio (blocking)": run_grpcio}
     rows = []
     all_errors: dict[str, Counter[str]] = {name: Counter() for name in clients}
-    for scenario in SCENARIOS:
+    for scenario in SYNC_SCENARIOS:
         if args.only and scenario.key not in args.only:
             continue
         cells = []

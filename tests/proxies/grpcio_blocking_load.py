@@ -1,12 +1,14 @@
 """grpcio's blocking client under compare_sync.py's load, printed as one JSON line:
 
     $SEPPY_PYTHON tests/proxies/grpcio_blocking_load.py ADDRESS QUEUE JOBS THREADS [PID:SIG:A,B]
+        [--tls CA_PEM_PATH SERVER_NAME]
 
 Run with sepp-py's python (grpcio and sepp-py's generated stub, as benchmarks/blocking_driver.py
 does). THREADS threads share one `grpc.insecure_channel` and make JOBS single-job EnqueueBatch
 calls, the jobs of fixtures/proxy_load.py (payload `job-<i>`, even ones keyed), with grpcio's
 defaults (no retry policy in the service config). The optional last argument sends signal SIG to
 PID once A, then B, ... calls have ended (nginx reloads at the same points as for SyncClient).
+`--tls` connects over TLS, trusting the CA in CA_PEM_PATH for SERVER_NAME.
 """
 
 from __future__ import annotations
@@ -25,6 +27,10 @@ def main(argv: list[str]) -> dict[str, Any]:
     from sepp.v1 import queue_pb2 as pb
     from sepp.v1 import queue_pb2_grpc as pb_grpc
 
+    tls: list[str] = []
+    if "--tls" in argv:
+        at = argv.index("--tls")
+        argv, tls = argv[:at] + argv[at + 3 :], argv[at + 1 : at + 3]
     address, queue, jobs, threads = argv[0], argv[1], int(argv[2]), int(argv[3])
     pid = signum = 0
     marks: list[int] = []
@@ -32,7 +38,13 @@ def main(argv: list[str]) -> dict[str, Any]:
         pid_text, sig_text, marks_text = argv[4].split(":")
         pid, signum = int(pid_text), int(sig_text)
         marks = sorted(int(m) for m in marks_text.split(","))
-    channel = grpc.insecure_channel(address)
+    if tls:
+        with open(tls[0], "rb") as ca:
+            credentials = grpc.ssl_channel_credentials(root_certificates=ca.read())
+        options = [("grpc.ssl_target_name_override", tls[1])]
+        channel = grpc.secure_channel(address, credentials, options=options)
+    else:
+        channel = grpc.insecure_channel(address)
     stub = pb_grpc.QueueServiceStub(channel)
     indexes = iter(range(jobs))
     lock = threading.Lock()
