@@ -1,7 +1,7 @@
 """Failed calls through the same proxies: sepp.SyncClient against grpcio's blocking client.
 
     SEPPY_PYTHON=... PYTHONPATH=src:tests .venv/bin/python tests/proxies/compare_sync.py
-        [--runs 3] [--only nginx-reload]
+        [--runs 3] [--only nginx-reload] [--with-async]
 
 Not a test: the blocking twin of compare_seppy.py, over its scenarios and one more (TLS ended
 at nginx, reloaded every 100 calls; a fresh sepp server and proxy per client and run, reloads
@@ -25,7 +25,7 @@ from typing import Any
 
 import trio
 from compare_seppy import SCENARIOS, Scenario, measure
-from fixtures.proxy_load import QUEUE, Load
+from fixtures.proxy_load import QUEUE, Load, enqueue_through
 from fixtures.proxy_load_sync import enqueue_through_sync
 from peers.seppy import seppy_python
 
@@ -75,6 +75,24 @@ async def run_sync_client(scenario: Scenario, proxy: Any) -> Counter[str]:
     return Counter(f.split(": ", 1)[1][:100] for f in load.failures)
 
 
+async def run_trio_client(scenario: Scenario, proxy: Any) -> Counter[str]:
+    """sepp-trio's own async client, tasks for threads: compare_seppy.py's run_ours, with TLS."""
+    load = Load()
+
+    async def reload_at_marks() -> None:
+        for mark in scenario.reload_after:
+            await load.reached(mark)
+            await proxy.reload()
+
+    options = proxy.tls_options() if scenario.key == TLS_KEY else {}
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(reload_at_marks)
+        await enqueue_through(
+            _address(scenario, proxy), scenario.jobs, tasks=scenario.tasks, load=load, **options
+        )
+    return Counter(f.split(": ", 1)[1][:100] for f in load.failures)
+
+
 async def run_grpcio(scenario: Scenario, proxy: Any) -> Counter[str]:
     command = [seppy_python(), str(GRPCIO_LOAD), _address(scenario, proxy), QUEUE]
     command += [str(scenario.jobs), str(scenario.tasks)]
@@ -96,6 +114,8 @@ async def run_grpcio(scenario: Scenario, proxy: Any) -> Counter[str]:
 async def main(args: argparse.Namespace) -> None:
     workdir = Path(tempfile.mkdtemp(prefix="sepp-proxy-compare-sync-"))
     clients = {"sepp.SyncClient": run_sync_client, "grpcio (blocking)": run_grpcio}
+    if args.with_async:
+        clients["sepp.Client (trio)"] = run_trio_client
     rows = []
     all_errors: dict[str, Counter[str]] = {name: Counter() for name in clients}
     for scenario in SYNC_SCENARIOS:
@@ -131,4 +151,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--only", nargs="*", default=None, help="scenario keys")
+    parser.add_argument(
+        "--with-async", action="store_true", help="and sepp-trio's async client (tasks)"
+    )
     trio.run(main, parser.parse_args(sys.argv[1:]))
