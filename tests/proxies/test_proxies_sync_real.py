@@ -107,29 +107,33 @@ async def test_sync_threads_through_nginx_reloaded_three_times_under_load_fail_n
         await check_all_arrived(sepp_server, load)
 
 
-async def test_sync_threads_through_nginx_tls_reloaded_again_and_again_fail_no_call(
+async def test_sync_threads_through_nginx_tls_reloaded_under_load_fail_no_call(
     sepp_server: SeppServer, tmp_path: Path
 ) -> None:
-    # Ending TLS connections on reload, nginx resets some while their last responses and
-    # GOAWAY are still unread on our side, and its exiting workers take new connections and
-    # end them before any call: none of that may fail a call.
+    # Ending TLS connections on reload, nginx may reset one while its last answers and GOAWAY
+    # are still unread on our side, and its exiting worker may take a new connection and end
+    # it before any call (both also scripted in tests/unit/test_wire_blocking_reload_ends.py).
+    # Only three reloads: with dozens, nginx now and then resets a connection before
+    # answering a call it had taken, which no client can tell from a lost answer
+    # (compare_sync.py measures that case).
     load = Load()
     with trio.fail_after(TEST_TIMEOUT_S):
         async with nginx_proxy(sepp_server.address, tmp_path, keepalive_requests=100) as proxy:
 
-            async def reload_every_100_calls() -> None:
-                for at in range(100, 4000, 100):
+            async def reload_three_times() -> None:
+                for at in (1000, 2000, 3000):
                     await load.reached(at)
                     await proxy.reload()
 
             options = proxy.tls_options()
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(reload_every_100_calls)
+                nursery.start_soon(reload_three_times)
                 await trio.to_thread.run_sync(
                     lambda: enqueue_through_sync(
                         proxy.tls_address, 4000, threads=64, load=load, **options
                     )
                 )
+            assert proxy.reloads == 3
         await check_all_arrived(sepp_server, load)
 
 
