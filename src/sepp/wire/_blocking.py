@@ -686,8 +686,11 @@ class BlockingChannel(ChannelBase):
             raise deadline_exceeded(timeout) from None
         except (OSError, ssl.SSLError) as exc:
             _close_quietly(sock)
-            # Reset or closed once connected (in the TLS handshake): ended before use.
-            ended = connected and isinstance(exc, ConnectionError)
+            # Reset (even as connect() returns), or closed in the TLS handshake: the server
+            # took the connection and ended it before use. Refused is not that.
+            ended = isinstance(exc, ConnectionResetError) or (
+                connected and isinstance(exc, ConnectionError)
+            )
             failure = _EndedBeforeUse if ended else RpcError
             raise failure(StatusCode.UNAVAILABLE, conn_reason(exc), FailureKind.CONNECT) from exc
         except BaseException:
