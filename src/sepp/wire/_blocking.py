@@ -23,6 +23,7 @@ import time
 from typing import TYPE_CHECKING
 
 from ._channel_base import (
+    MAX_TRANSPARENT_ATTEMPTS,
     Attempt,
     ChannelBase,
     ChannelOptions,
@@ -100,6 +101,10 @@ class _BlockingConnection:
         self.reading = False
         self.dead = False
         self.reason = ""
+        # The socket refused our bytes (reset by the server); the reader empties the receive
+        # buffer before the connection dies (see _send_failed).
+        self.write_failed: str | None = None
+        self.broke_protocol = False  # the server's bytes were not HTTP/2 as it must speak it
         self.last_started = 0
         self.written_through = 0  # as in the trio driver: above it, provably never sent
         self._channel = channel
@@ -114,7 +119,7 @@ class _BlockingConnection:
 
     @property
     def usable(self) -> bool:
-        return not self.dead and self.proto.usable
+        return not self.dead and self.write_failed is None and self.proto.usable
 
     # -- sending --------------------------------------------------------------------------------
 
@@ -126,7 +131,7 @@ class _BlockingConnection:
         with self.lock:
             if not self.reading and not self.waiters:
                 self._read_what_arrived()  # a GOAWAY or a close that came while idle
-            while not self.proto.can_start_call:
+            while not (self.proto.can_start_call and self.write_failed is None):
                 if not self.usable:
                     return None
                 left = own_deadline - time.monotonic()
@@ -185,7 +190,7 @@ class _BlockingConnection:
                 if failure is not None:
                     if len(rest) == len(data):  # its requests never left: may go out again
                         self.written_through = written_before
-                    self.die(failure)
+                    self._send_failed(failure)
                     output = b""
                 else:
                     written_before = self.written_through
@@ -197,9 +202,24 @@ class _BlockingConnection:
                     return
             data = memoryview(output)
 
+    def _send_failed(self, exc: OSError) -> None:
+        """Under the lock: a send failed. A server that resets the connection (nginx ending
+        a TLS connection on reload) may have sent responses and a GOAWAY naming the calls it
+        never processed just before: they wait in the receive buffer, so read them before the
+        calls fail (those answered succeed, those above the GOAWAY go out again)."""
+        failure = describe_io_error(exc)
+        if not isinstance(exc, ConnectionError) or self.write_failed is not None:
+            self.die(failure)  # a stalled server: nothing more will come either
+            return
+        self.write_failed = failure
+        self._channel._retire(self)
+        if not self.reading:  # else the reader reads it all, and meets the end
+            self._read_what_arrived()
+            self.die(failure)
+
     def _take_output(self) -> bytes:
         """Under the lock: the bytes for the socket (encrypted with TLS)."""
-        if self.dead:
+        if self.dead or self.write_failed is not None:
             return b""
         data = self.proto.data_to_send()
         if self._tls is not None:
@@ -208,9 +228,9 @@ class _BlockingConnection:
             self.written_through = self.last_started
         return data
 
-    def _send_all(self, data: memoryview, until: float) -> tuple[str | None, memoryview]:
-        """Write `data` until all is sent or the clock reaches `until`; returns why the
-        connection failed (None: it did not) and what was left unsent."""
+    def _send_all(self, data: memoryview, until: float) -> tuple[OSError | None, memoryview]:
+        """Write `data` until all is sent or the clock reaches `until`; returns the error the
+        socket gave (None: none) and what was left unsent."""
         view = data
         poller: select.poll | None = None
         try:
@@ -230,7 +250,7 @@ class _BlockingConnection:
                         return None, view  # `until` came first
                     raise TimeoutError(f"the server took no bytes for {stall:g}s")
         except OSError as exc:
-            return describe_io_error(exc), view
+            return exc, view
         return None, view
 
     # -- waiting and reading --------------------------------------------------------------------
@@ -283,7 +303,9 @@ class _BlockingConnection:
                         expired = True
                     else:
                         expired = False
-                        until = self._keepalive_due(now)
+                        # After a failed write only what the server sent before it ended the
+                        # connection is left to read, and it is here already: no waiting.
+                        until = now if self.write_failed else self._keepalive_due(now)
                         self._in_io += 1
                 if expired:
                     self.flush(me.deadline)
@@ -306,6 +328,8 @@ class _BlockingConnection:
                         self.die(failure)
                     elif data:
                         self._received(data)
+                    elif self.write_failed is not None:
+                        self.die(self.write_failed)
                     else:
                         self._keepalive_check(time.monotonic())
                 self.flush(me.deadline)
@@ -321,6 +345,9 @@ class _BlockingConnection:
                     self.reading = waiter.lead = True
                     waiter.signal()
                     break
+                else:
+                    if self.write_failed is not None:  # no call is left to read for
+                        self.die(self.write_failed)
             self._close_if_unused()
 
     def _read_what_arrived(self) -> None:
@@ -369,6 +396,7 @@ class _BlockingConnection:
                 self._channel.goaway_received(self, event)
                 self.slots.notify_all()
             elif type(event) is ConnectionBroken:
+                self.broke_protocol = True
                 self.die(event.reason)
                 return
         if freed:
@@ -597,7 +625,7 @@ class BlockingChannel(ChannelBase):
                 raise RpcError(failure.code, failure.details, failure.kind)
             self._connect_failure = None
             try:
-                conn = self._connect(own_deadline, timeout)
+                conn = self._dial(own_deadline, timeout)
             except RpcError as exc:
                 if exc.kind is not FailureKind.DEADLINE:
                     self._connect_failure = exc
@@ -612,6 +640,16 @@ class BlockingChannel(ChannelBase):
             return conn
         finally:
             self._connect_lock.release()
+
+    def _dial(self, own_deadline: float, timeout: float | None) -> _BlockingConnection:
+        """`_connect`, again if the server ends the new connection before any call went on it
+        (an nginx worker exiting on reload took it): nothing was sent, so dialing is safe."""
+        for _ in range(MAX_TRANSPARENT_ATTEMPTS - 1):
+            try:
+                return self._connect(own_deadline, timeout)
+            except _EndedBeforeUse:
+                pass
+        return self._connect(own_deadline, timeout)
 
     def _connect(self, own_deadline: float, timeout: float | None) -> _BlockingConnection:
         if self._closed:
@@ -641,14 +679,14 @@ class BlockingChannel(ChannelBase):
             # limit is unknown, and a peer that never sends it is not an HTTP/2 server.
             while not proto.remote_settings_received:
                 if conn.dead:
-                    raise RpcError(StatusCode.UNAVAILABLE, conn.reason, FailureKind.CONNECT)
+                    raise _connect_failure(conn)
                 if not _wait_for(sock, _POLL_IN, deadline):
                     raise TimeoutError
                 with conn.lock:
                     conn._read_what_arrived()
                 conn.flush()
             if conn.dead:
-                raise RpcError(StatusCode.UNAVAILABLE, conn.reason, FailureKind.CONNECT)
+                raise _connect_failure(conn)
         except RpcError:
             _close_quietly(sock)
             raise
@@ -660,7 +698,13 @@ class BlockingChannel(ChannelBase):
             raise deadline_exceeded(timeout) from None
         except (OSError, ssl.SSLError) as exc:
             _close_quietly(sock)
-            raise RpcError(StatusCode.UNAVAILABLE, conn_reason(exc), FailureKind.CONNECT) from exc
+            # Reset (even as connect() returns), or closed in the TLS handshake: the server
+            # took the connection and ended it before use. Refused is not that.
+            ended = isinstance(exc, ConnectionResetError) or (
+                connected and isinstance(exc, ConnectionError)
+            )
+            failure = _EndedBeforeUse if ended else RpcError
+            raise failure(StatusCode.UNAVAILABLE, conn_reason(exc), FailureKind.CONNECT) from exc
         except BaseException:
             _close_quietly(sock)
             raise
@@ -677,6 +721,15 @@ class BlockingChannel(ChannelBase):
             conn.close(_CLOSED)
         self._all.clear()
         self._current = None
+
+
+class _EndedBeforeUse(RpcError):
+    """The server ended a new connection (closed, reset, GOAWAY) before any call went on it."""
+
+
+def _connect_failure(conn: _BlockingConnection) -> RpcError:
+    kind = RpcError if conn.broke_protocol else _EndedBeforeUse
+    return kind(StatusCode.UNAVAILABLE, conn.reason, FailureKind.CONNECT)
 
 
 def _wait_for(sock: socket.socket, events: int, deadline: float) -> bool:
