@@ -166,20 +166,30 @@ def fence_languages(path: Path) -> set[str]:
 
 @asynccontextmanager
 async def redirected_example_address(address: str) -> AsyncIterator[None]:
-    """`sepp.open(EXAMPLE_ADDRESS)` (and a SyncClient, which opens through it) connects to
+    """`sepp.open(EXAMPLE_ADDRESS)` and `sepp.SyncClient(EXAMPLE_ADDRESS)` (whose options are
+    read by `_checked_options`; with auto-batching it opens through `open_client`) connect to
     `address` while examples run."""
     from sepp import _sync
 
     real_open: Callable[..., Any] = sepp.open
+    real_options = _sync._checked_options
+
+    def here(target: str) -> str:
+        return address if target == EXAMPLE_ADDRESS else target
 
     def open_here(target: str, *args: Any, **kwargs: Any) -> Any:
-        return real_open(address if target == EXAMPLE_ADDRESS else target, *args, **kwargs)
+        return real_open(here(target), *args, **kwargs)
+
+    def options_here(target: str, options: Any) -> Any:
+        return real_options(here(target), options)
 
     sepp.open = _sync.open_client = open_here  # type: ignore[assignment]
+    _sync._checked_options = options_here
     try:
         yield
     finally:
         sepp.open = _sync.open_client = real_open  # type: ignore[assignment]
+        _sync._checked_options = real_options
 
 
 def evaluate_document(path: Path, address: str, cwd: Path) -> list[str]:

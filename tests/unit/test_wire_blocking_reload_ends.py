@@ -1,6 +1,6 @@
-"""The blocking channel (SyncClient's) against what nginx workers do to connections when
-nginx reloads (both seen through nginx with TLS reloaded under load, in
-tests/proxies/test_proxies_sync_real.py):
+"""The channels (the blocking one of SyncClient, and for dialling the trio one too) against
+what nginx workers do to connections when nginx reloads (seen through nginx with TLS reloaded
+under load, in tests/proxies/test_proxies_sync_real.py):
 
 - An exiting worker takes a new connection and ends it before any call went on it (closed
   before its SETTINGS, reset, or GOAWAY straight after them): the call dials again instead of
@@ -24,6 +24,7 @@ from sepp._runtime import run_blocking
 from sepp.wire._blocking import BlockingChannel
 from sepp.wire._channel_base import Attempt, Endpoint, RpcError
 from sepp.wire._failure import FailureKind
+from sepp.wire._transport import Channel
 
 pytestmark = pytest.mark.fixture
 
@@ -64,33 +65,43 @@ def call_blocking(channel: BlockingChannel) -> bytes:
     return run_blocking(channel.call("GetServerInfo", b"hi", timeout=GUARD_S / 2))
 
 
+async def first_call(driver: str, server: H2Server, nursery: trio.Nursery) -> bytes:
+    """One call on a new channel of `driver` ("trio" or "blocking") to `server`."""
+    endpoint = Endpoint("127.0.0.1", server.port)
+    if driver == "trio":
+        channel = Channel(endpoint, nursery, user_agent="t")
+        try:
+            return await channel.call("GetServerInfo", b"hi", timeout=GUARD_S / 2)
+        finally:
+            await channel.aclose()
+    blocking = BlockingChannel(endpoint, user_agent="t")
+    try:
+        return await trio.to_thread.run_sync(call_blocking, blocking)
+    finally:
+        blocking.close()
+
+
+@pytest.mark.parametrize("driver", ["trio", "blocking"])
 @pytest.mark.parametrize("how", ["goaway", "closed", "reset"])
-async def test_connection_ended_before_any_call_is_dialed_again(how: str) -> None:
+async def test_connection_ended_before_any_call_is_dialed_again(how: str, driver: str) -> None:
     with trio.fail_after(GUARD_S):
         async with trio.open_nursery() as nursery:
             server = await EndsFirstConnections(how, ended=2).start(nursery)
-            channel = BlockingChannel(Endpoint("127.0.0.1", server.port), user_agent="t")
-            try:
-                answer = await trio.to_thread.run_sync(call_blocking, channel)
-            finally:
-                channel.close()
-                nursery.cancel_scope.cancel()
+            answer = await first_call(driver, server, nursery)
+            nursery.cancel_scope.cancel()
     assert answer == b"echo:hi"
     assert len(server.connections) == 3
     assert len(server.calls) == 1
 
 
-async def test_a_server_that_is_not_http2_fails_the_call_at_once() -> None:
+@pytest.mark.parametrize("driver", ["trio", "blocking"])
+async def test_a_server_that_is_not_http2_fails_the_call_at_once(driver: str) -> None:
     with trio.fail_after(GUARD_S):
         async with trio.open_nursery() as nursery:
             server = await EndsFirstConnections("not-http2", ended=1000).start(nursery)
-            channel = BlockingChannel(Endpoint("127.0.0.1", server.port), user_agent="t")
-            try:
-                with pytest.raises(RpcError) as caught:
-                    await trio.to_thread.run_sync(call_blocking, channel)
-            finally:
-                channel.close()
-                nursery.cancel_scope.cancel()
+            with pytest.raises(RpcError) as caught:
+                await first_call(driver, server, nursery)
+            nursery.cancel_scope.cancel()
     assert caught.value.kind is FailureKind.CONNECT
     assert len(server.connections) == 1
 

@@ -27,12 +27,14 @@ from ._channel_base import (
     Attempt,
     ChannelBase,
     ChannelOptions,
+    EndedBeforeUse,
     Endpoint,
     RpcError,
     closed_error,
     conn_reason,
     deadline_exceeded,
     describe_io_error,
+    ended_before_use,
     no_alpn_h2_error,
     unprocessed_error,
 )
@@ -46,6 +48,7 @@ from ._events import (
 )
 from ._failure import FailureKind
 from ._status import StatusCode
+from ._tls import HANDSHAKE_EOF, Tls
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -88,7 +91,7 @@ class _BlockingConnection:
     def __init__(
         self,
         sock: socket.socket,
-        tls: _Tls | None,
+        tls: Tls | None,
         proto: GrpcConnection,
         channel: BlockingChannel,
     ) -> None:
@@ -504,61 +507,24 @@ class _BlockingConnection:
 _CLOSED = "the client is closed"
 
 
-class _Tls:
-    """TLS over memory buffers (`ssl.SSLObject`): the socket carries what `encrypt` returns
-    and feeds `decrypt`; the connection's lock serialises both."""
-
-    def __init__(self, ep: Endpoint) -> None:
-        assert ep.ssl_context is not None
-        self._incoming, self._outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
-        self.obj = ep.ssl_context.wrap_bio(
-            self._incoming,
-            self._outgoing,
-            server_side=False,
-            server_hostname=ep.server_hostname or ep.host,
-        )
-
-    def encrypt(self, data: bytes) -> bytes:
+def _handshake(tls: Tls, sock: socket.socket, deadline: float) -> None:
+    done, data = tls.handshake_step()
+    while True:
         if data:
-            self.obj.write(data)
-        return self._outgoing.read()
-
-    def decrypt(self, data: bytes) -> bytes:
-        self._incoming.write(data)
-        chunks = []
-        while True:
+            sock.setblocking(True)
+            sock.settimeout(max(deadline - time.monotonic(), 1e-3))
             try:
-                chunk = self.obj.read(_RECEIVE_BYTES)
-            except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
-                break
-            if not chunk:  # close_notify
-                break
-            chunks.append(chunk)
-        return b"".join(chunks)
-
-    def handshake(self, sock: socket.socket, deadline: float) -> None:
-        while True:
-            try:
-                self.obj.do_handshake()
-                done = True
-            except ssl.SSLWantReadError:
-                done = False
-            data = self._outgoing.read()
-            if data:
-                sock.setblocking(True)
-                sock.settimeout(max(deadline - time.monotonic(), 1e-3))
-                try:
-                    sock.sendall(data)
-                finally:
-                    sock.setblocking(False)
-            if done:
-                return
-            if not _wait_for(sock, _POLL_IN, deadline):
-                raise TimeoutError
-            data = sock.recv(_RECEIVE_BYTES)
-            if not data:
-                raise ConnectionResetError("the server closed the connection in the TLS handshake")
-            self._incoming.write(data)
+                sock.sendall(data)
+            finally:
+                sock.setblocking(False)
+        if done:
+            return
+        if not _wait_for(sock, _POLL_IN, deadline):
+            raise TimeoutError
+        received = sock.recv(_RECEIVE_BYTES)
+        if not received:
+            raise ConnectionResetError(HANDSHAKE_EOF)
+        done, data = tls.handshake_step(received)
 
 
 class BlockingChannel(ChannelBase):
@@ -647,7 +613,7 @@ class BlockingChannel(ChannelBase):
         for _ in range(MAX_TRANSPARENT_ATTEMPTS - 1):
             try:
                 return self._connect(own_deadline, timeout)
-            except _EndedBeforeUse:
+            except EndedBeforeUse:
                 pass
         return self._connect(own_deadline, timeout)
 
@@ -658,7 +624,7 @@ class BlockingChannel(ChannelBase):
         limit = time.monotonic() + self._connect_timeout
         deadline = min(limit, own_deadline)
         sock: socket.socket | None = None
-        tls: _Tls | None = None
+        tls: Tls | None = None
         connected = False
         try:
             sock = socket.create_connection(
@@ -667,9 +633,9 @@ class BlockingChannel(ChannelBase):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.setblocking(False)
             if ep.ssl_context is not None:
-                tls = _Tls(ep)
-                tls.handshake(sock, deadline)
-                if tls.obj.selected_alpn_protocol() != "h2":
+                tls = Tls(ep)
+                _handshake(tls, sock, deadline)
+                if not tls.alpn_h2:
                     raise no_alpn_h2_error()
             connected = True  # a stall from here on is the missing SETTINGS
             proto = self.new_protocol()
@@ -698,12 +664,8 @@ class BlockingChannel(ChannelBase):
             raise deadline_exceeded(timeout) from None
         except (OSError, ssl.SSLError) as exc:
             _close_quietly(sock)
-            # Reset (even as connect() returns), or closed in the TLS handshake: the server
-            # took the connection and ended it before use. Refused is not that.
-            ended = isinstance(exc, ConnectionResetError) or (
-                connected and isinstance(exc, ConnectionError)
-            )
-            failure = _EndedBeforeUse if ended else RpcError
+            ended = ended_before_use(exc, connected=connected)
+            failure = EndedBeforeUse if ended else RpcError
             raise failure(StatusCode.UNAVAILABLE, conn_reason(exc), FailureKind.CONNECT) from exc
         except BaseException:
             _close_quietly(sock)
@@ -723,12 +685,8 @@ class BlockingChannel(ChannelBase):
         self._current = None
 
 
-class _EndedBeforeUse(RpcError):
-    """The server ended a new connection (closed, reset, GOAWAY) before any call went on it."""
-
-
 def _connect_failure(conn: _BlockingConnection) -> RpcError:
-    kind = RpcError if conn.broke_protocol else _EndedBeforeUse
+    kind = RpcError if conn.broke_protocol else EndedBeforeUse
     return kind(StatusCode.UNAVAILABLE, conn.reason, FailureKind.CONNECT)
 
 

@@ -298,6 +298,22 @@ class ChannelBase:
         return f"the server sent no HTTP/2 SETTINGS within {self._connect_timeout:g}s"
 
 
+class EndedBeforeUse(RpcError):
+    """The server ended a new connection (closed, reset, GOAWAY) before any call went on it,
+    as an exiting proxy worker does on reload: nothing was sent, so it is dialled again."""
+
+
+def ended_before_use(exc: BaseException, *, connected: bool) -> bool:
+    """Whether a connect that failed with `exc` met a server ending the connection (reset,
+    even as connect() returns; closed once TCP was up, as in a TLS handshake), rather than
+    one refusing it or not being there."""
+    if isinstance(exc, trio.BrokenResourceError) and exc.__cause__ is not None:
+        exc = exc.__cause__
+    return isinstance(exc, ConnectionResetError) or (
+        connected and isinstance(exc, (ConnectionError, ssl.SSLEOFError))
+    )
+
+
 def unprocessed_error(result: CallFinished) -> RpcError:
     return RpcError(result.code, result.details, result.error_kind)
 

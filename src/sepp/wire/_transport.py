@@ -18,11 +18,13 @@ from ._channel_base import (
     Attempt,
     ChannelBase,
     ChannelOptions,
+    EndedBeforeUse,
     Endpoint,
     RpcError,
     closed_error,
     conn_reason,
     deadline_exceeded,
+    ended_before_use,
     no_alpn_h2_error,
 )
 from ._channel_base import describe_io_error as _describe_io_error
@@ -37,6 +39,7 @@ from ._events import (
 )
 from ._failure import FailureKind
 from ._status import StatusCode
+from ._tls import HANDSHAKE_EOF, Tls
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -46,20 +49,34 @@ __all__ = ["MAX_TRANSPARENT_ATTEMPTS", "Channel", "Endpoint", "RpcError", "conn_
 
 _RECEIVE_BYTES = 256 * 1024
 _GOAWAY_FLUSH_S = 0.25
+# After a write fails because the server reset the connection, what it sent before (answers,
+# a GOAWAY naming the calls it never processed) is still to be read: the reader has this long.
+_READ_AFTER_WRITE_FAILURE_S = 1.0
 
 
 class _Connection:
     """One live HTTP/2 connection and the tasks that drive it."""
 
-    def __init__(self, stream: trio.abc.Stream, proto: GrpcConnection, channel: Channel) -> None:
+    def __init__(
+        self,
+        stream: trio.abc.Stream,
+        proto: GrpcConnection,
+        channel: Channel,
+        tls: Tls | None = None,
+    ) -> None:
         self.stream = stream
         self.proto = proto
+        self._tls = tls
         self.waiters: dict[int, Waiter] = {}
         self.deadlines = Deadlines(self._expire)
         self.slots = trio.lowlevel.ParkingLot()
         self.cancel_scope = trio.CancelScope()
         self.dead = False
         self.reason = ""
+        # The socket refused our bytes (reset by the server): no new calls, and the reader
+        # takes in what is left to read before the connection dies (see _write_failed).
+        self.write_failed: str | None = None
+        self.broke_protocol = False  # the server's bytes were not HTTP/2 as it must speak it
         # Set once the server's SETTINGS arrived (or the connection died before that).
         self.ready = trio.Event()
         self._channel = channel
@@ -77,16 +94,16 @@ class _Connection:
 
     @property
     def usable(self) -> bool:
-        return not self.dead and self.proto.usable
+        return not self.dead and self.write_failed is None and self.proto.usable
 
     def flush(self, *, direct: bool = True) -> None:
         """Send what the connection has queued: straight from the calling task when the socket
         takes it all at once (no task switch), else through the writer task. With `direct`
         False the writer sends it: calls started together then share one write."""
-        if self._writing or self._raw is None or not direct:
+        if self._writing or self._raw is None or not direct or self.write_failed:
             self._wake.set()
             return
-        data = self.proto.data_to_send()
+        data = self._output()
         if not data:
             return
         try:
@@ -94,7 +111,7 @@ class _Connection:
         except BlockingIOError:
             sent = 0
         except OSError as exc:
-            self.die(_describe_io_error(exc))
+            self._write_failed(exc)
             return
         self.written_through = self.last_started
         if sent < len(data):
@@ -119,10 +136,15 @@ class _Connection:
             with trio.CancelScope(shield=True):
                 await self._close_stream()
 
+    def _output(self) -> bytes:
+        """What the engine queued for the socket, encrypted with TLS."""
+        data = self.proto.data_to_send()
+        return data if self._tls is None else self._tls.encrypt(data)
+
     async def _close_stream(self) -> None:
         try:
             self.proto.close()
-            data = self._backlog + self.proto.data_to_send()
+            data = self._backlog + self._output()
             if data:
                 with trio.move_on_after(_GOAWAY_FLUSH_S):
                     await self.stream.send_all(data)
@@ -219,6 +241,10 @@ class _Connection:
                 if not data:
                     self.die("connection closed by the server")
                     return
+                if self._tls is not None:
+                    data = self._tls.decrypt(data)  # ssl.SSLError: a broken record
+                    if not data:
+                        continue
                 capacity_changed = False
                 for event in self.proto.receive_data(bytes(data)):
                     if type(event) is CallFinished:
@@ -234,6 +260,7 @@ class _Connection:
                     elif type(event) is GoAwayReceived:
                         self._channel.goaway_received(self, event)
                     elif type(event) is ConnectionBroken:
+                        self.broke_protocol = True
                         self.die(event.reason)
                         return
                 if capacity_changed:
@@ -247,11 +274,11 @@ class _Connection:
 
     async def _writer(self) -> None:
         try:
-            while True:
+            while self.write_failed is None:
                 await self._wake.wait()
                 self._wake = trio.Event()
-                while True:
-                    data = self._backlog + self.proto.data_to_send()
+                while self.write_failed is None:
+                    data = self._backlog + self._output()
                     self._backlog = b""
                     if not data:
                         break
@@ -260,7 +287,25 @@ class _Connection:
                     await self.stream.send_all(data)
                 self._writing = False
         except Exception as exc:
-            self.die(_describe_io_error(exc))
+            self._write_failed(exc)
+        if self.write_failed is not None:
+            await trio.sleep(_READ_AFTER_WRITE_FAILURE_S)
+            self.die(self.write_failed)
+
+    def _write_failed(self, exc: BaseException) -> None:
+        """A write failed. A server that reset the connection (nginx ending a TLS connection
+        on reload) may have sent answers and a GOAWAY naming the calls it never processed just
+        before: the connection takes no new calls, and the reader takes those in (the answered
+        calls succeed, those above the GOAWAY go out again) until it meets the reset, or the
+        writer ends the connection after _READ_AFTER_WRITE_FAILURE_S."""
+        reason = _describe_io_error(exc)
+        cause = exc.__cause__ if isinstance(exc, trio.BrokenResourceError) else exc
+        if not isinstance(cause, ConnectionError) or self.write_failed is not None:
+            self.die(reason)  # a stalled or broken socket: nothing more will come either
+            return
+        self.write_failed = reason
+        self._channel._retire(self)
+        self._wake.set()  # the writer stops writing and keeps the time
 
     async def _keepalive(self) -> None:
         interval = self._channel.keepalive_interval
@@ -285,8 +330,8 @@ class _Connection:
 
 
 def _raw_socket(stream: trio.abc.Stream) -> socket.socket | None:
-    """A non-blocking stdlib twin of a plain TCP stream's socket, for sending without a task
-    switch; None for TLS (and anything else), which always goes through the writer task."""
+    """A non-blocking stdlib twin of a TCP stream's socket, for sending without a task switch
+    (TLS too: its records are encrypted before they reach the socket)."""
     if not isinstance(stream, trio.SocketStream):
         return None
     sock = stream.socket
@@ -389,7 +434,7 @@ class Channel(ChannelBase):
             self._connect_attempts += 1
             self._connect_failure = None
             try:
-                conn = await self._connect()
+                conn = await self._dial()
             except RpcError as exc:
                 self._connect_failure = (exc.code, exc.details, exc.kind)
                 raise
@@ -400,6 +445,16 @@ class Channel(ChannelBase):
             self._all.add(conn)
             return conn
 
+    async def _dial(self) -> _Connection:
+        """`_connect`, again if the server ends the new connection before any call went on it
+        (an nginx worker exiting on reload took it): nothing was sent, so dialling is safe."""
+        for _ in range(MAX_TRANSPARENT_ATTEMPTS - 1):
+            try:
+                return await self._connect()
+            except EndedBeforeUse:
+                pass
+        return await self._connect()
+
     async def _connect(self) -> _Connection:
         if self._closed:
             raise closed_error()
@@ -409,20 +464,16 @@ class Channel(ChannelBase):
         try:
             with trio.fail_after(self._connect_timeout):
                 stream = await trio.open_tcp_stream(ep.host, ep.port)
+                tls = None
                 if ep.ssl_context is not None:
-                    tls = trio.SSLStream(
-                        stream,
-                        ep.ssl_context,
-                        server_hostname=ep.server_hostname or ep.host,
-                        https_compatible=True,
-                    )
-                    stream = tls
-                    await tls.do_handshake()
-                    if tls.selected_alpn_protocol() != "h2":
+                    tls = Tls(ep)
+                    await _handshake(tls, stream)
+                    if not tls.alpn_h2:
                         raise no_alpn_h2_error()
                 proto = self.new_protocol()
-                await stream.send_all(proto.data_to_send())
-                conn = _Connection(stream, proto, self)
+                preface = proto.data_to_send()
+                await stream.send_all(preface if tls is None else tls.encrypt(preface))
+                conn = _Connection(stream, proto, self, tls)
                 try:
                     await self._nursery.start(conn.run)
                 except RuntimeError as exc:  # the client's nursery is closing
@@ -433,7 +484,8 @@ class Channel(ChannelBase):
                 # not an HTTP/2 server. (grpc-go also waits for it before using a connection.)
                 await conn.ready.wait()
                 if conn.dead:
-                    raise RpcError(StatusCode.UNAVAILABLE, conn.reason, FailureKind.CONNECT)
+                    failure = RpcError if conn.broke_protocol else EndedBeforeUse
+                    raise failure(StatusCode.UNAVAILABLE, conn.reason, FailureKind.CONNECT)
         except trio.TooSlowError:
             reason = self._connect_timeout_reason(connected=conn is not None)
             await _abandon_connect(stream, conn, reason)
@@ -443,7 +495,9 @@ class Channel(ChannelBase):
             raise
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError, ssl.SSLError) as exc:
             await _abandon_connect(stream, conn, conn_reason(exc))
-            raise RpcError(StatusCode.UNAVAILABLE, conn_reason(exc), FailureKind.CONNECT) from exc
+            ended = ended_before_use(exc, connected=stream is not None)
+            failure = EndedBeforeUse if ended else RpcError
+            raise failure(StatusCode.UNAVAILABLE, conn_reason(exc), FailureKind.CONNECT) from exc
         except BaseException:
             # Cancelled mid-connect (the caller's deadline or scope): do not leak the socket.
             await _abandon_connect(stream, conn, "connect cancelled")
@@ -458,6 +512,19 @@ class Channel(ChannelBase):
             conn.die("the client is closed")
         self._all.clear()
         self._current = None
+
+
+async def _handshake(tls: Tls, stream: trio.abc.Stream) -> None:
+    done, data = tls.handshake_step()
+    while True:
+        if data:
+            await stream.send_all(data)
+        if done:
+            return
+        received = await stream.receive_some(_RECEIVE_BYTES)
+        if not received:
+            raise ConnectionResetError(HANDSHAKE_EOF)
+        done, data = tls.handshake_step(bytes(received))
 
 
 async def _close_quietly(stream: trio.abc.Stream | None) -> None:
