@@ -18,7 +18,7 @@ import signal
 import sys
 import tempfile
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -122,12 +122,20 @@ async def measure(scenario: Scenario, workdir: Path, run: Callable[..., Any]) ->
     return Outcome(sum(errors.values()), missing, twice, errors)
 
 
-async def main(args: argparse.Namespace) -> None:
-    workdir = Path(tempfile.mkdtemp(prefix="sepp-proxy-compare-"))
-    clients = {"sepp-trio": run_ours, "sepp-py (grpcio)": run_seppy}
+async def compare(
+    args: argparse.Namespace,
+    scenarios: list[Scenario],
+    clients: dict[str, Callable[..., Awaitable[Outcome]]],
+    *,
+    prefix: str,
+    callers: str,
+) -> None:
+    """Run every scenario (`args.only` of them) `args.runs` times per client, each on a fresh
+    server and proxy, and print the table; `callers` names what makes the calls (tasks)."""
+    workdir = Path(tempfile.mkdtemp(prefix=prefix))
     rows = []
     all_errors: dict[str, Counter[str]] = {name: Counter() for name in clients}
-    for scenario in SCENARIOS:
+    for scenario in scenarios:
         if args.only and scenario.key not in args.only:
             continue
         cells = []
@@ -144,7 +152,7 @@ async def main(args: argparse.Namespace) -> None:
             lost = sum(o.missing for o in outcomes)
             twice = sum(o.twice for o in outcomes)
             cells.append(f"{failed} failed; {lost} missing, {twice} duplicated")
-        title = f"{scenario.title}: {scenario.jobs:,} enqueues from {scenario.tasks} tasks"
+        title = f"{scenario.title}: {scenario.jobs:,} enqueues from {scenario.tasks} {callers}"
         rows.append(f"| {title} | {' | '.join(cells)} |")
     print()
     print(f"| through the proxy ({args.runs} run(s) each) | {' | '.join(clients)} |")
@@ -154,6 +162,11 @@ async def main(args: argparse.Namespace) -> None:
     for name, errors in all_errors.items():
         print(f"{name} errors: {dict(errors.most_common(5)) or 'none'}")
     print(f"sepp-trio {sepp.__version__}; work dir {workdir}")
+
+
+async def main(args: argparse.Namespace) -> None:
+    clients = {"sepp-trio": run_ours, "sepp-py (grpcio)": run_seppy}
+    await compare(args, SCENARIOS, clients, prefix="sepp-proxy-compare-", callers="tasks")
 
 
 if __name__ == "__main__":

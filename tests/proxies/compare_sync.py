@@ -18,18 +18,15 @@ import json
 import os
 import signal
 import sys
-import tempfile
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import trio
-from compare_seppy import SCENARIOS, Scenario, measure
+from compare_seppy import SCENARIOS, Scenario, compare
 from fixtures.proxy_load import QUEUE, Load, enqueue_through
 from fixtures.proxy_load_sync import enqueue_through_sync
 from peers.seppy import seppy_python
-
-import sepp
 
 GRPCIO_LOAD = Path(__file__).resolve().parent / "grpcio_blocking_load.py"
 TLS_KEY = "nginx-tls-reload"
@@ -112,39 +109,12 @@ async def run_grpcio(scenario: Scenario, proxy: Any) -> Counter[str]:
 
 
 async def main(args: argparse.Namespace) -> None:
-    workdir = Path(tempfile.mkdtemp(prefix="sepp-proxy-compare-sync-"))
     clients = {"sepp.SyncClient": run_sync_client, "grpcio (blocking)": run_grpcio}
     if args.with_async:
         clients["sepp.Client (trio)"] = run_trio_client
-    rows = []
-    all_errors: dict[str, Counter[str]] = {name: Counter() for name in clients}
-    for scenario in SYNC_SCENARIOS:
-        if args.only and scenario.key not in args.only:
-            continue
-        cells = []
-        for name, run in clients.items():
-            outcomes = []
-            for i in range(args.runs):
-                outcome = await measure(
-                    scenario, workdir / f"{scenario.key}-{name.split()[0]}-{i}", run
-                )
-                outcomes.append(outcome)
-                all_errors[name].update(outcome.errors)
-                print(f"{scenario.key} {name} run {i + 1}: {outcome}", flush=True)
-            failed = ", ".join(str(o.failed) for o in outcomes)
-            lost = sum(o.missing for o in outcomes)
-            twice = sum(o.twice for o in outcomes)
-            cells.append(f"{failed} failed; {lost} missing, {twice} duplicated")
-        title = f"{scenario.title}: {scenario.jobs:,} enqueues from {scenario.tasks} threads"
-        rows.append(f"| {title} | {' | '.join(cells)} |")
-    print()
-    print(f"| through the proxy ({args.runs} run(s) each) | {' | '.join(clients)} |")
-    print("|---|" + "---|" * len(clients))
-    print("\n".join(rows))
-    print()
-    for name, errors in all_errors.items():
-        print(f"{name} errors: {dict(errors.most_common(5)) or 'none'}")
-    print(f"sepp-trio {sepp.__version__}; work dir {workdir}")
+    await compare(
+        args, SYNC_SCENARIOS, clients, prefix="sepp-proxy-compare-sync-", callers="threads"
+    )
 
 
 if __name__ == "__main__":
