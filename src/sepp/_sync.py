@@ -82,11 +82,12 @@ class SyncClient:
     """A blocking client for code without an event loop: Django and Flask views, scripts,
     notebooks, `def` handlers. Takes the address and the keyword options of `sepp.open()`.
 
-    It connects on first use, so a module-level client costs nothing at import. Every method of
-    `sepp.Client` is here with the same arguments, results, errors, validation, retries and
-    per-call `timeout=`, blocking until done. Any number of threads may share one client:
-    their calls are in flight together on its one connection. The caller's thread needs no
-    event loop, and may be one where asyncio or trio runs.
+    It connects on first use (within that call's timeout), so a module-level client costs
+    nothing at import. Every method of `sepp.Client` is here with the same arguments, results,
+    errors, validation, retries and per-call `timeout=`, blocking until done: each runs in the
+    calling thread. Any number of threads may share one client: their calls are in flight
+    together on its one connection. The caller's thread needs no event loop (in one where
+    asyncio or trio runs, a call blocks that loop, as any blocking call does).
 
     After `os.fork()` (a prefork server, `multiprocessing`) the child never touches the parent's
     connection: its first call opens a new one. `close()` (or leaving `with client:`) closes the
