@@ -1,4 +1,5 @@
-"""The proxy tests need nginx and HAProxy; without them they skip and say how to get them."""
+"""The proxy tests need nginx and HAProxy (`bash scripts/ensure-proxies.sh`, which `make test`
+runs); without them they fail, loudly, and say how to get them."""
 
 from __future__ import annotations
 
@@ -12,4 +13,4 @@ def _proxies_installed() -> None:
         require_proxy("nginx")
         require_proxy("haproxy")
     except ProxyNotInstalled as exc:
-        pytest.skip(str(exc))
+        pytest.fail(str(exc), pytrace=False)

@@ -9,8 +9,8 @@ RetryPolicy): a call the proxy never passed on must go out again by itself.
 Each test asserts 0 failed calls, then drains the queue from the server directly and checks
 that every job is there exactly once (counted by payload). Half the jobs carry an
 idempotency key, half none, so a call sent twice after the server had processed it would
-show up as a second job (no key) or a deduplicated ack (key). The proxy tests skip, saying
-how to get them, only when nginx or HAProxy is not installed (scripts/ensure-proxies.sh).
+show up as a second job (no key) or a deduplicated ack (key). Without nginx or HAProxy the
+proxy tests fail, saying how to get them (scripts/ensure-proxies.sh).
 """
 
 from __future__ import annotations
