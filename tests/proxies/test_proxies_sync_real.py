@@ -25,7 +25,14 @@ from typing import Any
 import pytest
 import trio
 from fixtures.proxies import NginxProxy, haproxy_proxy, nginx_proxy
-from fixtures.proxy_load import QUEUE, Load, arrival_problems, jobs_on_server, payload_of
+from fixtures.proxy_load import (
+    QUEUE,
+    Load,
+    arrival_problems,
+    check_all_arrived,
+    jobs_on_server,
+    payload_of,
+)
 from fixtures.proxy_load_sync import enqueue_one, enqueue_through_sync
 
 import sepp
@@ -33,16 +40,6 @@ from sepp.testing import SeppServer
 
 TEST_TIMEOUT_S = 150.0  # above fixtures.proxy_load_sync.HUNG_AFTER_S: a hang fails by name
 _WORKER_EXITED = re.compile(r"worker process \d+ exited")
-
-
-async def check_all_arrived(server: SeppServer, load: Load) -> None:
-    assert load.failures == [], f"{len(load.failures)} of {load.sent} failed: {load.failures[:5]}"
-    assert load.deduplicated == [], f"calls processed twice: {load.deduplicated[:5]}"
-    assert load.done == load.sent
-    missing, extra, twice = arrival_problems(await jobs_on_server(server.address), load.payloads())
-    assert (missing, extra, twice) == (0, 0, 0), (
-        f"{missing} missing, {extra} unexpected, {twice} more than once"
-    )
 
 
 async def worker_exited(proxy: NginxProxy, before: int) -> None:
@@ -71,7 +68,7 @@ async def test_sync_threads_through_nginx_goaway_after_keepalive_requests_fail_n
             load = await trio.to_thread.run_sync(
                 lambda: enqueue_through_sync(proxy.h2c_address, jobs, threads=32)
             )
-        await check_all_arrived(sepp_server, load)
+        await check_all_arrived(sepp_server.address, load)
 
 
 async def test_sync_threads_through_nginx_tls_terminated_at_the_proxy_fail_no_call(
@@ -83,7 +80,7 @@ async def test_sync_threads_through_nginx_tls_terminated_at_the_proxy_fail_no_ca
             load = await trio.to_thread.run_sync(
                 lambda: enqueue_through_sync(proxy.tls_address, 1000, threads=32, **options)
             )
-        await check_all_arrived(sepp_server, load)
+        await check_all_arrived(sepp_server.address, load)
 
 
 async def test_sync_threads_through_nginx_reloaded_three_times_under_load_fail_no_call(
@@ -104,7 +101,7 @@ async def test_sync_threads_through_nginx_reloaded_three_times_under_load_fail_n
                     lambda: enqueue_through_sync(proxy.h2c_address, 2500, threads=16, load=load)
                 )
             assert proxy.reloads == 3
-        await check_all_arrived(sepp_server, load)
+        await check_all_arrived(sepp_server.address, load, reloaded=True)
 
 
 async def test_sync_threads_through_nginx_tls_reloaded_under_load_fail_no_call(
@@ -113,9 +110,10 @@ async def test_sync_threads_through_nginx_tls_reloaded_under_load_fail_no_call(
     # Ending TLS connections on reload, nginx may reset one while its last answers and GOAWAY
     # are still unread on our side, and its exiting worker may take a new connection and end
     # it before any call (both also scripted in tests/unit/test_wire_blocking_reload_ends.py).
-    # Only three reloads: with dozens, nginx now and then resets a connection before
-    # answering a call it had taken, which no client can tell from a lost answer
-    # (compare_sync.py measures that case).
+    # Its reset may also throw away answers to calls it processed (see
+    # fixtures.proxy_load.answers_lost_to_a_reset): rare with three reloads, but it happened
+    # in CI, so such calls may fail; a call never processed may not (compare_sync.py
+    # measures reloads every 100 calls).
     load = Load()
     with trio.fail_after(TEST_TIMEOUT_S):
         async with nginx_proxy(sepp_server.address, tmp_path, keepalive_requests=100) as proxy:
@@ -134,7 +132,7 @@ async def test_sync_threads_through_nginx_tls_reloaded_under_load_fail_no_call(
                     )
                 )
             assert proxy.reloads == 3
-        await check_all_arrived(sepp_server, load)
+        await check_all_arrived(sepp_server.address, load, reloaded=True)
 
 
 async def test_sync_idle_client_between_nginx_reloads_fails_no_call(
@@ -153,7 +151,7 @@ async def test_sync_idle_client_between_nginx_reloads_fails_no_call(
                         await proxy.reload()
                         await worker_exited(proxy, exited)
                     await trio.to_thread.run_sync(enqueue_one, client, index, load, lock)
-        await check_all_arrived(sepp_server, load)
+        await check_all_arrived(sepp_server.address, load)
 
 
 async def test_sync_threads_over_nginx_stream_limit_fail_no_call(
@@ -165,7 +163,7 @@ async def test_sync_threads_over_nginx_stream_limit_fail_no_call(
             load = await trio.to_thread.run_sync(
                 lambda: enqueue_through_sync(proxy.h2c_address, 1500, threads=160)
             )
-        await check_all_arrived(sepp_server, load)
+        await check_all_arrived(sepp_server.address, load)
 
 
 async def test_sync_long_poll_through_nginx_survives_goaway_and_is_woken_by_an_enqueue(
@@ -275,4 +273,4 @@ async def test_sync_threads_through_haproxy_h2_on_both_sides_fail_no_call(
             load = await trio.to_thread.run_sync(
                 lambda: enqueue_through_sync(proxy.address, 2000, threads=128)
             )
-        await check_all_arrived(sepp_server, load)
+        await check_all_arrived(sepp_server.address, load)

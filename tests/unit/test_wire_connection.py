@@ -44,6 +44,7 @@ from sepp.wire import (
     _engine,
     connection_class,
 )
+from sepp.wire._calls import without_streams_above
 from sepp.wire._constants import (
     DEFAULT_CONNECTION_WINDOW,
     DEFAULT_MAX_FRAME_SIZE,
@@ -710,6 +711,64 @@ def test_goaway_lets_a_surviving_request_body_finish_sending() -> None:
     assert pair.request_body(sid) == encode_message(body)
     pair.respond(sid, b"done")
     assert pair.finished(sid).body == b"done"
+
+
+def test_goaway_drops_the_queued_requests_of_the_streams_it_refused() -> None:
+    # The requests of calls started before the GOAWAY was read, not yet on the socket: the
+    # server will not read them, and nginx resets a connection it closes with unread bytes,
+    # losing answers to calls it did process. Only the surviving stream's frames go out.
+    pair = Pair(server_settings={SC.INITIAL_WINDOW_SIZE: 100})
+    a = pair.call(body=b"a" * 300)  # 100 bytes sent; the rest waits for the window
+    b = pair.client.start_call("Ack", b"b")
+    c = pair.client.start_call("Ack", b"c")
+    pair.client.cancel_call(c)  # its RST_STREAM is queued too
+    pair.server.acknowledge_received_data(100, a)
+    pair.server.increment_flow_control_window(10_000, stream_id=a)
+    ping = PingFrame(0, opaque_data=b"12345678").serialize()
+    events = pair.client.receive_data(pair.server.data_to_send() + ping + goaway(a))
+    assert pair.client.draining and kinds(events)[-2:] == [CallFinished, GoAwayReceived]
+    sent = pair.client.data_to_send()
+    streams = [int.from_bytes(sent[i + 5 : i + 9], "big") for i in frame_starts(sent)]
+    assert b not in streams and c not in streams
+    assert a in streams  # the rest of its body, now the window allows it
+    pair.server_events.extend(pair.server.receive_data(sent))
+    assert any(isinstance(e, h2.events.PingAckReceived) for e in pair.server_events)
+    assert pair.request_body(a) == encode_message(b"a" * 300)
+
+
+_RAW_FRAMES = st.lists(
+    st.tuples(
+        st.integers(0, 9), st.integers(0, 255), st.integers(0, 2**31 - 1), st.binary(max_size=40)
+    ),
+    max_size=12,
+)
+
+
+@given(_RAW_FRAMES, st.integers(0, 2**31 - 1), st.booleans())
+def test_without_streams_above_keeps_exactly_the_other_frames_in_order(
+    frames: list[tuple[int, int, int, bytes]], last: int, reserved_bit: bool
+) -> None:
+    def raw(kind: int, flags: int, stream_id: int, payload: bytes) -> bytes:
+        sid = stream_id | (2**31 if reserved_bit else 0)  # the R bit is not part of the id
+        return (
+            len(payload).to_bytes(3, "big")
+            + bytes((kind, flags))
+            + sid.to_bytes(4, "big")
+            + payload
+        )
+
+    queued = b"".join(raw(*f) for f in frames)
+    expected = b"".join(raw(*f) for f in frames if f[2] <= last)
+    assert without_streams_above(queued, last) == expected
+
+
+def frame_starts(data: bytes) -> list[int]:
+    starts, at = [], 0
+    while at < len(data):
+        starts.append(at)
+        at += 9 + int.from_bytes(data[at : at + 3], "big")
+    assert at == len(data)
+    return starts
 
 
 def test_goaway_with_no_calls_in_flight() -> None:

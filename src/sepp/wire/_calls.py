@@ -14,6 +14,28 @@ from ._status import StatusCode
 CallT = TypeVar("CallT", bound=ResponseState)
 
 
+def without_streams_above(queued: bytes, last_stream_id: int) -> bytes:
+    """Our own queued output (whole frames) minus every frame of a stream above a GOAWAY's
+    `last_stream_id`. Those calls already failed as never processed and go out again on
+    another connection; sending their frames anyway hands a closing server bytes it will not
+    read, and nginx, closing a socket with unread bytes, resets it and drops the answers it
+    had not yet flushed to calls it did process. No HEADERS follow a GOAWAY, so the
+    server's HPACK table never needs the blocks dropped here."""
+    kept: list[bytes] = []
+    at = keep_from = 0
+    size = len(queued)
+    while at + FRAME_HEADER_BYTES <= size:
+        end = at + FRAME_HEADER_BYTES + int.from_bytes(queued[at : at + 3], "big")
+        if int.from_bytes(queued[at + 5 : at + 9], "big") & MAX_STREAM_ID > last_stream_id:
+            kept.append(queued[keep_from:at])
+            keep_from = end
+        at = end
+    if not keep_from:
+        return queued
+    kept.append(queued[keep_from:])
+    return b"".join(kept)
+
+
 class StreamIdsExhausted(Exception):
     """start_call on a connection whose stream ids are spent (2^31-1 is the last, RFC 9113
     §5.1.1). The connection drains once it hands out the last id; new calls need a new one."""

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 from hpack.exceptions import OversizedHeaderListError
 
-from ._calls import CallTable, StreamIdsExhausted
+from ._calls import CallTable, StreamIdsExhausted, without_streams_above
 from ._constants import (
     DEFAULT_CONNECTION_WINDOW,
     DEFAULT_MAX_FRAME_SIZE,
@@ -651,6 +651,9 @@ class CodecGrpcConnection(CallTable[_Call]):
         for doomed in [s for s in self._calls if s > last]:
             self._forget(doomed)
             out.append(goaway_result(doomed))
+        if self._out:  # their requests may be queued still: they must not go out now
+            kept = without_streams_above(b"".join(self._out), last)
+            self._out[:] = [kept] if kept else []
         out.append(GoAwayReceived(last, error_code, bytes(data[start + 8 : stop])))
 
     def _on_window_update(

@@ -15,6 +15,7 @@ import h2.frame_buffer
 import h2.settings
 from hyperframe.frame import ContinuationFrame, Frame, GoAwayFrame
 
+from ._calls import without_streams_above
 from ._constants import MAX_HEADER_BLOCK_BYTES
 from ._hpack import BoundedDecoder, StatelessEncoder
 
@@ -94,10 +95,11 @@ class PatchedH2Connection(h2.connection.H2Connection):
         # h2 moves its state machine to CLOSED and drops every queued outbound frame when a
         # GOAWAY arrives, so any later frame, even one in the same read, is a protocol error.
         # RFC 9113 §6.8 lets streams up to `last_stream_id` finish, so keep the state (and the
-        # queued WINDOW_UPDATEs, acks and request data those streams still need) as they were.
+        # queued WINDOW_UPDATEs, acks and request data those streams still need) as they were,
+        # less the frames of streams above it (see without_streams_above).
         state = self.state_machine.state
-        queued = self._data_to_send
+        queued = without_streams_above(bytes(self._data_to_send), frame.last_stream_id)
         result = super()._receive_goaway_frame(frame)
         self.state_machine.state = state
-        self._data_to_send = queued + self._data_to_send
+        self._data_to_send = bytearray(queued) + self._data_to_send
         return result
