@@ -97,6 +97,26 @@ def test_acks_a_server_never_lets_us_send_are_capped(flood: bytes) -> None:
     assert sent_frames * len(flood) <= MAX_QUEUED_CONTROL_REPLY_BYTES + len(batch)
 
 
+def test_frames_on_a_closed_stream_never_pile_up_replies() -> None:
+    """DATA on a stream whose call is over, from a peer that never reads: the codec ignores
+    it; h2 answers each frame with RST_STREAM, which counts against the same cap."""
+    pair = Pair()
+    sid = pair.call()
+    pair.respond(sid)
+    pair.client.data_to_send()
+    batch = raw(DATA, 0, sid, b"x") * 1000
+    events: list[Any] = []
+    fed = 0
+    while not events and fed < 4 * MAX_QUEUED_CONTROL_REPLY_BYTES:
+        events = pair.client.receive_data(batch)
+        fed += len(batch)
+    out = pair.client.data_to_send()
+    if events:  # ended for piling up replies
+        assert kinds(events) == [ConnectionBroken]
+        assert goaway_code(out) == ErrorCodes.ENHANCE_YOUR_CALM
+    assert len(out) <= MAX_QUEUED_CONTROL_REPLY_BYTES
+
+
 def test_acks_the_driver_takes_are_never_capped() -> None:
     pair = Pair()
     pair.call()

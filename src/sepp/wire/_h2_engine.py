@@ -50,12 +50,10 @@ from ._response import (
 from ._status import StatusCode, encode_grpc_timeout
 
 _H2_DEFAULT_WINDOW = 65_535
-_PING_ACK_BYTES = 17
-_SETTINGS_ACK_BYTES = 9
 
 
 class _TooManyReplies(Exception):
-    """The peer asked for more PING/SETTINGS ACKs than we queue (see the codec's)."""
+    """The peer asked for more replies (ACKs, RST_STREAMs) than we queue (see the codec's)."""
 
 
 class _Call(ResponseState):
@@ -179,7 +177,12 @@ class H2GrpcConnection(CallTable[_Call]):
             data = first
         events: list[Event] = []
         try:
-            for event in self._h2.receive_data(data):
+            queued = self._h2.queued_bytes
+            h2_events = self._h2.receive_data(data)
+            # What h2 queued by itself meanwhile is replies: PING and SETTINGS ACKs, and a
+            # RST_STREAM for every frame on a stream it reset (a flood must not pile them up).
+            self._count_reply(max(0, self._h2.queued_bytes - queued))
+            for event in h2_events:
                 handler: _Handler | None = _DISPATCH.get(type(event))
                 if handler is not None:
                     handler(self, event, events)
@@ -286,11 +289,7 @@ class H2GrpcConnection(CallTable[_Call]):
     def _on_ping_ack(self, event: h2.events.PingAckReceived, out: list[Event]) -> None:
         out.append(PingAcknowledged(bytes(event.ping_data or b"")))
 
-    def _on_ping(self, event: h2.events.PingReceived, out: list[Event]) -> None:
-        self._count_reply(_PING_ACK_BYTES)  # h2 queued the ACK
-
     def _on_settings(self, event: h2.events.RemoteSettingsChanged, out: list[Event]) -> None:
-        self._count_reply(_SETTINGS_ACK_BYTES)  # h2 queued the ACK
         codes = h2.settings.SettingCodes
         if codes.INITIAL_WINDOW_SIZE in event.changed_settings:
             self._flush_all()
@@ -347,7 +346,6 @@ class H2GrpcConnection(CallTable[_Call]):
 _Handler = Callable[[H2GrpcConnection, Any, list[Event]], None]
 _DISPATCH: dict[type[h2.events.Event], _Handler] = {
     h2.events.InformationalResponseReceived: H2GrpcConnection._on_informational,
-    h2.events.PingReceived: H2GrpcConnection._on_ping,
     h2.events.ResponseReceived: H2GrpcConnection._on_response,
     h2.events.TrailersReceived: H2GrpcConnection._on_trailers,
     h2.events.DataReceived: H2GrpcConnection._on_data,

@@ -89,6 +89,11 @@ class PatchedH2Connection(h2.connection.H2Connection):
             self._open_streams(1)
         return self.open_calls
 
+    @property
+    def queued_bytes(self) -> int:
+        """How many bytes wait in h2's outbound buffer."""
+        return len(self._data_to_send)
+
     def _receive_goaway_frame(
         self, frame: GoAwayFrame
     ) -> tuple[list[Frame], list[h2.events.Event]]:
