@@ -135,6 +135,39 @@ async def test_sync_threads_through_nginx_tls_reloaded_under_load_fail_no_call(
         await check_all_arrived(sepp_server.address, load, reloaded=True)
 
 
+async def test_sync_keyed_jobs_with_a_retry_policy_survive_a_reload_every_100_calls(
+    sepp_server: SeppServer, tmp_path: Path
+) -> None:
+    # What the docs advise behind a proxy that reloads under load: every job keyed, and a
+    # RetryPolicy. An answer a reload's reset threw away is then retried, and the server
+    # deduplicates it: not one call fails, and every job is there once.
+    load = Load()
+    with trio.fail_after(TEST_TIMEOUT_S):
+        async with nginx_proxy(sepp_server.address, tmp_path, keepalive_requests=100) as proxy:
+
+            async def reload_every_100_calls() -> None:
+                for at in range(100, 4000, 100):
+                    await load.reached(at)
+                    await proxy.reload()
+
+            options = proxy.tls_options()
+            retry = sepp.RetryPolicy(max_attempts=4, initial_backoff=0.05)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(reload_every_100_calls)
+                await trio.to_thread.run_sync(
+                    lambda: enqueue_through_sync(
+                        proxy.tls_address,
+                        4000,
+                        threads=64,
+                        load=load,
+                        all_keyed=True,
+                        retry_policy=retry,
+                        **options,
+                    )
+                )
+        await check_all_arrived(sepp_server.address, load, retried=True)
+
+
 async def test_sync_idle_client_between_nginx_reloads_fails_no_call(
     sepp_server: SeppServer, tmp_path: Path
 ) -> None:
