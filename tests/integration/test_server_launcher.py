@@ -134,6 +134,29 @@ async def test_start_gives_up_when_the_port_stays_busy() -> None:
             assert not alive(server)
 
 
+async def test_a_retry_the_deadline_cuts_short_still_says_the_port_is_busy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # On a loaded machine the last retry may not even print before the startup deadline:
+    # the error must still name the busy port, not "no listening line".
+    async with sepp_server(FAST, startup_timeout=3) as server:
+        await server.stop()
+        attempts = iter(
+            [
+                SeppServerStartError("failed: exited", ["Address already in use (os error 98)"], 1),
+                SeppServerStartError("failed: no 'queue server listening' line", [], None),
+            ]
+        )
+
+        async def start_once(deadline: float) -> None:
+            raise next(attempts)
+
+        monkeypatch.setattr(server, "_start_once", start_once)
+        with pytest.raises(SeppServerStartError) as info:
+            await server.start()
+        assert "already in use" in " ".join(info.value.output_lines)
+
+
 async def test_queues_and_named_api_keys_config() -> None:
     config = {
         "server": {"strict_queues": True},

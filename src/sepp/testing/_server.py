@@ -369,6 +369,7 @@ class SeppServer:
             raise RuntimeError("the sepp server is already running")
         deadline = trio.current_time() + self.startup_timeout
         busy_deadline = min(deadline, trio.current_time() + _PORT_BUSY_RETRY_SECONDS)
+        busy: SeppServerStartError | None = None
         while True:
             try:
                 await self._start_once(deadline)
@@ -379,6 +380,11 @@ class SeppServer:
                     and exc.returncode is not None
                     and any(_PORT_BUSY.search(line) for line in exc.output_lines)
                 )
+                if port_busy:
+                    busy = exc
+                elif busy is not None and exc.returncode is None:
+                    # The deadline cut a retry short: the busy port is why it never started.
+                    raise busy from None
                 if not port_busy or trio.current_time() + 0.25 >= busy_deadline:
                     raise
             await trio.sleep(0.25)
