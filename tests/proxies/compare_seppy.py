@@ -86,15 +86,10 @@ def _address(proxy: Any) -> str:
 async def run_ours(scenario: Scenario, proxy: Any) -> Counter[str]:
     load = Load()
 
-    async def reload_at_marks() -> None:
-        for mark in scenario.reload_after:
-            await load.reached(mark)
-            await proxy.reload()
-
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(reload_at_marks)
+        nursery.start_soon(load.reload_at, proxy, scenario.reload_after)
         await enqueue_through(_address(proxy), scenario.jobs, tasks=scenario.tasks, load=load)
-    return Counter(f.split(": ", 1)[1][:100] for f in load.failures)
+    return load.failure_kinds()
 
 
 async def run_seppy(scenario: Scenario, proxy: Any) -> Counter[str]:

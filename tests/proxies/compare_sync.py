@@ -52,13 +52,8 @@ def _address(scenario: Scenario, proxy: Any) -> str:
 async def run_sync_client(scenario: Scenario, proxy: Any) -> Counter[str]:
     load = Load()
 
-    async def reload_at_marks() -> None:
-        for mark in scenario.reload_after:
-            await load.reached(mark)
-            await proxy.reload()
-
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(reload_at_marks)
+        nursery.start_soon(load.reload_at, proxy, scenario.reload_after)
         await trio.to_thread.run_sync(
             lambda: enqueue_through_sync(
                 _address(scenario, proxy),
@@ -69,25 +64,20 @@ async def run_sync_client(scenario: Scenario, proxy: Any) -> Counter[str]:
             )
         )
     print(f"  deduplicated acks (a keyed call processed twice): {len(load.deduplicated)}")
-    return Counter(f.split(": ", 1)[1][:100] for f in load.failures)
+    return load.failure_kinds()
 
 
 async def run_trio_client(scenario: Scenario, proxy: Any) -> Counter[str]:
     """sepp-trio's own async client, tasks for threads: compare_seppy.py's run_ours, with TLS."""
     load = Load()
 
-    async def reload_at_marks() -> None:
-        for mark in scenario.reload_after:
-            await load.reached(mark)
-            await proxy.reload()
-
     options = proxy.tls_options() if scenario.key == TLS_KEY else {}
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(reload_at_marks)
+        nursery.start_soon(load.reload_at, proxy, scenario.reload_after)
         await enqueue_through(
             _address(scenario, proxy), scenario.jobs, tasks=scenario.tasks, load=load, **options
         )
-    return Counter(f.split(": ", 1)[1][:100] for f in load.failures)
+    return load.failure_kinds()
 
 
 async def run_grpcio(scenario: Scenario, proxy: Any) -> Counter[str]:

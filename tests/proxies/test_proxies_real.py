@@ -79,14 +79,8 @@ async def test_nginx_reload_three_times_under_load_fails_no_call(
     load = Load()
     with trio.fail_after(TEST_TIMEOUT_S):
         async with nginx_proxy(sepp_server.address, tmp_path) as proxy:
-
-            async def reload_three_times() -> None:
-                for at in (500, 1200, 1900):
-                    await load.reached(at)
-                    await proxy.reload()
-
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(reload_three_times)
+                nursery.start_soon(load.reload_at, proxy, (500, 1200, 1900))
                 await enqueue_through(proxy.h2c_address, 2500, tasks=32, load=load)
             assert proxy.reloads == 3
         await check_all_arrived(sepp_server.address, load, reloaded=True)
@@ -101,14 +95,8 @@ async def test_keyed_jobs_with_a_retry_policy_survive_a_tls_reload_every_100_cal
     load = Load()
     with trio.fail_after(TEST_TIMEOUT_S):
         async with nginx_proxy(sepp_server.address, tmp_path, keepalive_requests=100) as proxy:
-
-            async def reload_every_100_calls() -> None:
-                for at in range(100, 4000, 100):
-                    await load.reached(at)
-                    await proxy.reload()
-
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(reload_every_100_calls)
+                nursery.start_soon(load.reload_at, proxy, range(100, 4000, 100))
                 await enqueue_through(
                     proxy.tls_address,
                     4000,

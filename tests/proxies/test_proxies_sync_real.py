@@ -89,14 +89,8 @@ async def test_sync_threads_through_nginx_reloaded_three_times_under_load_fail_n
     load = Load()
     with trio.fail_after(TEST_TIMEOUT_S):
         async with nginx_proxy(sepp_server.address, tmp_path) as proxy:
-
-            async def reload_three_times() -> None:
-                for at in (500, 1200, 1900):
-                    await load.reached(at)
-                    await proxy.reload()
-
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(reload_three_times)
+                nursery.start_soon(load.reload_at, proxy, (500, 1200, 1900))
                 await trio.to_thread.run_sync(
                     lambda: enqueue_through_sync(proxy.h2c_address, 2500, threads=16, load=load)
                 )
@@ -117,15 +111,9 @@ async def test_sync_threads_through_nginx_tls_reloaded_under_load_fail_no_call(
     load = Load()
     with trio.fail_after(TEST_TIMEOUT_S):
         async with nginx_proxy(sepp_server.address, tmp_path, keepalive_requests=100) as proxy:
-
-            async def reload_three_times() -> None:
-                for at in (1000, 2000, 3000):
-                    await load.reached(at)
-                    await proxy.reload()
-
             options = proxy.tls_options()
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(reload_three_times)
+                nursery.start_soon(load.reload_at, proxy, (1000, 2000, 3000))
                 await trio.to_thread.run_sync(
                     lambda: enqueue_through_sync(
                         proxy.tls_address, 4000, threads=64, load=load, **options
@@ -144,16 +132,10 @@ async def test_sync_keyed_jobs_with_a_retry_policy_survive_a_reload_every_100_ca
     load = Load()
     with trio.fail_after(TEST_TIMEOUT_S):
         async with nginx_proxy(sepp_server.address, tmp_path, keepalive_requests=100) as proxy:
-
-            async def reload_every_100_calls() -> None:
-                for at in range(100, 4000, 100):
-                    await load.reached(at)
-                    await proxy.reload()
-
             options = proxy.tls_options()
             retry = sepp.RetryPolicy(max_attempts=4, initial_backoff=0.05)
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(reload_every_100_calls)
+                nursery.start_soon(load.reload_at, proxy, range(100, 4000, 100))
                 await trio.to_thread.run_sync(
                     lambda: enqueue_through_sync(
                         proxy.tls_address,
