@@ -58,8 +58,8 @@ def trio_portal_call(address: str, queue: str) -> Callable[[], None]:
     """The design SyncClient had before (and keeps for `enqueue_batching`): the trio Client
     in its own trio.run on a daemon thread, each call handed over to it and waited for."""
     import sepp
-    from sepp._client import Client
-    from sepp._sync import _Portal
+    from sepp._client.client import Client
+    from sepp._client.sync import _Portal
 
     portal = _Portal.start(address, {})
     request = sepp.EnqueueRequest(queue, "bench", payload=sepp.Payload(PAYLOAD, ENCODING))

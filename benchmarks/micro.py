@@ -270,9 +270,9 @@ def _api(calls: int, recorded: dict[str, bytes]) -> dict[str, float]:
     import trio
 
     import sepp
-    from sepp._client import Client
-    from sepp._log import Log
-    from sepp._retry import NO_RETRY
+    from sepp._client.client import Client
+    from sepp._client.retry import NO_RETRY
+    from sepp._util.log import Log
 
     class FakeChannel:
         async def call(self, method: str, request: bytes, **kw: Any) -> bytes:

@@ -2,42 +2,42 @@
 
 from typing import TYPE_CHECKING
 
-from ._batching import Batching as Batching
-from ._client import DEFAULT_MAX_RECEIVE_MESSAGE_BYTES as DEFAULT_MAX_RECEIVE_MESSAGE_BYTES
-from ._client import Client as Client
-from ._client import open as open
-from ._errors import AttemptMismatchError as AttemptMismatchError
-from ._errors import BatchValidationError as BatchValidationError
-from ._errors import ClientError as ClientError
-from ._errors import ConnectError as ConnectError
-from ._errors import InvalidRequestError as InvalidRequestError
-from ._errors import JobNotFoundError as JobNotFoundError
-from ._errors import JobRejectedError as JobRejectedError
-from ._errors import LeaseError as LeaseError
-from ._errors import MalformedResponseError as MalformedResponseError
-from ._errors import MessageTooLargeError as MessageTooLargeError
-from ._errors import OverloadedError as OverloadedError
-from ._errors import SeppError as SeppError
-from ._errors import ServerInternalError as ServerInternalError
-from ._errors import TransportError as TransportError
-from ._errors import UnauthenticatedError as UnauthenticatedError
-from ._errors import UnexpectedStatusError as UnexpectedStatusError
-from ._errors import UnknownQueuesError as UnknownQueuesError
-from ._errors import ValidationError as ValidationError
-from ._rejections import JobRejection as JobRejection
-from ._rejections import is_job_rejection as is_job_rejection
-from ._retry import RetryPolicy as RetryPolicy
-from ._types import BatchRejection as BatchRejection
-from ._types import DeadLetterCause as DeadLetterCause
-from ._types import DeadLetterRecord as DeadLetterRecord
-from ._types import EnqueueAck as EnqueueAck
-from ._types import EnqueueRequest as EnqueueRequest
-from ._types import Job as Job
-from ._types import JobContext as JobContext
-from ._types import Payload as Payload
-from ._types import Retry as Retry
-from ._types import ServerInfo as ServerInfo
-from ._types import TraceContext as TraceContext
+from ._client.batching import Batching as Batching
+from ._client.client import DEFAULT_MAX_RECEIVE_MESSAGE_BYTES as DEFAULT_MAX_RECEIVE_MESSAGE_BYTES
+from ._client.client import Client as Client
+from ._client.client import open as open
+from ._client.retry import RetryPolicy as RetryPolicy
+from ._model.errors import AttemptMismatchError as AttemptMismatchError
+from ._model.errors import BatchValidationError as BatchValidationError
+from ._model.errors import ClientError as ClientError
+from ._model.errors import ConnectError as ConnectError
+from ._model.errors import InvalidRequestError as InvalidRequestError
+from ._model.errors import JobNotFoundError as JobNotFoundError
+from ._model.errors import JobRejectedError as JobRejectedError
+from ._model.errors import LeaseError as LeaseError
+from ._model.errors import MalformedResponseError as MalformedResponseError
+from ._model.errors import MessageTooLargeError as MessageTooLargeError
+from ._model.errors import OverloadedError as OverloadedError
+from ._model.errors import SeppError as SeppError
+from ._model.errors import ServerInternalError as ServerInternalError
+from ._model.errors import TransportError as TransportError
+from ._model.errors import UnauthenticatedError as UnauthenticatedError
+from ._model.errors import UnexpectedStatusError as UnexpectedStatusError
+from ._model.errors import UnknownQueuesError as UnknownQueuesError
+from ._model.errors import ValidationError as ValidationError
+from ._model.rejections import JobRejection as JobRejection
+from ._model.rejections import is_job_rejection as is_job_rejection
+from ._model.types import BatchRejection as BatchRejection
+from ._model.types import DeadLetterCause as DeadLetterCause
+from ._model.types import DeadLetterRecord as DeadLetterRecord
+from ._model.types import EnqueueAck as EnqueueAck
+from ._model.types import EnqueueRequest as EnqueueRequest
+from ._model.types import Job as Job
+from ._model.types import JobContext as JobContext
+from ._model.types import Payload as Payload
+from ._model.types import Retry as Retry
+from ._model.types import ServerInfo as ServerInfo
+from ._model.types import TraceContext as TraceContext
 from ._version import __version__ as __version__
 from .wire._status import StatusCode as StatusCode
 
@@ -46,81 +46,81 @@ from .wire._status import StatusCode as StatusCode
 # rejection reasons (15 dataclasses, created when a rejection first appears), and the blocking
 # client.
 _LAZY = {
-    "Backoff": "_backoff",
-    "CallNext": "_middleware",
-    "Middleware": "_middleware",
-    "DuplicateHandlerError": "_router",
-    "Handler": "_router",
-    "Router": "_router",
-    "Schedule": "_schedule",
-    "Scheduler": "_scheduler",
-    "SyncClient": "_sync",
-    "connect": "_sync",
-    "HandlerError": "_worker",
-    "ShutdownHandle": "_shutdown",
-    "Worker": "_worker",
-    "WorkerMonitor": "_monitor",
-    "CustomEntriesTooMany": "_rejection_reasons",
-    "CustomKeyTooLong": "_rejection_reasons",
-    "CustomMapTooLarge": "_rejection_reasons",
-    "EncodingNotAllowed": "_rejection_reasons",
-    "IdempotencyKeyTooLong": "_rejection_reasons",
-    "InvalidRequest": "_rejection_reasons",
-    "JobTypeNameTooLong": "_rejection_reasons",
-    "JobTypeNotAllowed": "_rejection_reasons",
-    "PayloadTooLarge": "_rejection_reasons",
-    "QueueClosing": "_rejection_reasons",
-    "QueueFull": "_rejection_reasons",
-    "QueueNameTooLong": "_rejection_reasons",
-    "ScheduledTooFar": "_rejection_reasons",
-    "UnknownQueue": "_rejection_reasons",
-    "UnknownRejection": "_rejection_reasons",
-    "describe_job_rejection": "_rejection_reasons",
-    "Task": "_task",
-    "PayloadCodec": "_codecs",
-    "PayloadDecodeError": "_codecs",
-    "JsonCodec": "_codecs",
-    "PydanticCodec": "_codecs",
-    "MsgspecCodec": "_codecs",
+    "Backoff": "_worker.backoff",
+    "CallNext": "_worker.middleware",
+    "Middleware": "_worker.middleware",
+    "DuplicateHandlerError": "_worker.router",
+    "Handler": "_worker.router",
+    "Router": "_worker.router",
+    "Schedule": "_scheduling.schedule",
+    "Scheduler": "_scheduling.scheduler",
+    "SyncClient": "_client.sync",
+    "connect": "_client.sync",
+    "HandlerError": "_worker.worker",
+    "ShutdownHandle": "_worker.shutdown",
+    "Worker": "_worker.worker",
+    "WorkerMonitor": "_worker.monitor",
+    "CustomEntriesTooMany": "_model.rejection_reasons",
+    "CustomKeyTooLong": "_model.rejection_reasons",
+    "CustomMapTooLarge": "_model.rejection_reasons",
+    "EncodingNotAllowed": "_model.rejection_reasons",
+    "IdempotencyKeyTooLong": "_model.rejection_reasons",
+    "InvalidRequest": "_model.rejection_reasons",
+    "JobTypeNameTooLong": "_model.rejection_reasons",
+    "JobTypeNotAllowed": "_model.rejection_reasons",
+    "PayloadTooLarge": "_model.rejection_reasons",
+    "QueueClosing": "_model.rejection_reasons",
+    "QueueFull": "_model.rejection_reasons",
+    "QueueNameTooLong": "_model.rejection_reasons",
+    "ScheduledTooFar": "_model.rejection_reasons",
+    "UnknownQueue": "_model.rejection_reasons",
+    "UnknownRejection": "_model.rejection_reasons",
+    "describe_job_rejection": "_model.rejection_reasons",
+    "Task": "_payloads.task",
+    "PayloadCodec": "_payloads.codecs",
+    "PayloadDecodeError": "_payloads.codecs",
+    "JsonCodec": "_payloads.codecs",
+    "PydanticCodec": "_payloads.codecs",
+    "MsgspecCodec": "_payloads.codecs",
 }
 
 if TYPE_CHECKING:
-    from ._backoff import Backoff as Backoff
-    from ._codecs import JsonCodec as JsonCodec
-    from ._codecs import MsgspecCodec as MsgspecCodec
-    from ._codecs import PayloadCodec as PayloadCodec
-    from ._codecs import PayloadDecodeError as PayloadDecodeError
-    from ._codecs import PydanticCodec as PydanticCodec
-    from ._middleware import CallNext as CallNext
-    from ._middleware import Middleware as Middleware
-    from ._monitor import WorkerMonitor as WorkerMonitor
-    from ._rejection_reasons import CustomEntriesTooMany as CustomEntriesTooMany
-    from ._rejection_reasons import CustomKeyTooLong as CustomKeyTooLong
-    from ._rejection_reasons import CustomMapTooLarge as CustomMapTooLarge
-    from ._rejection_reasons import EncodingNotAllowed as EncodingNotAllowed
-    from ._rejection_reasons import IdempotencyKeyTooLong as IdempotencyKeyTooLong
-    from ._rejection_reasons import InvalidRequest as InvalidRequest
-    from ._rejection_reasons import JobTypeNameTooLong as JobTypeNameTooLong
-    from ._rejection_reasons import JobTypeNotAllowed as JobTypeNotAllowed
-    from ._rejection_reasons import PayloadTooLarge as PayloadTooLarge
-    from ._rejection_reasons import QueueClosing as QueueClosing
-    from ._rejection_reasons import QueueFull as QueueFull
-    from ._rejection_reasons import QueueNameTooLong as QueueNameTooLong
-    from ._rejection_reasons import ScheduledTooFar as ScheduledTooFar
-    from ._rejection_reasons import UnknownQueue as UnknownQueue
-    from ._rejection_reasons import UnknownRejection as UnknownRejection
-    from ._rejection_reasons import describe_job_rejection as describe_job_rejection
-    from ._router import DuplicateHandlerError as DuplicateHandlerError
-    from ._router import Handler as Handler
-    from ._router import Router as Router
-    from ._schedule import Schedule as Schedule
-    from ._scheduler import Scheduler as Scheduler
-    from ._shutdown import ShutdownHandle as ShutdownHandle
-    from ._sync import SyncClient as SyncClient
-    from ._sync import connect as connect
-    from ._task import Task as Task
-    from ._worker import HandlerError as HandlerError
-    from ._worker import Worker as Worker
+    from ._client.sync import SyncClient as SyncClient
+    from ._client.sync import connect as connect
+    from ._model.rejection_reasons import CustomEntriesTooMany as CustomEntriesTooMany
+    from ._model.rejection_reasons import CustomKeyTooLong as CustomKeyTooLong
+    from ._model.rejection_reasons import CustomMapTooLarge as CustomMapTooLarge
+    from ._model.rejection_reasons import EncodingNotAllowed as EncodingNotAllowed
+    from ._model.rejection_reasons import IdempotencyKeyTooLong as IdempotencyKeyTooLong
+    from ._model.rejection_reasons import InvalidRequest as InvalidRequest
+    from ._model.rejection_reasons import JobTypeNameTooLong as JobTypeNameTooLong
+    from ._model.rejection_reasons import JobTypeNotAllowed as JobTypeNotAllowed
+    from ._model.rejection_reasons import PayloadTooLarge as PayloadTooLarge
+    from ._model.rejection_reasons import QueueClosing as QueueClosing
+    from ._model.rejection_reasons import QueueFull as QueueFull
+    from ._model.rejection_reasons import QueueNameTooLong as QueueNameTooLong
+    from ._model.rejection_reasons import ScheduledTooFar as ScheduledTooFar
+    from ._model.rejection_reasons import UnknownQueue as UnknownQueue
+    from ._model.rejection_reasons import UnknownRejection as UnknownRejection
+    from ._model.rejection_reasons import describe_job_rejection as describe_job_rejection
+    from ._payloads.codecs import JsonCodec as JsonCodec
+    from ._payloads.codecs import MsgspecCodec as MsgspecCodec
+    from ._payloads.codecs import PayloadCodec as PayloadCodec
+    from ._payloads.codecs import PayloadDecodeError as PayloadDecodeError
+    from ._payloads.codecs import PydanticCodec as PydanticCodec
+    from ._payloads.task import Task as Task
+    from ._scheduling.schedule import Schedule as Schedule
+    from ._scheduling.scheduler import Scheduler as Scheduler
+    from ._worker.backoff import Backoff as Backoff
+    from ._worker.middleware import CallNext as CallNext
+    from ._worker.middleware import Middleware as Middleware
+    from ._worker.monitor import WorkerMonitor as WorkerMonitor
+    from ._worker.router import DuplicateHandlerError as DuplicateHandlerError
+    from ._worker.router import Handler as Handler
+    from ._worker.router import Router as Router
+    from ._worker.shutdown import ShutdownHandle as ShutdownHandle
+    from ._worker.worker import HandlerError as HandlerError
+    from ._worker.worker import Worker as Worker
 
 __all__ = [
     "DEFAULT_MAX_RECEIVE_MESSAGE_BYTES",

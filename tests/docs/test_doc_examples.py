@@ -169,7 +169,7 @@ async def redirected_example_address(address: str) -> AsyncIterator[None]:
     """`sepp.open(EXAMPLE_ADDRESS)` and `sepp.SyncClient(EXAMPLE_ADDRESS)` (whose options are
     read by `_checked_options`; with auto-batching it opens through `open_client`) connect to
     `address` while examples run."""
-    from sepp import _sync
+    from sepp._client import sync as _sync
 
     real_open: Callable[..., Any] = sepp.open
     real_options = _sync._checked_options

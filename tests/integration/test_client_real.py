@@ -12,7 +12,7 @@ import trio.testing
 from fixtures.counting import count_calls
 
 import sepp
-from sepp._operations import Call
+from sepp._client.operations import Call
 from sepp.testing import SeppServer, sepp_server
 
 BASE = {"admin": {"enabled": False}, "storage": {"persist_mode": "buffer"}}

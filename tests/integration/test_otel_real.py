@@ -111,8 +111,8 @@ async def test_works_without_opentelemetry_installed(sepp_server: SeppServer) ->
     script = r"""
 import sys
 sys.modules["opentelemetry"] = None  # makes `import opentelemetry...` fail
-import trio, sepp, sepp._otel
-assert sepp._otel.AVAILABLE is False
+import trio, sepp, sepp._client.otel
+assert sepp._client.otel.AVAILABLE is False
 
 async def main(address):
     async with sepp.open(address) as client:

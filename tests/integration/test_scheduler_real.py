@@ -59,7 +59,9 @@ def ticks() -> sepp.Schedule:
     return sepp.Schedule().every("tick", 1, QUEUE, "tick", custom={"origin": "test"})
 
 
-def scheduler(client: Recording, missed: sepp._schedule.Missed = "latest") -> sepp.Scheduler:
+def scheduler(
+    client: Recording, missed: sepp._scheduling.schedule.Missed = "latest"
+) -> sepp.Scheduler:
     return sepp.Scheduler(
         client, ticks(), lookahead=1, missed=missed, grace=0, dedup_window=DEDUP_WINDOW_S
     )
@@ -145,7 +147,7 @@ async def test_three_schedulers_produce_each_occurrence_exactly_once(
 
 @pytest.mark.parametrize("missed", ["latest", "all", "skip"])
 async def test_a_scheduler_started_after_downtime_enqueues_per_its_missed_policy(
-    client: sepp.Client, missed: sepp._schedule.Missed
+    client: sepp.Client, missed: sepp._scheduling.schedule.Missed
 ) -> None:
     first = Recording(client)
     async with trio.open_nursery() as nursery:

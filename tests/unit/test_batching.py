@@ -12,8 +12,8 @@ import trio
 from trio.testing import MockClock
 
 import sepp
-from sepp._batching import EnqueueBatcher
-from sepp._errors import error_from_status
+from sepp._client.batching import EnqueueBatcher
+from sepp._model.errors import error_from_status
 from sepp.wire._failure import FailureKind
 from sepp.wire._status import StatusCode
 

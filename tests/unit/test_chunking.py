@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 from trio.testing import MockClock
 
 import sepp
-from sepp._chunking import MAX_CHUNK_BYTES, estimated_bytes, split_batch
-from sepp._convert import enqueue_batch_to_pb
+from sepp._client.chunking import MAX_CHUNK_BYTES, estimated_bytes, split_batch
+from sepp._model.convert import enqueue_batch_to_pb
 from sepp.wire._status import StatusCode
-from sepp.wire._transport import RpcError
+from sepp.wire.drivers._trio import RpcError
 
 R = sepp.EnqueueRequest
 

@@ -12,11 +12,11 @@ from fixtures.scripted_channel import ScriptedChannel, connected
 from trio.testing import MockClock
 
 import sepp
-from sepp._client import Client
-from sepp._log import Log
-from sepp._retry import NO_RETRY
+from sepp._client.client import Client
+from sepp._client.retry import NO_RETRY
+from sepp._util.log import Log
 from sepp.wire._status import StatusCode
-from sepp.wire._transport import RpcError
+from sepp.wire.drivers._trio import RpcError
 
 
 async def rejected_locally(channel: ScriptedChannel, enqueue: Awaitable[object]) -> bool:

@@ -18,7 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import sepp
-from sepp import _json_decoders
+from sepp._payloads import json_decoders as _json_decoders
 
 
 class Color(enum.Enum):

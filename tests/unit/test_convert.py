@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import sepp
-from sepp import _convert as cv
+from sepp._model import convert as cv
 from sepp._pb import queue_pb2 as pb
 
 UTC = timezone.utc

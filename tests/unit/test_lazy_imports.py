@@ -11,7 +11,7 @@ import types
 import pytest
 
 import sepp
-from sepp._lazy import lazy_module
+from sepp._util.lazy import lazy_module
 
 # Not imported by `import sepp` (none of them is imported by trio either: checked below).
 DEFERRED = (
@@ -21,20 +21,20 @@ DEFERRED = (
     "hpack",  # the codec's header decoder: with the first connection
     "google.protobuf",  # the messages: when a client connects
     "sepp._pb",
-    "sepp.wire._codec",
+    "sepp.wire.codec._connection",
     "argparse",  # the command line
     "sepp._cli",
     "sepp.testing",
-    "sepp._worker",
-    "sepp._router",
-    "sepp._schedule",
-    "sepp._scheduler",
-    "sepp._sync",
+    "sepp._worker.worker",
+    "sepp._worker.router",
+    "sepp._scheduling.schedule",
+    "sepp._scheduling.scheduler",
+    "sepp._client.sync",
     "zoneinfo",
-    "sepp._rejection_reasons",
+    "sepp._model.rejection_reasons",
     "json",
-    "sepp._task",  # typed jobs: on first use of sepp.Task or a codec
-    "sepp._codecs",
+    "sepp._payloads.task",  # typed jobs: on first use of sepp.Task or a codec
+    "sepp._payloads.codecs",
     "pydantic",  # never, unless a model of theirs is used
     "msgspec",
 )
@@ -66,7 +66,7 @@ def test_import_sepp_leaves_the_rest_for_first_use() -> None:
     trio_alone = imported("import trio")
     assert not [name for name in DEFERRED if loaded(trio_alone, name)]
     with_sepp = imported("import sepp")
-    assert "sepp._client" in with_sepp  # opening a client needs no further import
+    assert "sepp._client.client" in with_sepp  # opening a client needs no further import
     assert [name for name in DEFERRED if loaded(with_sepp, name)] == []
 
 
@@ -75,13 +75,13 @@ def test_first_use_loads_what_was_deferred() -> None:
         "import sepp",
         "sepp.Worker, sepp.Scheduler, sepp.QueueFull",
         "sepp.Payload.json(1)",
-        "sepp._otel.AVAILABLE",
-        "sepp._convert.pb.ReserveRequest",
+        "sepp._client.otel.AVAILABLE",
+        "sepp._model.convert.pb.ReserveRequest",
     )
     for name in (
-        "sepp._worker",
-        "sepp._scheduler",
-        "sepp._rejection_reasons",
+        "sepp._worker.worker",
+        "sepp._scheduling.scheduler",
+        "sepp._model.rejection_reasons",
         "json",
         "opentelemetry",
         "sepp._pb.queue_pb2",
@@ -115,14 +115,18 @@ def test_dataclass_tasks_never_import_pydantic_or_msgspec() -> None:
         "trio.run(router.lookup('w'), task.encode(W(1)), job_context())",
         "assert task.decode(task.encode(W(1))) == W(1)",
     )
-    assert "sepp._codecs" in modules
+    assert "sepp._payloads.codecs" in modules
     assert not loaded(modules, "pydantic") and not loaded(modules, "msgspec")
     with_models = imported("import pydantic, sepp", "sepp.Task('q', 'w', pydantic.BaseModel)")
     assert loaded(with_models, "pydantic") and not loaded(with_models, "msgspec")
 
 
 def test_lazy_names_are_the_defining_modules_objects() -> None:
-    from sepp import _rejection_reasons, _router, _schedule, _scheduler, _worker
+    from sepp._model import rejection_reasons as _rejection_reasons
+    from sepp._scheduling import schedule as _schedule
+    from sepp._scheduling import scheduler as _scheduler
+    from sepp._worker import router as _router
+    from sepp._worker import worker as _worker
 
     assert sepp.Worker is _worker.Worker
     assert sepp.HandlerError is _worker.HandlerError
@@ -144,10 +148,10 @@ def test_an_unknown_name_is_still_an_attribute_error() -> None:
 
 def test_a_lazy_module_imports_on_first_use_then_is_a_plain_module() -> None:
     result = run_python(
-        "import sys, types; from sepp._lazy import lazy_module; "
-        "m = lazy_module('sepp._rejection_reasons'); "
-        "before = 'sepp._rejection_reasons' in sys.modules; "
-        "cls = m.QueueFull; real = sys.modules['sepp._rejection_reasons']; "
+        "import sys, types; from sepp._util.lazy import lazy_module; "
+        "m = lazy_module('sepp._model.rejection_reasons'); "
+        "before = 'sepp._model.rejection_reasons' in sys.modules; "
+        "cls = m.QueueFull; real = sys.modules['sepp._model.rejection_reasons']; "
         "print([before, cls is real.QueueFull, type(m) is types.ModuleType, "
         "m.UnknownQueue is real.UnknownQueue])"
     )

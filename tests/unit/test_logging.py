@@ -11,7 +11,7 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 
 def test_warnings_are_silent_without_logging_configuration() -> None:
     script = (
-        "import sepp; from sepp._log import Log; "
+        "import sepp; from sepp._util.log import Log; "
         "Log(None).warning('sepp: should not be printed'); print('done')"
     )
     out = subprocess.run(
@@ -26,7 +26,7 @@ def test_warnings_are_silent_without_logging_configuration() -> None:
 
 
 def test_custom_logger_objects_receive_messages() -> None:
-    from sepp._log import Log
+    from sepp._util.log import Log
 
     seen: list[str] = []
 

@@ -75,9 +75,10 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
 
 def test_the_import_graph_is_read_from_the_sources() -> None:
     graph = import_graph()
-    assert "sepp._errors" in graph["sepp._validate"]  # a plain relative import
-    assert "sepp._convert" in graph["sepp._operations"]  # `from . import _convert as cv`
-    assert "sepp.wire._status" in graph["sepp._errors"]  # a relative import of a subpackage
+    assert "sepp._model.errors" in graph["sepp._model.validate"]  # a plain relative import
+    # `from .._model import convert as cv`
+    assert "sepp._model.convert" in graph["sepp._client.operations"]
+    assert "sepp.wire._status" in graph["sepp._model.errors"]  # a relative import of a subpackage
 
 
 def test_sepp_modules_import_each_other_without_cycles() -> None:

@@ -10,11 +10,11 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from otel_support import install
 
 import sepp
-from sepp._client import Client
-from sepp._log import Log
+from sepp._client.client import Client
 from sepp._pb import queue_pb2 as pb
+from sepp._util.log import Log
 from sepp.wire._status import StatusCode
-from sepp.wire._transport import RpcError
+from sepp.wire.drivers._trio import RpcError
 
 
 @pytest.fixture

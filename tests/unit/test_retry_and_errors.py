@@ -7,12 +7,12 @@ import trio
 import trio.testing
 
 import sepp
-from sepp._errors import error_from_status
-from sepp._log import Log
-from sepp._retry import call_with_retry
+from sepp._client.retry import call_with_retry
+from sepp._model.errors import error_from_status
+from sepp._util.log import Log
 from sepp.wire._failure import FailureKind
 from sepp.wire._status import StatusCode
-from sepp.wire._transport import RpcError
+from sepp.wire.drivers._trio import RpcError
 
 S = StatusCode
 

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import sepp
-from sepp._schedule import (
+from sepp._scheduling.schedule import (
     CronRule,
     EveryRule,
     Rule,
@@ -314,7 +314,7 @@ MINUTES = [NOW - timedelta(minutes=m) for m in (30, 20, 10, 1)]
     ],
 )
 def test_overdue_occurrences_kept_by_each_policy(
-    policy: sepp._schedule.Missed, grace: timedelta, kept: list[datetime]
+    policy: sepp._scheduling.schedule.Missed, grace: timedelta, kept: list[datetime]
 ) -> None:
     oldest = NOW - timedelta(hours=1)
     assert overdue_to_keep(policy, MINUTES, NOW, grace=grace, oldest=oldest) == kept
@@ -336,7 +336,11 @@ def test_overdue_occurrences_older_than_the_safe_window_are_never_kept() -> None
     window_s=st.integers(3601, 4 * 3600),
 )
 def test_first_overdue_applies_the_policy_to_every_past_occurrence(
-    interval_s: int, now: datetime, policy: sepp._schedule.Missed, grace_s: int, window_s: int
+    interval_s: int,
+    now: datetime,
+    policy: sepp._scheduling.schedule.Missed,
+    grace_s: int,
+    window_s: int,
 ) -> None:
     rule = EveryRule(interval_s * 1_000_000)
     oldest = now - timedelta(seconds=window_s)

@@ -15,7 +15,8 @@ from fixtures.fake_scheduler_server import FAKE_EPOCH, FakeServer, at
 from trio.testing import MockClock
 
 import sepp
-from sepp import StatusCode, _scheduler
+from sepp import StatusCode
+from sepp._scheduling import scheduler as _scheduler
 
 pytestmark = pytest.mark.fixture  # counted with the tests that run against a scripted fake
 
@@ -108,7 +109,7 @@ X = 5 * 3600
     ],
 )
 async def test_missed_policy_at_start(
-    autojump_clock: MockClock, missed: sepp._schedule.Missed, expected: list[datetime]
+    autojump_clock: MockClock, missed: sepp._scheduling.schedule.Missed, expected: list[datetime]
 ) -> None:
     fake = FakeServer(offset_s=X + 150)
     # Another scheduler already enqueued two of them: the server deduplicates those.
@@ -171,7 +172,7 @@ async def test_missed_all_replays_in_order_after_the_probes(autojump_clock: Mock
 
 @pytest.mark.parametrize("missed", ["latest", "skip", "all"])
 async def test_a_past_occurrence_no_scheduler_enqueued_is_logged_at_start(
-    autojump_clock: MockClock, missed: sepp._schedule.Missed
+    autojump_clock: MockClock, missed: sepp._scheduling.schedule.Missed
 ) -> None:
     log = RecordingLogger()
     fake = FakeServer(offset_s=X + 150)
@@ -199,7 +200,7 @@ async def test_a_restart_that_missed_nothing_logs_no_first_start_warning(
 
 @pytest.mark.parametrize("missed", ["latest", "all", "skip"])
 async def test_missed_policy_after_a_server_outage(
-    autojump_clock: MockClock, missed: sepp._schedule.Missed
+    autojump_clock: MockClock, missed: sepp._scheduling.schedule.Missed
 ) -> None:
     fake = FakeServer(offset_s=5)
     fake.enqueue_error = lambda r: unavailable() if 10 <= trio.current_time() < 100 else None

@@ -7,7 +7,7 @@ import inspect
 import typing
 
 import sepp
-from sepp._sync import ConnectOptionsDict
+from sepp._client.sync import ConnectOptionsDict
 
 
 def test_the_options_are_those_of_open() -> None:

@@ -9,12 +9,12 @@ import pytest
 import trio
 
 import sepp
-from sepp._client import Client
-from sepp._log import Log
-from sepp._retry import NO_RETRY
+from sepp._client.client import Client
+from sepp._client.retry import NO_RETRY
+from sepp._util.log import Log
 from sepp.testing import job_context
 from sepp.wire._status import StatusCode
-from sepp.wire._transport import RpcError
+from sepp.wire.drivers._trio import RpcError
 from tests.fixtures.scripted_channel import ScriptedChannel, connected
 
 

@@ -140,7 +140,7 @@ def test_handlers_taking_two_positional_arguments_are_accepted(fn: Any) -> None:
 
 def test_a_plain_def_is_not_refused_for_its_parameters() -> None:
     # Whether a sync function may run is another check's business; its parameters are fine.
-    from sepp._typed_handler import prepare
+    from sepp._worker.typed_handler import prepare
 
     def sync(payload: Welcome, ctx: sepp.JobContext) -> None: ...
 

@@ -9,8 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import sepp
-from sepp._address import parse_address
-from sepp._validate import custom_map, header_safe_api_key, seconds
+from sepp._client.address import parse_address
+from sepp._model.validate import custom_map, header_safe_api_key, seconds
 
 R = sepp.EnqueueRequest
 
@@ -188,9 +188,9 @@ class Exploding:
 
 def exploding_client() -> sepp.Client:
     """A client whose channel would fail any call: validation must raise first."""
-    from sepp._client import Client
-    from sepp._log import Log
-    from sepp._retry import NO_RETRY
+    from sepp._client.client import Client
+    from sepp._client.retry import NO_RETRY
+    from sepp._util.log import Log
 
     return Client(Exploding(), address="x", rpc_timeout=1, retry_policy=NO_RETRY, log=Log(None))  # type: ignore[arg-type]
 

@@ -22,11 +22,11 @@ from h2.errors import ErrorCodes
 from h2.settings import SettingCodes
 from test_wire_transport import GUARD_S, echo, timeout_seconds, tls_contexts
 
-from sepp._runtime import run_blocking
-from sepp.wire._blocking import BlockingChannel
-from sepp.wire._channel_base import MAX_TRANSPARENT_ATTEMPTS, Endpoint, RpcError
+from sepp._client.runtime import run_blocking
 from sepp.wire._failure import FailureKind
 from sepp.wire._status import StatusCode
+from sepp.wire.drivers._base import MAX_TRANSPARENT_ATTEMPTS, Endpoint, RpcError
+from sepp.wire.drivers._blocking import BlockingChannel
 
 pytestmark = pytest.mark.fixture
 

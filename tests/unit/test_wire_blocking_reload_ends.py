@@ -20,11 +20,11 @@ import pytest
 import trio
 from fixtures.h2_server import H2Server, ServerCall, ServerConnection
 
-from sepp._runtime import run_blocking
-from sepp.wire._blocking import BlockingChannel
-from sepp.wire._channel_base import Attempt, Endpoint, RpcError
+from sepp._client.runtime import run_blocking
 from sepp.wire._failure import FailureKind
-from sepp.wire._transport import Channel
+from sepp.wire.drivers._base import Attempt, Endpoint, RpcError
+from sepp.wire.drivers._blocking import BlockingChannel
+from sepp.wire.drivers._trio import Channel
 
 pytestmark = pytest.mark.fixture
 

@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 from test_wire_connection import OK_HEADERS, Pair
 
 from sepp.wire import CallFinished, CodecGrpcConnection, ConnectionBroken
-from sepp.wire._codec import _HeaderBlocks, frame
 from sepp.wire._constants import DEFAULT_CONNECTION_WINDOW, DEFAULT_STREAM_WINDOW
 from sepp.wire._framing import encode_message
 from sepp.wire._status import StatusCode
+from sepp.wire.codec._connection import _HeaderBlocks, frame
 
 
 def window_updates(pair: Pair) -> list[h2.events.WindowUpdated]:

@@ -17,10 +17,10 @@ from h2.settings import SettingCodes
 from test_wire_transport import GUARD_S, echo, serving
 
 import sepp
-from sepp._otel import count_transparent_retry
+from sepp._client.otel import count_transparent_retry
 from sepp.wire._failure import FailureKind
 from sepp.wire._status import StatusCode
-from sepp.wire._transport import MAX_TRANSPARENT_ATTEMPTS, Channel, RpcError
+from sepp.wire.drivers._trio import MAX_TRANSPARENT_ATTEMPTS, Channel, RpcError
 
 pytestmark = pytest.mark.fixture
 

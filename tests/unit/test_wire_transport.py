@@ -18,7 +18,7 @@ from h2.errors import ErrorCodes
 from sepp.wire._constants import MAX_QUEUED_CONTROL_REPLY_BYTES
 from sepp.wire._failure import FailureKind
 from sepp.wire._status import StatusCode
-from sepp.wire._transport import Channel, Endpoint, RpcError
+from sepp.wire.drivers._trio import Channel, Endpoint, RpcError
 
 pytestmark = pytest.mark.fixture
 
@@ -488,7 +488,7 @@ async def test_the_server_cancelling_at_our_deadline_is_deadline_exceeded(
     # The server enforces the grpc-timeout it was sent (tonic answers CANCELLED "Timeout
     # expired"); when that answer beats our own deadline check, it is still our deadline.
     # Our check is switched off here, so only the server's answer can end the call.
-    monkeypatch.setattr("sepp.wire._waiters.Deadlines.add", lambda self, waiter, live: None)
+    monkeypatch.setattr("sepp.wire.drivers._waiters.Deadlines.add", lambda self, waiter, live: None)
 
     async def handler(call: ServerCall) -> None:
         if after_the_deadline:
@@ -721,7 +721,7 @@ class _QueuedBytes:
 
 
 async def test_writes_the_socket_cannot_take_at_once_go_through_the_writer_in_order() -> None:
-    from sepp.wire._transport import _Connection
+    from sepp.wire.drivers._trio import _Connection
 
     ours, theirs = socket.socketpair()
     stream = trio.SocketStream(trio.socket.from_stdlib_socket(ours))
@@ -763,7 +763,7 @@ async def _attach(nursery: trio.Nursery, stream: trio.abc.Stream) -> tuple[Chann
     """A Channel whose current connection runs over `stream` (the server's preface is the
     test's to send); no keepalive, so nothing else ends the connection."""
     from sepp.wire import _engine
-    from sepp.wire._transport import _Connection
+    from sepp.wire.drivers._trio import _Connection
 
     channel = Channel(Endpoint("test", 1), nursery, user_agent="t", keepalive_interval=None)
     proto = _engine.connection_class(_engine.DEFAULT_WIRE_ENGINE)(authority="test:1")

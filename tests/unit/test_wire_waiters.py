@@ -7,7 +7,7 @@ import math
 import trio
 import trio.testing
 
-from sepp.wire._waiters import Deadlines, Waiter
+from sepp.wire.drivers._waiters import Deadlines, Waiter
 
 
 async def test_deadlines_expire_in_order_at_their_time(autojump_clock: trio.abc.Clock) -> None:

@@ -22,9 +22,9 @@ from trio.testing import MockClock
 
 import sepp
 from sepp import HandlerError, Retry, StatusCode
-from sepp import _lease_keeper as lease_keeper
-from sepp._held_job import HeldJob, Phase
-from sepp._log import Log
+from sepp._util.log import Log
+from sepp._worker import lease_keeper
+from sepp._worker.held_job import HeldJob, Phase
 
 
 def make_worker(fake: FakeClient, **options: Any) -> sepp.Worker:

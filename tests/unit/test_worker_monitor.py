@@ -10,8 +10,8 @@ import trio
 import trio.testing
 
 import sepp
-from sepp import _http_responder as http
-from sepp._monitor import MAX_SERIES, WorkerMonitor
+from sepp._worker import http_responder as http
+from sepp._worker.monitor import MAX_SERIES, WorkerMonitor
 from sepp.testing import job_context
 
 

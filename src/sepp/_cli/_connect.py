@@ -71,7 +71,7 @@ async def run_connected(
     """Connect, then run `body(client)`. The worker and the scheduler are often started
     alongside the server: while it is not reachable yet, connecting is retried with backoff
     (each failure logged, `on_waiting` called); failures once connected are `body`'s."""
-    from .._scheduler import _backoff  # the scheduler's backoff, loaded by the services only
+    from .._scheduling.scheduler import _backoff
 
     failures = 0
     while True:

@@ -8,8 +8,8 @@ from collections.abc import Iterable
 
 import sepp
 
-from .._types import BYTES_ENCODING
-from .._validate import CustomValue
+from .._model.types import BYTES_ENCODING
+from .._model.validate import CustomValue
 from ._connect import open_client
 from ._failures import EXIT_OK, UsageError
 from ._output import note

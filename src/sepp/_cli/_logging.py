@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from .._types import JobContext
+from .._model.types import JobContext
 from ._failures import UsageError
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"

@@ -12,8 +12,8 @@ from typing import Any
 
 import sepp
 
-from .._types import JSON_ENCODING
-from .._validate import custom_map
+from .._model.types import JSON_ENCODING
+from .._model.validate import custom_map
 from ._output import json_line
 
 # Replayed jobs carry this key + the dead job's id, so replaying the same records twice

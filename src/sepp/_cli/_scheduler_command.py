@@ -10,8 +10,8 @@ import trio
 
 import sepp
 
-from .._schedule import MISSED_POLICIES
-from .._types import EnqueueAck, EnqueueRequest, ServerInfo
+from .._model.types import EnqueueAck, EnqueueRequest, ServerInfo
+from .._scheduling.schedule import MISSED_POLICIES
 from ._connect import run_connected
 from ._failures import EXIT_OK, UsageError
 from ._signals import run_until_signalled

@@ -11,7 +11,7 @@ import trio
 
 import sepp
 
-from .. import _validate
+from .._model import validate as _validate
 from ._connect import run_connected
 from ._failures import EXIT_FAILURE, EXIT_OK, UsageError
 from ._signals import run_until_signalled

@@ -7,9 +7,9 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from .. import _validate as v
-from .._errors import ValidationError
-from .._types import (
+from .._model import validate as v
+from .._model.errors import ValidationError
+from .._model.types import (
     CustomValue,
     JobContext,
     TraceContext,

@@ -1,5 +1,9 @@
-"""gRPC over HTTP/2 for sepp's one service: two sans-IO engines (our codec, the default, and
-h2, the reference) behind one interface, and a trio driver."""
+"""gRPC over HTTP/2 for sepp's one service, with no domain types.
+
+Two sans-IO engines behind one interface (`_engine`): our codec (`codec/`, the default) and h2
+(`h2ref/`, the reference). The pieces both share sit here: gRPC framing (`_framing`), the calls
+in flight (`_calls`), reading a response (`_response`), HPACK (`_hpack`), events, status codes,
+failure kinds and constants. `drivers/` gives an engine its socket: trio or blocking."""
 
 from typing import TYPE_CHECKING
 
@@ -19,7 +23,7 @@ from ._framing import encode_message as encode_message
 from ._status import StatusCode as StatusCode
 
 if TYPE_CHECKING:
-    from ._codec import CodecGrpcConnection as CodecGrpcConnection
+    from .codec._connection import CodecGrpcConnection as CodecGrpcConnection
 
 __all__ = [
     "DEFAULT_WIRE_ENGINE",

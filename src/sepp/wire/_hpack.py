@@ -1,4 +1,5 @@
-"""A stateless HPACK encoder for request headers (RFC 7541), plugged into h2.
+"""HPACK (RFC 7541) for both engines: a stateless encoder for request headers (the codec calls
+`encode_field`; h2 gets it plugged in as `StatelessEncoder`) and a decoder with bounds.
 
 Every field is sent as a static-table index or a literal that is *not* added to the dynamic
 table, so a field's encoding never depends on what was sent before and can be cached: the

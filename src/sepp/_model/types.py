@@ -1,0 +1,389 @@
+"""The values users handle: payloads, requests, jobs, leases, server info and dead letters."""
+
+from __future__ import annotations
+
+import builtins
+import enum
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, ClassVar, Literal, overload
+
+from . import validate as v
+from .errors import ValidationError
+from .rejections import BatchRejection as BatchRejection
+
+CustomValue = v.CustomValue
+JSON_ENCODING = "application/json"
+TEXT_ENCODING = "text/plain; charset=utf-8"
+BYTES_ENCODING = "application/octet-stream"
+
+
+class _JsonAccess:
+    """`Payload.json(value)` builds a payload; `payload.json()` reads one."""
+
+    @overload
+    def __get__(self, obj: None, owner: type[Payload]) -> Callable[[object], Payload]: ...
+    @overload
+    def __get__(self, obj: Payload, owner: type[Payload]) -> Callable[[], Any]: ...
+    def __get__(
+        self, obj: Payload | None, owner: type[Payload]
+    ) -> Callable[[object], Payload] | Callable[[], Any]:
+        if obj is None:
+            return owner._from_json
+        return obj._read_json
+
+
+class _TextAccess:
+    """`Payload.text(str)` builds a payload; `payload.text()` reads one."""
+
+    @overload
+    def __get__(self, obj: None, owner: type[Payload]) -> Callable[[str], Payload]: ...
+    @overload
+    def __get__(self, obj: Payload, owner: type[Payload]) -> Callable[[], str]: ...
+    def __get__(
+        self, obj: Payload | None, owner: type[Payload]
+    ) -> Callable[[str], Payload] | Callable[[], str]:
+        if obj is None:
+            return owner._from_text
+        return obj._read_text
+
+
+@dataclass(frozen=True, slots=True)
+class Payload:
+    """A job body: opaque bytes plus an encoding label. `data` must not be empty (omit the
+    payload instead)."""
+
+    data: builtins.bytes
+    encoding: str
+
+    json: ClassVar[_JsonAccess] = _JsonAccess()
+    text: ClassVar[_TextAccess] = _TextAccess()
+
+    def __post_init__(self) -> None:
+        raw: object = self.data
+        if isinstance(raw, (bytearray, memoryview)):
+            object.__setattr__(self, "data", builtins.bytes(raw))
+        elif not isinstance(raw, builtins.bytes):
+            raise ValidationError("payload.data", f"must be bytes, got {type(self.data).__name__}")
+        if not self.data:
+            raise ValidationError("payload.data", "must not be empty (omit the payload instead)")
+        v.utf8_text("payload.encoding", self.encoding)
+
+    @classmethod
+    def bytes(
+        cls, data: builtins.bytes | bytearray | memoryview, encoding: str = BYTES_ENCODING
+    ) -> Payload:
+        """Raw bytes labelled `encoding` (default `application/octet-stream`)."""
+        return cls(builtins.bytes(data), encoding)
+
+    @classmethod
+    def _from_json(cls, value: object) -> Payload:
+        import json  # here, not at the top: it is 10 % of `import sepp`
+
+        try:
+            # NaN and Infinity are not JSON: other clients' parsers refuse them.
+            text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise ValidationError("payload", f"not JSON-serialisable: {exc}") from None
+        return cls(text.encode("utf-8"), JSON_ENCODING)
+
+    @classmethod
+    def _from_text(cls, value: str) -> Payload:
+        return cls(v.utf8_text("payload", value).encode("utf-8"), TEXT_ENCODING)
+
+    def _read_json(self) -> Any:
+        import json
+
+        return json.loads(self.data)
+
+    def _read_text(self) -> str:
+        return self.data.decode("utf-8")
+
+    def __repr__(self) -> str:
+        shown = self.data[:32]
+        more = "…" if len(self.data) > 32 else ""
+        return f"Payload({shown!r}{more}, encoding={self.encoding!r}, {len(self.data)} bytes)"
+
+
+@dataclass(frozen=True, slots=True)
+class TraceContext:
+    """W3C trace context carried with a job."""
+
+    traceparent: str
+    tracestate: str | None = None
+
+    def __post_init__(self) -> None:
+        v.utf8_text("trace_context.traceparent", self.traceparent)
+        if self.tracestate is not None:
+            v.utf8_text("trace_context.tracestate", self.tracestate, allow_empty=True)
+
+
+@dataclass(frozen=True, slots=True)
+class EnqueueRequest:
+    """One job to enqueue. Checked on construction: bad values raise ValidationError."""
+
+    queue: str
+    job_type: str
+    payload: Payload | None = None
+    idempotency_key: str | None = None
+    priority: int | None = None
+    max_attempts: int | None = None
+    custom: Mapping[str, CustomValue] = field(default_factory=dict)
+    scheduled_at: datetime | None = None
+    trace_context: TraceContext | None = None
+
+    def __post_init__(self) -> None:
+        v.queue_name("queue", self.queue)
+        v.utf8_text("job_type", self.job_type)
+        if self.payload is not None and not isinstance(self.payload, Payload):
+            raise ValidationError(
+                "payload", f"must be a sepp.Payload, got {type(self.payload).__name__}"
+            )
+        v.optional_text("idempotency_key", self.idempotency_key)
+        if self.priority is not None:
+            v.whole_number("priority", self.priority, low=0, high=9)
+        if self.max_attempts is not None:
+            v.whole_number("max_attempts", self.max_attempts, low=1, high=v.UINT32_MAX)
+        object.__setattr__(self, "custom", v.custom_map("custom", self.custom))
+        if self.scheduled_at is not None:
+            object.__setattr__(
+                self, "scheduled_at", v.aware_datetime("scheduled_at", self.scheduled_at)
+            )
+        if self.trace_context is not None and not isinstance(self.trace_context, TraceContext):
+            raise ValidationError("trace_context", "must be a sepp.TraceContext")
+
+
+@dataclass(frozen=True, slots=True)
+class EnqueueAck:
+    """The server accepted a job. `deduplicated` means an earlier job with the same
+    idempotency key exists, and `job_id` is that job's."""
+
+    job_id: str
+    deduplicated: bool = False
+
+
+class _Lease:
+    """The part of a JobContext that is not the job's own: the expiry an extend was granted
+    (the one thing that changes), and the client and worker state a handler is given."""
+
+    __slots__ = ("client", "expires_at", "state", "worker_id")
+
+    def __init__(
+        self, expires_at: datetime, worker_id: str | None, client: object, state: object
+    ) -> None:
+        self.expires_at = expires_at
+        self.worker_id = worker_id
+        self.client = client
+        self.state = state
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class JobContext:
+    """Everything about a reserved job but its payload, plus its lease.
+
+    Every field is fixed except the lease expiry, which `Client.extend` moves: the handler,
+    the worker's lease keeper and your code share one context, so all of them see it. Build
+    one for a handler's unit test with `sepp.testing.job_context()`.
+    """
+
+    id: str
+    queue: str
+    job_type: str
+    attempt: int
+    max_attempts: int
+    priority: int
+    custom: Mapping[str, CustomValue]
+    enqueued_at: datetime
+    scheduled_at: datetime | None
+    trace_context: TraceContext | None
+    _lease: _Lease = field(repr=False)
+
+    @property
+    def lease_expires_at(self) -> datetime:
+        """When the lease runs out, as last granted by reserve or extend."""
+        return self._lease.expires_at
+
+    @property
+    def worker_id(self) -> str | None:
+        """The worker id the job was reserved with (sent back on ack/nack/extend)."""
+        return self._lease.worker_id
+
+    @property
+    def client(self) -> Any:  # a sepp.Client: typed Any, as _types cannot import _client
+        """The `sepp.Client` that reserved the job (the Worker's, in a handler): enqueue
+        follow-up jobs with it. RuntimeError if there is none (a context from
+        `sepp.testing.job_context()` without `client=`)."""
+        client = self._lease.client
+        if client is None:
+            raise RuntimeError(
+                "this JobContext has no client; in a test, pass client= to"
+                " sepp.testing.job_context()"
+            )
+        return client
+
+    @property
+    def state(self) -> Any:
+        """What the Worker's lifespan yielded (None without one, and from a raw reserve)."""
+        return self._lease.state
+
+    @property
+    def is_final_attempt(self) -> bool:
+        """Whether this is the last attempt: a nack now sends the job to the dead letters."""
+        return self.attempt >= self.max_attempts
+
+    def __str__(self) -> str:
+        return f"{self.job_type}[{self.id}] on {self.queue} ({self.attempt}/{self.max_attempts})"
+
+
+def leased_job_context(
+    *,
+    id: str,
+    queue: str,
+    job_type: str,
+    attempt: int,
+    max_attempts: int,
+    priority: int,
+    custom: Mapping[str, CustomValue],
+    enqueued_at: datetime,
+    scheduled_at: datetime | None,
+    trace_context: TraceContext | None,
+    lease_expires_at: datetime,
+    worker_id: str | None,
+    client: object = None,
+    state: object = None,
+) -> JobContext:
+    """A JobContext for a job leased until `lease_expires_at` (by reserve, or a test)."""
+    lease = _Lease(lease_expires_at, worker_id, client, state)
+    return JobContext(
+        id,
+        queue,
+        job_type,
+        attempt,
+        max_attempts,
+        priority,
+        custom,
+        enqueued_at,
+        scheduled_at,
+        trace_context,
+        lease,
+    )
+
+
+def set_handler_context(ctx: JobContext, client: object, state: object) -> None:
+    """Give a handler's context the worker's client and lifespan state."""
+    lease = ctx._lease
+    lease.client = client
+    lease.state = state
+
+
+def record_lease_expiry(ctx: JobContext, expires_at: datetime) -> None:
+    """Record the expiry an extend was granted: the one change a JobContext sees."""
+    ctx._lease.expires_at = expires_at
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A reserved job: its payload and its context."""
+
+    payload: Payload | None
+    ctx: JobContext
+
+    @property
+    def id(self) -> str:
+        """The job's id (`ctx.id`)."""
+        return self.ctx.id
+
+
+@dataclass(frozen=True, slots=True)
+class Retry:
+    """What a nack asks for: `Retry.DEFAULT` (the queue's policy), `Retry.after(delay)`,
+    or `Retry.DEAD_LETTER`."""
+
+    kind: Literal["default", "delay", "dead_letter"]
+    delay: timedelta | None = None
+
+    DEFAULT: ClassVar[Retry]
+    DEAD_LETTER: ClassVar[Retry]
+
+    @classmethod
+    def after(cls, delay: float | timedelta) -> Retry:
+        """Retry once `delay` (seconds or timedelta, ≥ 0) has passed."""
+        seconds = v.seconds("delay", delay, allow_zero=True)
+        return cls("delay", timedelta(seconds=seconds))
+
+
+Retry.DEFAULT = Retry("default")
+Retry.DEAD_LETTER = Retry("dead_letter")
+
+
+@dataclass(frozen=True, slots=True)
+class ServerInfo:
+    """The server's version and its global limits (per-queue overrides are not advertised)."""
+
+    server_version: str
+    supported_protocol_versions: tuple[str, ...]
+    server_time: datetime
+    restricts_encodings: bool
+    allowed_encodings: tuple[str, ...]
+    max_payload_bytes: int
+    max_custom_entries: int
+    max_custom_total_bytes: int
+    max_custom_key_bytes: int
+    max_queue_name_bytes: int
+    max_job_type_bytes: int
+    max_idempotency_key_bytes: int
+    max_schedule_horizon: timedelta
+    max_enqueue_batch: int
+    max_reserve_batch: int
+    max_reserve_queues: int
+    max_wait_timeout: timedelta
+    max_lease_duration: timedelta
+    strict_queues: bool
+    dead_letter_retention_enabled: bool
+
+
+class DeadLetterCause(enum.Enum):
+    """Why a job was dead-lettered: its attempts ran out, a handler rejected it (a nack with
+    `Retry.DEAD_LETTER`), its lease expired on the final attempt, or an administrator moved it.
+    UNSPECIFIED is a value this client does not know."""
+
+    UNSPECIFIED = 0
+    ATTEMPTS_EXHAUSTED = 1
+    REJECTED = 2
+    LEASE_EXPIRED = 3
+    ADMIN = 4
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetterRecord:
+    """A dead-lettered job, removed from the server when drained."""
+
+    job_id: str
+    queue: str
+    job_type: str
+    payload: Payload | None
+    priority: int
+    attempt: int
+    max_attempts: int
+    custom: Mapping[str, CustomValue]
+    trace_context: TraceContext | None
+    enqueued_at: datetime | None
+    scheduled_at: datetime | None
+    cause: DeadLetterCause
+    failed_at: datetime | None
+    final_attempt: int
+    last_reason: str | None
+
+    def to_enqueue_request(self, *, queue: str | None = None) -> EnqueueRequest:
+        """A fresh job (new id, attempt 1) with this one's type, payload, priority, custom map
+        and trace context; the schedule and idempotency key are not carried over."""
+        return EnqueueRequest(
+            queue=queue or self.queue,
+            job_type=self.job_type,
+            payload=self.payload,
+            priority=self.priority if 0 <= self.priority <= 9 else None,
+            max_attempts=self.max_attempts or None,
+            custom=dict(self.custom),
+            trace_context=self.trace_context,
+        )

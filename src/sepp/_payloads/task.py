@@ -1,0 +1,166 @@
+"""Task: one job type's definition (queue, type, payload type, codec, enqueue defaults), shared
+by the code that enqueues it and the handler that runs it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Generic, TypeVar
+
+from .._model import validate as v
+from .._model.errors import ValidationError
+from .._model.settlement import OnInvalid, check_on_invalid
+from .._model.types import EnqueueAck, EnqueueRequest, Payload, TraceContext
+from .codecs import PayloadCodec, codec_for
+
+if TYPE_CHECKING:
+    from .._client.client import Client
+
+T = TypeVar("T")
+
+
+class Task(Generic[T]):
+    """A job type whose payloads are `payload_type` objects:
+    `send_welcome = sepp.Task("emails", "send_welcome", Welcome, max_attempts=3)`.
+
+    Producers call `await send_welcome.enqueue(client, Welcome(...))` (or `request(...)` for
+    `enqueue_batch`); workers register `@router.task(send_welcome)` on
+    `async def handle(job: Welcome, ctx: sepp.JobContext)`. Payloads go through `codec`
+    (default: pydantic's for a pydantic model, msgspec's for a msgspec Struct, else
+    `sepp.JsonCodec`). `priority`, `max_attempts` and `custom` are the defaults of every enqueue;
+    per-call values override them. A payload that does not decode is dead-lettered at once
+    (`on_invalid="dead_letter"`) or nacked for a retry after the handler's backoff (`"retry"`).
+    """
+
+    __slots__ = (
+        "_codec",
+        "custom",
+        "job_type",
+        "max_attempts",
+        "on_invalid",
+        "payload_type",
+        "priority",
+        "queue",
+    )
+
+    def __init__(
+        self,
+        queue: str,
+        job_type: str,
+        payload_type: type[T],
+        *,
+        priority: int | None = None,
+        max_attempts: int | None = None,
+        custom: Mapping[str, v.CustomValue] | None = None,
+        codec: PayloadCodec | None = None,
+        on_invalid: OnInvalid = "dead_letter",
+    ) -> None:
+        # One check of every default, by the request a plain enqueue would build.
+        EnqueueRequest(
+            queue, job_type, priority=priority, max_attempts=max_attempts, custom=custom or {}
+        )
+        if codec is not None and not isinstance(codec, PayloadCodec):
+            raise ValidationError("codec", "must have encode(value) and decode(payload, into)")
+        self.queue = queue
+        self.job_type = job_type
+        self.payload_type = payload_type
+        self.priority = priority
+        self.max_attempts = max_attempts
+        self.custom: Mapping[str, v.CustomValue] = dict(custom or {})
+        self.on_invalid = check_on_invalid(on_invalid)
+        self._codec = codec if codec is not None else codec_for(payload_type)
+
+    @property
+    def codec(self) -> PayloadCodec:
+        """The codec that encodes and decodes this task's payloads."""
+        return self._codec
+
+    def encode(self, payload: T) -> Payload:
+        """`payload` as the `Payload` this task sends."""
+        return self._codec.encode(payload)
+
+    def decode(self, payload: Payload | None) -> T:
+        """A job's payload as a `payload_type` object; raises PayloadDecodeError."""
+        return self._codec.decode(payload, self.payload_type)
+
+    def request(
+        self,
+        payload: T,
+        *,
+        queue: str | None = None,
+        idempotency_key: str | None = None,
+        priority: int | None = None,
+        max_attempts: int | None = None,
+        custom: Mapping[str, v.CustomValue] | None = None,
+        scheduled_at: datetime | None = None,
+        trace_context: TraceContext | None = None,
+    ) -> EnqueueRequest:
+        """An EnqueueRequest for this task (for `enqueue_batch`, `enqueue_atomic`); given
+        values override the task's defaults."""
+        return self.encoded_request(
+            self._codec.encode(payload),
+            queue=queue,
+            idempotency_key=idempotency_key,
+            priority=priority,
+            max_attempts=max_attempts,
+            custom=custom,
+            scheduled_at=scheduled_at,
+            trace_context=trace_context,
+        )
+
+    def encoded_request(
+        self,
+        payload: Payload,
+        *,
+        queue: str | None = None,
+        idempotency_key: str | None = None,
+        priority: int | None = None,
+        max_attempts: int | None = None,
+        custom: Mapping[str, v.CustomValue] | None = None,
+        scheduled_at: datetime | None = None,
+        trace_context: TraceContext | None = None,
+    ) -> EnqueueRequest:
+        """`request` for a payload already encoded (by `encode`, or a tool that checked it)."""
+        return EnqueueRequest(
+            queue if queue is not None else self.queue,
+            self.job_type,
+            payload=payload,
+            idempotency_key=idempotency_key,
+            priority=priority if priority is not None else self.priority,
+            max_attempts=max_attempts if max_attempts is not None else self.max_attempts,
+            custom=custom if custom is not None else self.custom,
+            scheduled_at=scheduled_at,
+            trace_context=trace_context,
+        )
+
+    async def enqueue(
+        self,
+        client: Client,
+        payload: T,
+        *,
+        queue: str | None = None,
+        idempotency_key: str | None = None,
+        priority: int | None = None,
+        max_attempts: int | None = None,
+        custom: Mapping[str, v.CustomValue] | None = None,
+        scheduled_at: datetime | None = None,
+        trace_context: TraceContext | None = None,
+        timeout: float | timedelta | None = None,
+    ) -> EnqueueAck:
+        """Enqueue one job of this task through `client`; raises JobRejectedError if the
+        server rejects it."""
+        request = self.request(
+            payload,
+            queue=queue,
+            idempotency_key=idempotency_key,
+            priority=priority,
+            max_attempts=max_attempts,
+            custom=custom,
+            scheduled_at=scheduled_at,
+            trace_context=trace_context,
+        )
+        return await client.enqueue(request, timeout=timeout)
+
+    def __repr__(self) -> str:
+        name = getattr(self.payload_type, "__qualname__", repr(self.payload_type))
+        return f"<sepp.Task {self.job_type!r} on {self.queue!r}: {name}>"

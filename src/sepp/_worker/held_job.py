@@ -1,0 +1,101 @@
+"""A job the Worker holds a lease on, from the reserve that returned it until it settles."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from datetime import datetime
+
+import trio
+
+from .._model.types import Job
+
+
+class Phase(enum.Enum):
+    WAITING = "waiting for a slot"
+    RUNNING = "running"  # holds a slot
+    SETTLING = "settling"
+
+
+class HeldJob:
+    """One held job: its phase, the cancel scope its handler runs in, and its lease state."""
+
+    __slots__ = (
+        "_deadline",
+        "_seen_expiry",
+        "_slot_granted",
+        "earlier",
+        "ended",
+        "forced",
+        "job",
+        "keeper_scope",
+        "lease_lost",
+        "phase",
+        "run_s",
+        "scope",
+        "watch_key",
+    )
+
+    def __init__(self, job: Job) -> None:
+        self.job = job
+        self.phase = Phase.WAITING
+        # Made only if the job has to wait for its slot: most get one at once.
+        self._slot_granted: trio.Event | None = None
+        # Covers the wait for a slot and the handler; lease loss and shutdown cancel it.
+        self.scope = trio.CancelScope()
+        self.lease_lost: str | None = None
+        # The lease keeper's task scope, once one runs (most jobs settle before).
+        self.keeper_scope: trio.CancelScope | None = None
+        self.watch_key = -1  # the LeaseKeeper's key while it watches this job
+        self.forced = False
+        # A run of the same job id still going in this worker (its lease ran out): this
+        # delivery waits for it to end; `ended` is set when this one ends, if one waits.
+        self.earlier: HeldJob | None = None
+        self.ended: trio.Event | None = None
+        self._seen_expiry: datetime | None = None
+        self._deadline = 0.0
+        self.run_s: float | None = None  # how long its handler ran, once it has
+
+    @property
+    def cancelled(self) -> bool:
+        """Whether shutdown or lease loss cancelled `scope` (both set their flag first)."""
+        return self.forced or self.lease_lost is not None
+
+    async def wait_for_slot(self) -> None:
+        """Return once the job holds a slot; without yielding if it already does (a
+        cancellation of `scope` still raises here)."""
+        if self.phase is Phase.RUNNING:
+            await trio.lowlevel.checkpoint_if_cancelled()
+            return
+        if self._slot_granted is None:
+            self._slot_granted = trio.Event()
+        await self._slot_granted.wait()
+
+    def grant_slot(self) -> None:
+        self.phase = Phase.RUNNING
+        if self._slot_granted is not None:
+            self._slot_granted.set()
+
+    def lease_deadline(self, now_utc: Callable[[], datetime], cap_s: float) -> float:
+        """The granted expiry as a trio deadline, re-read whenever extend (ours or the
+        handler's) moved it. Capped at `cap_s` from the conversion so a server clock running
+        ahead of ours cannot make us extend late."""
+        if self.job.ctx.lease_expires_at != self._seen_expiry:
+            now = trio.current_time()
+            return self.convert_lease(now_utc(), now, now, cap_s)
+        return self._deadline
+
+    def convert_lease(self, wall: datetime, wall_at: float, now: float, cap_s: float) -> float:
+        """Convert the granted expiry with a wall-clock reading `wall` taken at trio time
+        `wall_at` (≤ `now`, so one reading can serve many jobs); returns `lease_deadline`."""
+        expiry = self.job.ctx.lease_expires_at
+        self._deadline = min(wall_at + (expiry - wall).total_seconds(), now + cap_s)
+        self._seen_expiry = expiry
+        return self._deadline
+
+    def stop(self) -> None:
+        """Shutdown: cancel the handler (or the wait for a slot); the job is nacked unless the
+        handler still returns."""
+        if self.phase is not Phase.SETTLING:
+            self.forced = True
+            self.scope.cancel()

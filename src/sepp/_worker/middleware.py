@@ -1,0 +1,67 @@
+"""Middleware: async wrappers a Worker runs around each handler call."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable
+
+from .._model.errors import ValidationError
+from .._model.types import Job, JobContext, Payload
+
+CallNext = Callable[[], Awaitable[None]]
+"""What a middleware awaits to run the rest of the chain: the inner middleware, then the
+handler. Await it at most once."""
+
+Middleware = Callable[[Job, CallNext], Awaitable[None]]
+"""An async function `(job, call_next) -> None` wrapped around each handler call.
+
+`job` is the reserved `sepp.Job` (`job.payload`, and `job.ctx` with `ctx.client` and
+`ctx.state`); `await call_next()` runs the inner middleware and then the handler, in the same
+task, so context variables set before it are seen by the handler. What the chain ends with
+decides the job: returning acks it (also when `call_next` was never awaited: the handler is
+skipped), raising nacks it as the exception says, exactly as if the handler had raised it
+(`sepp.HandlerError` to choose the nack; a handler's `timeout` arrives as `trio.TooSlowError`).
+So a middleware can time the job, log it, set context variables, or turn an exception into
+another outcome by catching it and returning or raising something else. Do not swallow
+`trio.Cancelled`.
+
+Order: the Worker's middleware (first in the list = outermost), then each router's from the
+outermost including router in, then the handler's own router's.
+"""
+
+HandlerFn = Callable[[Payload | None, JobContext], Awaitable[None]]
+
+
+def checked_middleware(field: str, middleware: object) -> tuple[Middleware, ...]:
+    """The middleware as a tuple, each one checked to be callable."""
+    if callable(middleware) or not isinstance(middleware, Iterable):
+        raise ValidationError(field, "must be a list of middleware functions")
+    items: tuple[Middleware, ...] = tuple(middleware)
+    for index, item in enumerate(items):
+        if not callable(item):
+            raise ValidationError(
+                f"{field}[{index}]", f"must be callable, got {type(item).__name__}"
+            )
+    return items
+
+
+async def run_chain(job: Job, middleware: tuple[Middleware, ...], handler: HandlerFn) -> None:
+    """Run `handler` for `job` inside `middleware` (outermost first)."""
+    await _run_from(job, middleware, 0, handler)
+
+
+async def _run_from(
+    job: Job, middleware: tuple[Middleware, ...], index: int, handler: HandlerFn
+) -> None:
+    if index == len(middleware):
+        await handler(job.payload, job.ctx)
+        return
+    called = False
+
+    async def call_next() -> None:
+        nonlocal called
+        if called:
+            raise RuntimeError("a sepp middleware awaited call_next() twice")
+        called = True
+        await _run_from(job, middleware, index + 1, handler)
+
+    await middleware[index](job, call_next)

@@ -1,0 +1,299 @@
+"""WorkerMonitor: a Worker's health and its Prometheus metrics, kept in plain counters (no
+OpenTelemetry SDK needed) and served over HTTP by the tiny responder in `http_responder`."""
+
+from __future__ import annotations
+
+import bisect
+import enum
+import math
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
+
+import trio
+
+from .._model.errors import ValidationError
+from .http_responder import TEXT, Responder, Response, Route
+
+if TYPE_CHECKING:
+    from .._model.types import JobContext
+
+# Seconds; the upper bounds of the duration histograms' buckets (+Inf is implied).
+DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+RESERVE_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60)
+# Distinct (queue, job type) label pairs kept; later ones are counted as job type "other".
+MAX_SERIES = 200
+OTHER = "other"  # the job type label of types without their own handler, and of overflow
+PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class _State(enum.Enum):
+    STARTING = "starting"
+    WAITING = "waiting for the server"
+    RESERVING = "reserving"
+    SHUTTING_DOWN = "shutting down"
+    STOPPED = "stopped"
+
+
+class _Histogram:
+    __slots__ = ("bounds", "count", "counts", "total")
+
+    def __init__(self, bounds: Sequence[float]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.total = 0.0
+        self.count = 0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.total += value
+        self.count += 1
+
+
+class _Series:
+    """Everything counted for one (queue, job type)."""
+
+    __slots__ = (
+        "dead_lettered",
+        "duration",
+        "failed",
+        "lease_lost",
+        "retried",
+        "started",
+        "succeeded",
+    )
+
+    def __init__(self) -> None:
+        self.started = self.succeeded = self.failed = 0
+        self.retried = self.dead_lettered = self.lease_lost = 0
+        self.duration = _Histogram(DURATION_BUCKETS)
+
+
+_JOB_COUNTERS = (
+    ("started", "Jobs whose handler started"),
+    ("succeeded", "Jobs whose handler returned (acked)"),
+    ("failed", "Jobs whose handler raised or timed out"),
+    ("retried", "Failed jobs nacked for another attempt"),
+    ("dead_lettered", "Jobs the server dead-lettered on our nack"),
+    ("lease_lost", "Jobs whose lease was lost while their handler ran"),
+)
+
+
+class WorkerMonitor:
+    """A Worker's health and metrics: pass it as `Worker(..., monitor=...)`, then serve them
+    over HTTP with `serve()` (what `sepp-trio worker --health-port/--metrics-port` does) or
+    read `live`, `ready`, `status` and `prometheus_text()` yourself.
+
+    `/healthz` answers 200 while the worker has not stopped (an answer at all shows the trio
+    loop is not blocked); `/readyz` answers 200 while it is connected and reserving and not
+    shutting down, else 503 with the reason; `/metrics` is the Prometheus text format. Metrics
+    are labelled by queue and job type; types without their own handler are counted as job type
+    "other", and so are pairs beyond the first 200, so a queue full of odd job types cannot
+    grow the output without bound."""
+
+    def __init__(self) -> None:
+        self._state = _State.STARTING
+        self._reserve_failures = 0
+        self._last_reserve_error = ""
+        self._known_types: frozenset[str] | None = None  # None: every type is "known"
+        self._series: dict[tuple[str, str], _Series] = {}
+        self._in_flight = 0
+        self._reserves_ok = 0
+        self._reserves_failed = 0
+        self._reserve_duration = _Histogram(RESERVE_BUCKETS)
+        self._unknown_type: dict[str, int] = {}
+
+    def __repr__(self) -> str:
+        return f"<sepp.WorkerMonitor {self.status}>"
+
+    # -- what it says --------------------------------------------------------------------------
+
+    @property
+    def live(self) -> bool:
+        """Whether the worker has not stopped (True before it starts)."""
+        return self._state is not _State.STOPPED
+
+    @property
+    def ready(self) -> bool:
+        """Whether the worker is reserving, its last reserve worked, and it is not shutting
+        down."""
+        return self._state is _State.RESERVING and not self._reserve_failures
+
+    @property
+    def status(self) -> str:
+        """One line saying what the worker is doing, and why it is not ready if it is not."""
+        if self._state is _State.RESERVING and self._reserve_failures:
+            return (
+                f"reserve failing ({self._reserve_failures} in a row): {self._last_reserve_error}"
+            )
+        return self._state.value
+
+    def prometheus_text(self) -> str:
+        """The metrics in the Prometheus text exposition format (version 0.0.4)."""
+        out: list[str] = []
+        series = sorted(self._series.items())
+        for name, help_text in _JOB_COUNTERS:
+            metric = f"sepp_worker_jobs_{name}_total"
+            out += [f"# HELP {metric} {help_text}.", f"# TYPE {metric} counter"]
+            for (queue, job_type), s in series:
+                out.append(f"{metric}{_labels(queue=queue, job_type=job_type)} {getattr(s, name)}")
+        metric = "sepp_worker_jobs_unknown_type_total"
+        out += [
+            f"# HELP {metric} Jobs of a type without a handler, given back.",
+            f"# TYPE {metric} counter",
+        ]
+        out += [f"{metric}{_labels(queue=q)} {n}" for q, n in sorted(self._unknown_type.items())]
+        metric = "sepp_worker_job_duration_seconds"
+        out += [
+            f"# HELP {metric} Handler run time (with its middleware).",
+            f"# TYPE {metric} histogram",
+        ]
+        for (queue, job_type), s in series:
+            out += _histogram_lines(metric, s.duration, queue=queue, job_type=job_type)
+        out += [
+            "# HELP sepp_worker_jobs_in_flight Handlers running now.",
+            "# TYPE sepp_worker_jobs_in_flight gauge",
+            f"sepp_worker_jobs_in_flight {self._in_flight}",
+            "# HELP sepp_worker_reserves_total Reserve calls, by result.",
+            "# TYPE sepp_worker_reserves_total counter",
+            f'sepp_worker_reserves_total{{result="ok"}} {self._reserves_ok}',
+            f'sepp_worker_reserves_total{{result="error"}} {self._reserves_failed}',
+            "# HELP sepp_worker_reserve_duration_seconds Reserve call time (a long poll waits"
+            " up to its wait_timeout).",
+            "# TYPE sepp_worker_reserve_duration_seconds histogram",
+            *_histogram_lines("sepp_worker_reserve_duration_seconds", self._reserve_duration),
+            "# HELP sepp_worker_ready 1 while the worker is connected, reserving and not"
+            " shutting down.",
+            "# TYPE sepp_worker_ready gauge",
+            f"sepp_worker_ready {int(self.ready)}",
+        ]
+        return "\n".join(out) + "\n"
+
+    # -- serving --------------------------------------------------------------------------------
+
+    def _routes(self, *, health: bool = True, metrics: bool = True) -> dict[str, Route]:
+        routes: dict[str, Route] = {}
+        if health:
+            routes["/healthz"] = lambda: _probe(self.live, self.status)
+            routes["/readyz"] = lambda: _probe(self.ready, self.status)
+        if metrics:
+            routes["/metrics"] = lambda: (200, PROMETHEUS_TEXT, self.prometheus_text().encode())
+        return routes
+
+    async def serve(
+        self,
+        port: int,
+        *,
+        host: str | None = None,
+        health: bool = True,
+        metrics: bool = True,
+        task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Serve `/healthz` and `/readyz` (with `health`) and `/metrics` (with `metrics`) over
+        HTTP on `host:port` (None: every interface; port 0: any free one) until cancelled.
+        `await nursery.start(monitor.serve, port)` returns the bound port. Each connection
+        gets one GET answered and is closed; a request head over 8 KiB, or not received within
+        5 seconds, gets an error instead."""
+        if not (health or metrics):
+            raise ValidationError("serve", "needs health, metrics or both")
+        responder = Responder(self._routes(health=health, metrics=metrics))
+        await responder.serve(port, host=host, task_status=task_status)
+
+    # -- fed by the Worker (and the command line) -----------------------------------------------
+
+    def _attach(self, job_types: Iterable[str] | None) -> None:
+        """The job types with a handler of their own (None: label every type as it is)."""
+        self._known_types = None if job_types is None else frozenset(job_types)
+
+    def _waiting_for_server(self) -> None:
+        self._state = _State.WAITING
+
+    def _reserving(self) -> None:
+        if self._state in (_State.STARTING, _State.WAITING):
+            self._state = _State.RESERVING
+
+    def _shutting_down(self) -> None:
+        if self._state is not _State.STOPPED:
+            self._state = _State.SHUTTING_DOWN
+
+    def _stopped(self) -> None:
+        self._state = _State.STOPPED
+
+    def _reserve_done(self, duration_s: float, error: BaseException | None) -> None:
+        self._reserve_duration.observe(duration_s)
+        if error is None:
+            self._reserves_ok += 1
+            self._reserve_failures = 0
+        else:
+            self._reserves_failed += 1
+            self._reserve_failures += 1
+            self._last_reserve_error = f"{type(error).__name__}: {error}"[:300]
+
+    def _job_started(self, ctx: JobContext) -> None:
+        self._in_flight += 1
+        self._series_for(ctx).started += 1
+
+    def _job_ended(self, ctx: JobContext, duration_s: float) -> None:
+        self._in_flight -= 1
+        self._series_for(ctx).duration.observe(duration_s)
+
+    def _job_settled(self, ctx: JobContext, label: str | None, dead_lettered: bool | None) -> None:
+        """`label`: the outcome's ("ack", "error", ...; None: the lease was lost);
+        `dead_lettered`: the nack's answer (None: no nack, or it failed)."""
+        if label == "unknown_type":
+            self._unknown_type[ctx.queue] = self._unknown_type.get(ctx.queue, 0) + 1
+            return
+        series = self._series_for(ctx)
+        if label is None:
+            series.lease_lost += 1
+        elif label == "ack":
+            series.succeeded += 1
+        elif label != "shutdown":
+            series.failed += 1
+            if dead_lettered:
+                series.dead_lettered += 1
+            elif dead_lettered is not None:
+                series.retried += 1
+
+    def _series_for(self, ctx: JobContext) -> _Series:
+        job_type = ctx.job_type
+        if self._known_types is not None and job_type not in self._known_types:
+            job_type = OTHER
+        key = (ctx.queue, job_type)
+        series = self._series.get(key)
+        if series is None:
+            if len(self._series) >= MAX_SERIES:
+                key = (ctx.queue, OTHER)
+                series = self._series.get(key)
+            if series is None:
+                series = self._series[key] = _Series()
+        return series
+
+
+def _probe(ok: bool, status: str) -> Response:
+    return (200 if ok else 503), TEXT, f"{'ok' if ok else 'not ready'}: {status}\n".encode()
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _labels(**labels: str) -> str:
+    return "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items()) + "}"
+
+
+def _number(value: float) -> str:
+    if value == math.inf:
+        return "+Inf"
+    return repr(float(value)) if not float(value).is_integer() else str(int(value))
+
+
+def _histogram_lines(metric: str, histogram: _Histogram, **labels: str) -> list[str]:
+    lines = []
+    cumulative = 0
+    for bound, count in zip((*histogram.bounds, math.inf), histogram.counts, strict=True):
+        cumulative += count
+        lines.append(f"{metric}_bucket{_labels(**labels, le=_number(bound))} {cumulative}")
+    suffix = _labels(**labels) if labels else ""
+    lines.append(f"{metric}_sum{suffix} {histogram.total!r}")
+    lines.append(f"{metric}_count{suffix} {histogram.count}")
+    return lines

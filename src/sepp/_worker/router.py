@@ -1,0 +1,294 @@
+"""Router: the registry of job handlers. A Worker keeps one; users build their own without a
+client and hand it to a Worker later."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable
+from contextlib import AbstractAsyncContextManager
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar, overload
+
+from .._model import validate as v
+from .._model.errors import SeppError, ValidationError
+from .._model.settlement import OnInvalid, check_on_invalid
+from .._model.types import JobContext, Payload, Retry
+from .backoff import Backoff
+from .middleware import Middleware, checked_middleware
+from .thread_handlers import SyncHandler, is_sync_function, run_in_thread
+
+if TYPE_CHECKING:
+    from .._payloads.task import Task
+
+Handler = Callable[[Payload | None, JobContext], Awaitable[None]]
+"""An async function `(payload, ctx) -> None` that processes one job. A plain `def` function
+is accepted too: it runs in a worker thread (see "Synchronous code" in the docs)."""
+
+H = TypeVar("H", bound=Callable[[Any, JobContext], Awaitable[None]] | SyncHandler)
+T = TypeVar("T")
+
+# A task's handler: `async def` or `def` (run in a worker thread), taking the decoded payload.
+TaskHandler = Callable[[T, JobContext], Awaitable[None]] | Callable[[T, JobContext], None]
+
+
+class TaskDecorator(Protocol[T]):
+    """What `Router.task(...)` returns: a decorator that keeps the handler as it is."""
+
+    @overload
+    def __call__(
+        self, fn: Callable[[T, JobContext], Awaitable[None]], /
+    ) -> Callable[[T, JobContext], Awaitable[None]]: ...
+
+    @overload
+    def __call__(
+        self, fn: Callable[[T, JobContext], None], /
+    ) -> Callable[[T, JobContext], None]: ...
+
+
+# Takes the sepp.Worker (typed Any: router cannot import worker).
+Lifespan = Callable[[Any], AbstractAsyncContextManager[Any]]
+"""A callable taking the Worker and returning an async context manager (e.g. an
+`@contextlib.asynccontextmanager` function): entered before the worker's first reserve,
+exited after its last job settled; what it yields is every handler's `ctx.state`."""
+
+BackoffSetting = Backoff | Retry
+"""A `sepp.Backoff`, or `sepp.Retry.DEFAULT` for the queue's own retry policy."""
+
+
+class RouteSettings(NamedTuple):
+    """How a handler runs, beyond the function: the middleware of the routers it came through
+    (outermost first); its timeout and backoff, None where inherited from an enclosing router
+    or the Worker."""
+
+    middleware: tuple[Middleware, ...] = ()
+    timeout_s: float | None = None
+    backoff: BackoffSetting | None = None
+
+    def inside(self, outer: RouteSettings) -> RouteSettings:
+        """These settings as seen through a router with settings `outer`."""
+        return RouteSettings(
+            outer.middleware + self.middleware,
+            self.timeout_s if self.timeout_s is not None else outer.timeout_s,
+            self.backoff if self.backoff is not None else outer.backoff,
+        )
+
+
+NO_SETTINGS = RouteSettings()
+
+
+class DuplicateHandlerError(SeppError, ValueError):
+    """A handler is already registered for `job_type` (None: the catch-all)."""
+
+    def __init__(self, job_type: str | None) -> None:
+        what = "a catch-all handler" if job_type is None else f"a handler for {job_type!r}"
+        super().__init__(f"{what} is already registered")
+        self.job_type = job_type
+
+
+class Router:
+    """Handlers for job types, gathered where no client exists yet (a module of handlers, a
+    plugin), then given to a Worker: `sepp.Worker(client, queues, handlers=router)`.
+
+    The registration API is the Worker's: the `handler` and `task` decorators, chainable
+    `handle` and `catch_all`. `include` copies another router's handlers into this one. A job
+    type registered twice, directly or through `include`, raises DuplicateHandlerError.
+
+    A handler is called as `handler(payload, ctx)`; one that cannot take that raises TypeError
+    when registered. If its first parameter is annotated with a model type (a dataclass, a
+    pydantic model, ...), the payload is decoded into it first; annotated `sepp.Payload | None`
+    (or not at all) it gets the raw payload. A payload that does not decode is dead-lettered at
+    once; `on_invalid="retry"` nacks it for a retry instead.
+
+    `middleware` (see `sepp.Middleware`) wraps this router's handlers, also after another
+    router includes it; `timeout` and `backoff` are defaults for its handlers (a handler's
+    own registration, else the nearest router's, else the Worker's). `lifespan` (see
+    `sepp.Worker`) is the Worker's when this router is handed to it, e.g. by
+    `sepp-trio worker`; a router with a lifespan cannot be included in another.
+    """
+
+    __slots__ = (
+        "_catch_all",
+        "_catch_all_settings",
+        "_handlers",
+        "_on_invalid",
+        "_own",
+        "_settings",
+        "lifespan",
+    )
+
+    def __init__(
+        self,
+        *,
+        middleware: Iterable[Middleware] = (),
+        timeout: float | timedelta | None = None,
+        backoff: BackoffSetting | None = None,
+        lifespan: Lifespan | None = None,
+        on_invalid: OnInvalid = "dead_letter",
+    ) -> None:
+        self._handlers: dict[str, Handler] = {}
+        self._on_invalid = check_on_invalid(on_invalid)
+        self._catch_all: Handler | None = None
+        self._settings: dict[str, RouteSettings] = {}
+        self._catch_all_settings = NO_SETTINGS
+        self._own = RouteSettings(
+            checked_middleware("middleware", middleware),
+            optional_timeout(timeout),
+            checked_backoff("backoff", backoff),
+        )
+        if lifespan is not None and not callable(lifespan):
+            raise ValidationError(
+                "lifespan", "must be a callable returning an async context manager"
+            )
+        self.lifespan = lifespan
+
+    def handle(
+        self,
+        job_type: str,
+        fn: Callable[[Any, JobContext], Awaitable[None]] | SyncHandler,
+        *,
+        timeout: float | timedelta | None = None,
+        backoff: BackoffSetting | None = None,
+    ) -> Router:
+        """Register `fn` for `job_type`; returns the router so calls chain. `timeout` (seconds
+        or timedelta) cancels a handler running longer and nacks its job with the backoff;
+        `backoff` paces the retries of its failed jobs. None inherits the router's, then the
+        Worker's."""
+        v.utf8_text("job_type", job_type)
+        settings = RouteSettings((), optional_timeout(timeout), checked_backoff("backoff", backoff))
+        from .typed_handler import prepare
+
+        self._add(job_type, _checked_handler(prepare(fn, job_type, self._on_invalid)), settings)
+        return self
+
+    def _add(self, job_type: str, fn: Handler, settings: RouteSettings) -> None:
+        if job_type in self._handlers:
+            raise DuplicateHandlerError(job_type)
+        self._handlers[job_type] = fn
+        if settings != NO_SETTINGS:
+            self._settings[job_type] = settings
+
+    def task(
+        self,
+        task: Task[T],
+        *,
+        timeout: float | timedelta | None = None,
+        backoff: BackoffSetting | None = None,
+    ) -> TaskDecorator[T]:
+        """Decorator: register the handler of `task`'s job type; it gets the payload decoded
+        into the task's type: `@router.task(send_welcome)` on
+        `async def handle(job: Welcome, ctx: sepp.JobContext)`, or on a `def` handler, which
+        runs in a worker thread. `timeout` and `backoff` as for `handle`."""
+        from .._payloads.task import Task
+        from .typed_handler import prepare_for_task
+
+        if not isinstance(task, Task):
+            raise ValidationError("task", f"must be a sepp.Task, got {type(task).__name__}")
+        settings = RouteSettings((), optional_timeout(timeout), checked_backoff("backoff", backoff))
+
+        def register(fn: TaskHandler[T]) -> TaskHandler[T]:
+            self._add(task.job_type, _checked_handler(prepare_for_task(fn, task)), settings)
+            return fn
+
+        return register  # type: ignore[return-value]  # TaskDecorator's overloads, one body
+
+    def handler(
+        self,
+        job_type: str,
+        *,
+        timeout: float | timedelta | None = None,
+        backoff: BackoffSetting | None = None,
+    ) -> Callable[[H], H]:
+        """Decorator form of `handle`."""
+        v.utf8_text("job_type", job_type)
+        optional_timeout(timeout)
+        checked_backoff("backoff", backoff)
+
+        def register(fn: H) -> H:
+            self.handle(job_type, fn, timeout=timeout, backoff=backoff)
+            return fn
+
+        return register
+
+    def catch_all(self, fn: H) -> H:
+        """Run `fn` for job types without a handler (usable as a decorator). Only one."""
+        if self._catch_all is not None:
+            raise DuplicateHandlerError(None)
+        from .typed_handler import prepare
+
+        self._catch_all = _checked_handler(prepare(fn, None, self._on_invalid))
+        return fn
+
+    def include(self, other: Router) -> Router:
+        """Copy `other`'s handlers (and catch-all) into this router; returns this router.
+        They keep `other`'s middleware, timeout and backoff. Later registrations on `other`
+        are not seen. On a clash nothing is copied."""
+        if not isinstance(other, Router):
+            raise ValidationError("other", f"must be a sepp.Router, got {type(other).__name__}")
+        if other.lifespan is not None:
+            raise ValidationError(
+                "other",
+                "a router with a lifespan cannot be included; give the lifespan to the"
+                " router (or Worker) that includes it",
+            )
+        return self._include(other)
+
+    def _include(self, other: Router) -> Router:
+        for job_type in other._handlers:
+            if job_type in self._handlers:
+                raise DuplicateHandlerError(job_type)
+        if other._catch_all is not None and self._catch_all is not None:
+            raise DuplicateHandlerError(None)
+        self._handlers.update(other._handlers)
+        for job_type in other._handlers:
+            settings = other._route_settings(job_type)
+            if settings != NO_SETTINGS:
+                self._settings[job_type] = settings
+        if other._catch_all is not None:
+            self._catch_all = other._catch_all
+            self._catch_all_settings = other._catch_all_settings.inside(other._own)
+        return self
+
+    def lookup(self, job_type: str) -> Handler | None:
+        """The handler for `job_type`: its own, else the catch-all, else None."""
+        return self._handlers.get(job_type, self._catch_all)
+
+    def _route_settings(self, job_type: str) -> RouteSettings:
+        """The settings `lookup(job_type)`'s handler runs with, this router's included (the
+        catch-all's for a type without a handler of its own)."""
+        if job_type in self._handlers:
+            return self._settings.get(job_type, NO_SETTINGS).inside(self._own)
+        return self._catch_all_settings.inside(self._own)
+
+    @property
+    def job_types(self) -> tuple[str, ...]:
+        """The job types with a handler, in registration order."""
+        return tuple(self._handlers)
+
+    @property
+    def has_catch_all(self) -> bool:
+        """Whether a catch-all handler is registered."""
+        return self._catch_all is not None
+
+    def __repr__(self) -> str:
+        catch_all = " +catch_all" if self._catch_all is not None else ""
+        return f"<sepp.Router {list(self._handlers)}{catch_all}>"
+
+
+def optional_timeout(timeout: float | timedelta | None) -> float | None:
+    return None if timeout is None else v.seconds("timeout", timeout)
+
+
+def checked_backoff(field: str, backoff: object) -> BackoffSetting | None:
+    if backoff is None or isinstance(backoff, Backoff) or backoff is Retry.DEFAULT:
+        return backoff
+    raise ValidationError(field, f"must be a sepp.Backoff or sepp.Retry.DEFAULT, got {backoff!r}")
+
+
+def _checked_handler(fn: Handler | SyncHandler) -> Handler:
+    """The handler to run: `fn`, or for a plain `def` function an adapter that runs it in a
+    worker thread. (Other callables, e.g. partials or objects with an async __call__, are
+    trusted to be async.)"""
+    if is_sync_function(fn):
+        return run_in_thread(fn)  # type: ignore[arg-type]
+    if not callable(fn):
+        raise ValidationError("handler", f"must be a function, got {type(fn).__name__}")
+    return fn  # type: ignore[return-value]

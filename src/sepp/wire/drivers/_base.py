@@ -1,0 +1,351 @@
+"""What every driver of a GrpcConnection shares: the endpoint, the error a call raises, and one
+unary call's loop: deadline, transparent retry of calls the server never processed, and the
+GOAWAY verdicts. A driver (the trio `Channel`, the blocking `BlockingChannel`) supplies the
+clock and one attempt on a connection.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import ssl
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol, TypedDict
+
+import trio
+
+from .. import _engine
+from .._constants import Header
+from .._engine import GrpcConnection, WireEngine, connection_class
+from .._events import CallFinished, GoAwayReceived
+from .._failure import FailureKind
+from .._status import StatusCode
+
+# How many times in all a call the server provably never processed (FailureKind.unprocessed)
+# is sent; a peer that refuses every stream must not keep a caller busy until its deadline.
+MAX_TRANSPARENT_ATTEMPTS = 8
+_ENHANCE_YOUR_CALM = 0xB
+_TOO_MANY_PINGS = b"too_many_pings"
+
+
+class Logger(Protocol):
+    def debug(self, msg: str, /, *args: object) -> None: ...
+    def warning(self, msg: str, /, *args: object) -> None: ...
+
+
+class RpcError(Exception):
+    """A call failed: a gRPC status from the server, or a local verdict (`kind`)."""
+
+    def __init__(self, code: StatusCode, details: str, kind: FailureKind | None = None) -> None:
+        super().__init__(details)
+        self.code = code
+        self.details = details
+        self.kind = kind
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    host: str
+    port: int
+    ssl_context: ssl.SSLContext | None = None
+    server_hostname: str | None = None
+
+    @property
+    def authority(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+    @property
+    def request_authority(self) -> str:
+        """What `:authority` carries: the TLS server-name override when one is set (as
+        grpc's `ssl_target_name_override` does, so a proxy routes by the name), else host:port."""
+        return self.server_hostname or self.authority
+
+
+@dataclass(slots=True)
+class Attempt:
+    """One call as the loop sends it: `request` changes for a long poll's re-send, and
+    `unprocessed` is the previous attempt's result when this one is a transparent retry."""
+
+    method: str
+    request: bytes
+    metadata: Sequence[Header]
+    own_deadline: float
+    timeout: float | None
+    unprocessed: CallFinished | None = None
+
+
+class _StreamHost(Protocol):
+    """What open_stream needs of a driver's connection."""
+
+    proto: GrpcConnection
+    last_started: int
+
+    def die(self, reason: str) -> None: ...
+
+
+class ChannelOptions(TypedDict, total=False):
+    """What every channel is built with, besides its endpoint (`user_agent` is required)."""
+
+    user_agent: str
+    metadata: Sequence[Header]
+    secret_metadata: Sequence[Header]
+    connect_timeout: float
+    max_receive_message_bytes: int | None
+    keepalive_interval: float | None
+    keepalive_timeout: float
+    wire_engine: WireEngine | None
+    log: Logger | None
+    on_transparent_retry: Callable[[str, FailureKind], None] | None
+
+
+class ChannelBase:
+    """Unary calls over HTTP/2 connections to one endpoint; a driver subclass does the I/O."""
+
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        *,
+        user_agent: str,
+        metadata: Sequence[Header] = (),
+        secret_metadata: Sequence[Header] = (),
+        connect_timeout: float = 5.0,
+        max_receive_message_bytes: int | None = None,
+        keepalive_interval: float | None = 30.0,
+        keepalive_timeout: float = 10.0,
+        wire_engine: WireEngine | None = None,
+        log: Logger | None = None,
+        on_transparent_retry: Callable[[str, FailureKind], None] | None = None,
+    ) -> None:
+        self.endpoint = endpoint
+        # None: the package default, read here so tests can run a whole suite on each engine.
+        self._connection_class = connection_class(wire_engine or _engine.DEFAULT_WIRE_ENGINE)
+        self.keepalive_interval = keepalive_interval
+        self.keepalive_timeout = keepalive_timeout
+        self._user_agent = user_agent
+        self._metadata = tuple(metadata)
+        self._secret_metadata = tuple(secret_metadata)
+        self._connect_timeout = connect_timeout
+        self._max_receive = max_receive_message_bytes
+        self._closed = False
+        self.connections_opened = 0
+        self._log: Logger = log if log is not None else logging.getLogger("sepp.wire")
+        self._on_transparent_retry = on_transparent_retry
+        self._warned_too_many_pings = False
+
+    # -- what a driver supplies -----------------------------------------------------------------
+
+    def _now(self) -> float:
+        """The driver's clock, in seconds."""
+        raise NotImplementedError
+
+    async def _attempt(self, call: Attempt) -> CallFinished | None:
+        """Send the call once on a usable connection and return how it finished (None: its own
+        deadline passed). When it is a transparent retry, running out of time before it is sent
+        fails it as `call.unprocessed`."""
+        raise NotImplementedError
+
+    def _retire(self, conn: object) -> None:
+        """`conn` takes no new calls; the next call opens a new connection."""
+        raise NotImplementedError
+
+    async def connect(self) -> None:
+        """Open a connection now (calls otherwise connect on first use); raises RpcError."""
+        raise NotImplementedError
+
+    async def aclose(self) -> None:
+        """Fail in-flight calls, close every connection, refuse new calls."""
+        raise NotImplementedError
+
+    # -- shared ---------------------------------------------------------------------------------
+
+    def new_protocol(self) -> GrpcConnection:
+        """A fresh sans-IO connection for this endpoint, its preface queued."""
+        ep = self.endpoint
+        proto = self._connection_class(
+            authority=ep.request_authority,
+            scheme="https" if ep.ssl_context is not None else "http",
+            user_agent=self._user_agent,
+            metadata=self._metadata,
+            secret_metadata=self._secret_metadata,
+            max_receive_message_bytes=self._max_receive,
+        )
+        proto.initiate()
+        return proto
+
+    async def call(
+        self,
+        method: str,
+        request: bytes,
+        *,
+        timeout: float | None,
+        metadata: Sequence[Header] = (),
+        retry_request: Callable[[float], bytes] | None = None,
+    ) -> bytes:
+        """Make one unary call; returns the response message or raises RpcError.
+
+        `timeout` bounds this call (a trio caller's own deadline also applies, and the smaller
+        of the two is sent as grpc-timeout). Cancellation resets the stream.
+
+        A call the server provably never processed (above a GOAWAY's last stream id, refused
+        with REFUSED_STREAM, or never written before its connection died) is sent again,
+        within the same deadline, up to MAX_TRANSPARENT_ATTEMPTS times in all: it cannot
+        have had any effect. `retry_request(elapsed_s)`, if given, builds the request for such
+        a retry (a long poll's remaining wait).
+        """
+        started = self._now()
+        own_deadline = started + timeout if timeout is not None else math.inf
+        call = Attempt(method, request, metadata, own_deadline, timeout)
+        attempts = 1
+        while True:
+            result = await self._attempt(call)
+            if result is None:
+                raise deadline_exceeded(timeout)
+            code = result.code
+            if code is StatusCode.OK and result.body is not None:
+                return result.body
+            kind = result.error_kind
+            if kind is None or not kind.unprocessed:
+                break
+            self._before_transparent_retry(method, result, attempts, own_deadline)
+            call.unprocessed = result
+            attempts += 1
+            if retry_request is not None:
+                call.request = retry_request(self._now() - started)
+        if code is StatusCode.CANCELLED and self._now() >= own_deadline:
+            # The server enforced the grpc-timeout we sent (tonic answers CANCELLED "Timeout
+            # expired") just before our own deadline check ran: it is the same deadline.
+            raise deadline_exceeded(timeout)
+        raise RpcError(code, result.details, result.error_kind)
+
+    def _before_transparent_retry(
+        self, method: str, result: CallFinished, attempts: int, own_deadline: float
+    ) -> None:
+        """Let a call the server never processed go out again, or raise RpcError: attempts
+        used up, or its deadline passed (then it fails as unprocessed, not as a timeout that
+        might hide a commit)."""
+        kind = result.error_kind
+        assert kind is not None
+        if attempts >= MAX_TRANSPARENT_ATTEMPTS:
+            raise RpcError(
+                result.code,
+                f"{result.details}; gave up after {attempts} attempts, none processed by the "
+                "server (sent again transparently)",
+                kind,
+            )
+        if self._now() >= own_deadline:
+            raise unprocessed_error(result)
+        self._log.debug(
+            "sepp: %s was not processed by the server (%s: %s); sending it again (attempt %d)",
+            method,
+            kind,
+            result.details,
+            attempts + 1,
+        )
+        if self._on_transparent_retry is not None:
+            self._on_transparent_retry(method, kind)
+
+    def open_stream(self, conn: _StreamHost, call: Attempt, deadline: float, now: float) -> int:
+        """Start `call` on `conn`'s protocol, its grpc-timeout what is left until `deadline`;
+        returns the stream id. A connection that cannot start one is ended (RpcError)."""
+        try:
+            stream_id = conn.proto.start_call(
+                call.method,
+                call.request,
+                timeout=deadline - now if deadline != math.inf else None,
+                metadata=call.metadata,
+            )
+        except Exception as exc:
+            conn.die(f"cannot start a call: {exc!r}")
+            raise RpcError(
+                StatusCode.UNAVAILABLE, conn_reason(exc), FailureKind.CONNECTION
+            ) from exc
+        conn.last_started = stream_id
+        if conn.proto.draining:  # its stream ids ran out: later calls go elsewhere
+            self._retire(conn)
+        return stream_id
+
+    def goaway_received(self, conn: object, event: GoAwayReceived) -> None:
+        self._log.debug(
+            "sepp: server sent GOAWAY (last stream %d, error code %d); draining its connection",
+            event.last_stream_id,
+            event.error_code,
+        )
+        self._retire(conn)
+        interval = self.keepalive_interval
+        if (
+            event.error_code == _ENHANCE_YOUR_CALM
+            and event.debug_data == _TOO_MANY_PINGS
+            and interval is not None
+        ):
+            # gRFC A8: the server thinks we ping too often; back off on later connections.
+            self.keepalive_interval = interval * 2
+            if self._warned_too_many_pings:
+                log = self._log.debug
+            else:
+                self._warned_too_many_pings = True
+                log = self._log.warning
+            log(
+                "sepp: the server ended a connection for too many pings (GOAWAY "
+                "too_many_pings); keepalive interval doubled to %gs",
+                interval * 2,
+            )
+
+    def _connect_timeout_reason(self, connected: bool) -> str:
+        if not connected:
+            return f"could not connect within {self._connect_timeout:g}s"
+        return f"the server sent no HTTP/2 SETTINGS within {self._connect_timeout:g}s"
+
+
+class EndedBeforeUse(RpcError):
+    """The server ended a new connection (closed, reset, GOAWAY) before any call went on it,
+    as an exiting proxy worker does on reload: nothing was sent, so it is dialled again."""
+
+
+def ended_before_use(exc: BaseException, *, connected: bool) -> bool:
+    """Whether a connect that failed with `exc` met a server ending the connection (reset,
+    even as connect() returns; closed once TCP was up, as in a TLS handshake), rather than
+    one refusing it or not being there."""
+    if isinstance(exc, trio.BrokenResourceError) and exc.__cause__ is not None:
+        exc = exc.__cause__
+    return isinstance(exc, ConnectionResetError) or (
+        connected and isinstance(exc, (ConnectionError, ssl.SSLEOFError))
+    )
+
+
+def unprocessed_error(result: CallFinished) -> RpcError:
+    return RpcError(result.code, result.details, result.error_kind)
+
+
+def deadline_exceeded(timeout: float | None) -> RpcError:
+    return RpcError(
+        StatusCode.DEADLINE_EXCEEDED,
+        f"deadline exceeded after {timeout:g}s" if timeout is not None else "deadline",
+        FailureKind.DEADLINE,
+    )
+
+
+def closed_error() -> RpcError:
+    return RpcError(StatusCode.UNAVAILABLE, "the client is closed", FailureKind.CLOSED)
+
+
+def no_alpn_h2_error() -> RpcError:
+    return RpcError(
+        StatusCode.UNAVAILABLE,
+        "the server did not negotiate HTTP/2 (ALPN h2) over TLS",
+        FailureKind.CONNECT,
+    )
+
+
+def conn_reason(exc: BaseException) -> str:
+    if isinstance(exc, trio.BrokenResourceError) and exc.__cause__ is not None:
+        exc = exc.__cause__  # trio's wrapper: name what broke
+    text = str(exc) or type(exc).__name__
+    return f"{type(exc).__name__}: {text}" if str(exc) else text
+
+
+def describe_io_error(exc: BaseException) -> str:
+    if isinstance(exc, trio.BrokenResourceError) and exc.__cause__ is not None:
+        exc = exc.__cause__
+    return f"connection lost: {type(exc).__name__}: {exc}"
