@@ -1,92 +1,141 @@
-"""sepp-trio: a pure-Python, trio-native client for the sepp durable job queue."""
+"""sepp-trio: a pure-Python, trio-native client for the sepp durable job queue.
 
+The package is built in layers, each a folder that imports only the layers below it
+(tests/unit/test_module_structure.py holds this; docs/contributing.md draws it):
+
+- `wire/`: gRPC over HTTP/2 with no domain types: the shared sans-IO pieces, the engines
+  (`codec/`, ours and the default; `h2ref/`, the reference on h2) and the `drivers/` that give
+  them sockets (trio, blocking);
+- `_util/`: lazy imports and the logging adaptor, for every layer;
+- `_model/`: the values users handle, errors, rejections, validation, message conversion;
+- `_client/`: the operations (written once), `Client`, `SyncClient`, the runtimes they run
+  on, batching, local limits, retries, options;
+- `_payloads/`: payload codecs and typed tasks;
+- `_worker/`: `Worker`, `Router`, handlers, middleware, lease keeping, the monitor;
+- `_scheduling/`: `Schedule` and `Scheduler`;
+- `_cli/` (the `sepp-trio` command) and `testing/` (public: a real server for tests) on top.
+
+The public API is the table below, and nothing else: every name in it presents as `sepp.X`.
+"""
+
+from __future__ import annotations
+
+import inspect
+from importlib import import_module
 from typing import TYPE_CHECKING
 
-from ._client.batching import Batching as Batching
-from ._client.client import DEFAULT_MAX_RECEIVE_MESSAGE_BYTES as DEFAULT_MAX_RECEIVE_MESSAGE_BYTES
-from ._client.client import Client as Client
-from ._client.client import open as open
-from ._client.retry import RetryPolicy as RetryPolicy
-from ._model.errors import AttemptMismatchError as AttemptMismatchError
-from ._model.errors import BatchValidationError as BatchValidationError
-from ._model.errors import ClientError as ClientError
-from ._model.errors import ConnectError as ConnectError
-from ._model.errors import InvalidRequestError as InvalidRequestError
-from ._model.errors import JobNotFoundError as JobNotFoundError
-from ._model.errors import JobRejectedError as JobRejectedError
-from ._model.errors import LeaseError as LeaseError
-from ._model.errors import MalformedResponseError as MalformedResponseError
-from ._model.errors import MessageTooLargeError as MessageTooLargeError
-from ._model.errors import OverloadedError as OverloadedError
-from ._model.errors import SeppError as SeppError
-from ._model.errors import ServerInternalError as ServerInternalError
-from ._model.errors import TransportError as TransportError
-from ._model.errors import UnauthenticatedError as UnauthenticatedError
-from ._model.errors import UnexpectedStatusError as UnexpectedStatusError
-from ._model.errors import UnknownQueuesError as UnknownQueuesError
-from ._model.errors import ValidationError as ValidationError
-from ._model.rejections import JobRejection as JobRejection
-from ._model.rejections import is_job_rejection as is_job_rejection
-from ._model.types import BatchRejection as BatchRejection
-from ._model.types import DeadLetterCause as DeadLetterCause
-from ._model.types import DeadLetterRecord as DeadLetterRecord
-from ._model.types import EnqueueAck as EnqueueAck
-from ._model.types import EnqueueRequest as EnqueueRequest
-from ._model.types import Job as Job
-from ._model.types import JobContext as JobContext
-from ._model.types import Payload as Payload
-from ._model.types import Retry as Retry
-from ._model.types import ServerInfo as ServerInfo
-from ._model.types import TraceContext as TraceContext
-from ._version import __version__ as __version__
-from .wire._status import StatusCode as StatusCode
-
-# Imported on first use, so that `import sepp` stays cheap for code that only enqueues: the
-# Worker, Router and Scheduler machinery (and zoneinfo, which schedules need), and the
-# rejection reasons (15 dataclasses, created when a rejection first appears), and the blocking
-# client.
-_LAZY = {
-    "Backoff": "_worker.backoff",
-    "CallNext": "_worker.middleware",
-    "Middleware": "_worker.middleware",
-    "DuplicateHandlerError": "_worker.router",
-    "Handler": "_worker.router",
-    "Router": "_worker.router",
-    "Schedule": "_scheduling.schedule",
-    "Scheduler": "_scheduling.scheduler",
-    "SyncClient": "_client.sync",
-    "connect": "_client.sync",
-    "HandlerError": "_worker.worker",
-    "ShutdownHandle": "_worker.shutdown",
-    "Worker": "_worker.worker",
-    "WorkerMonitor": "_worker.monitor",
-    "CustomEntriesTooMany": "_model.rejection_reasons",
-    "CustomKeyTooLong": "_model.rejection_reasons",
-    "CustomMapTooLarge": "_model.rejection_reasons",
-    "EncodingNotAllowed": "_model.rejection_reasons",
-    "IdempotencyKeyTooLong": "_model.rejection_reasons",
-    "InvalidRequest": "_model.rejection_reasons",
-    "JobTypeNameTooLong": "_model.rejection_reasons",
-    "JobTypeNotAllowed": "_model.rejection_reasons",
-    "PayloadTooLarge": "_model.rejection_reasons",
-    "QueueClosing": "_model.rejection_reasons",
-    "QueueFull": "_model.rejection_reasons",
-    "QueueNameTooLong": "_model.rejection_reasons",
-    "ScheduledTooFar": "_model.rejection_reasons",
-    "UnknownQueue": "_model.rejection_reasons",
-    "UnknownRejection": "_model.rejection_reasons",
-    "describe_job_rejection": "_model.rejection_reasons",
-    "Task": "_payloads.task",
-    "PayloadCodec": "_payloads.codecs",
-    "PayloadDecodeError": "_payloads.codecs",
-    "JsonCodec": "_payloads.codecs",
-    "PydanticCodec": "_payloads.codecs",
-    "MsgspecCodec": "_payloads.codecs",
+EAGER, LAZY = True, False
+# Every public name: (its module, relative to this package; whether `import sepp` loads it).
+# Lazy ones load on first use, so that `import sepp` stays cheap for code that only enqueues:
+# the Worker, Router and Scheduler machinery (and zoneinfo, which schedules need), the
+# rejection reasons (15 dataclasses, created when a rejection first appears), typed tasks and
+# codecs, and the blocking client. `__all__` and `__getattr__` come from it; the imports for
+# type checkers below repeat it (tests/unit/test_lazy_imports.py checks they agree).
+_PUBLIC: dict[str, tuple[str, bool]] = {
+    "Batching": ("_client.batching", EAGER),
+    "Client": ("_client.client", EAGER),
+    "DEFAULT_MAX_RECEIVE_MESSAGE_BYTES": ("_client.client", EAGER),
+    "open": ("_client.client", EAGER),
+    "RetryPolicy": ("_client.retry", EAGER),
+    "AttemptMismatchError": ("_model.errors", EAGER),
+    "BatchValidationError": ("_model.errors", EAGER),
+    "ClientError": ("_model.errors", EAGER),
+    "ConnectError": ("_model.errors", EAGER),
+    "InvalidRequestError": ("_model.errors", EAGER),
+    "JobNotFoundError": ("_model.errors", EAGER),
+    "JobRejectedError": ("_model.errors", EAGER),
+    "LeaseError": ("_model.errors", EAGER),
+    "MalformedResponseError": ("_model.errors", EAGER),
+    "MessageTooLargeError": ("_model.errors", EAGER),
+    "OverloadedError": ("_model.errors", EAGER),
+    "SeppError": ("_model.errors", EAGER),
+    "ServerInternalError": ("_model.errors", EAGER),
+    "TransportError": ("_model.errors", EAGER),
+    "UnauthenticatedError": ("_model.errors", EAGER),
+    "UnexpectedStatusError": ("_model.errors", EAGER),
+    "UnknownQueuesError": ("_model.errors", EAGER),
+    "ValidationError": ("_model.errors", EAGER),
+    "JobRejection": ("_model.rejections", EAGER),
+    "is_job_rejection": ("_model.rejections", EAGER),
+    "BatchRejection": ("_model.rejections", EAGER),
+    "DeadLetterCause": ("_model.types", EAGER),
+    "DeadLetterRecord": ("_model.types", EAGER),
+    "EnqueueAck": ("_model.types", EAGER),
+    "EnqueueRequest": ("_model.types", EAGER),
+    "Job": ("_model.types", EAGER),
+    "JobContext": ("_model.types", EAGER),
+    "Payload": ("_model.types", EAGER),
+    "Retry": ("_model.types", EAGER),
+    "ServerInfo": ("_model.types", EAGER),
+    "TraceContext": ("_model.types", EAGER),
+    "__version__": ("_version", EAGER),
+    "StatusCode": ("wire._status", EAGER),
+    "SyncClient": ("_client.sync", LAZY),
+    "connect": ("_client.sync", LAZY),
+    "CustomEntriesTooMany": ("_model.rejection_reasons", LAZY),
+    "CustomKeyTooLong": ("_model.rejection_reasons", LAZY),
+    "CustomMapTooLarge": ("_model.rejection_reasons", LAZY),
+    "EncodingNotAllowed": ("_model.rejection_reasons", LAZY),
+    "IdempotencyKeyTooLong": ("_model.rejection_reasons", LAZY),
+    "InvalidRequest": ("_model.rejection_reasons", LAZY),
+    "JobTypeNameTooLong": ("_model.rejection_reasons", LAZY),
+    "JobTypeNotAllowed": ("_model.rejection_reasons", LAZY),
+    "PayloadTooLarge": ("_model.rejection_reasons", LAZY),
+    "QueueClosing": ("_model.rejection_reasons", LAZY),
+    "QueueFull": ("_model.rejection_reasons", LAZY),
+    "QueueNameTooLong": ("_model.rejection_reasons", LAZY),
+    "ScheduledTooFar": ("_model.rejection_reasons", LAZY),
+    "UnknownQueue": ("_model.rejection_reasons", LAZY),
+    "UnknownRejection": ("_model.rejection_reasons", LAZY),
+    "describe_job_rejection": ("_model.rejection_reasons", LAZY),
+    "JsonCodec": ("_payloads.codecs", LAZY),
+    "MsgspecCodec": ("_payloads.codecs", LAZY),
+    "PayloadCodec": ("_payloads.codecs", LAZY),
+    "PayloadDecodeError": ("_payloads.codecs", LAZY),
+    "PydanticCodec": ("_payloads.codecs", LAZY),
+    "Task": ("_payloads.task", LAZY),
+    "Schedule": ("_scheduling.schedule", LAZY),
+    "Scheduler": ("_scheduling.scheduler", LAZY),
+    "Backoff": ("_worker.backoff", LAZY),
+    "CallNext": ("_worker.middleware", LAZY),
+    "Middleware": ("_worker.middleware", LAZY),
+    "WorkerMonitor": ("_worker.monitor", LAZY),
+    "DuplicateHandlerError": ("_worker.router", LAZY),
+    "Handler": ("_worker.router", LAZY),
+    "Router": ("_worker.router", LAZY),
+    "ShutdownHandle": ("_worker.shutdown", LAZY),
+    "HandlerError": ("_model.settlement", LAZY),
+    "Worker": ("_worker.worker", LAZY),
 }
 
 if TYPE_CHECKING:
+    from ._client.batching import Batching as Batching
+    from ._client.client import (
+        DEFAULT_MAX_RECEIVE_MESSAGE_BYTES as DEFAULT_MAX_RECEIVE_MESSAGE_BYTES,
+    )
+    from ._client.client import Client as Client
+    from ._client.client import open as open
+    from ._client.retry import RetryPolicy as RetryPolicy
     from ._client.sync import SyncClient as SyncClient
     from ._client.sync import connect as connect
+    from ._model.errors import AttemptMismatchError as AttemptMismatchError
+    from ._model.errors import BatchValidationError as BatchValidationError
+    from ._model.errors import ClientError as ClientError
+    from ._model.errors import ConnectError as ConnectError
+    from ._model.errors import InvalidRequestError as InvalidRequestError
+    from ._model.errors import JobNotFoundError as JobNotFoundError
+    from ._model.errors import JobRejectedError as JobRejectedError
+    from ._model.errors import LeaseError as LeaseError
+    from ._model.errors import MalformedResponseError as MalformedResponseError
+    from ._model.errors import MessageTooLargeError as MessageTooLargeError
+    from ._model.errors import OverloadedError as OverloadedError
+    from ._model.errors import SeppError as SeppError
+    from ._model.errors import ServerInternalError as ServerInternalError
+    from ._model.errors import TransportError as TransportError
+    from ._model.errors import UnauthenticatedError as UnauthenticatedError
+    from ._model.errors import UnexpectedStatusError as UnexpectedStatusError
+    from ._model.errors import UnknownQueuesError as UnknownQueuesError
+    from ._model.errors import ValidationError as ValidationError
     from ._model.rejection_reasons import CustomEntriesTooMany as CustomEntriesTooMany
     from ._model.rejection_reasons import CustomKeyTooLong as CustomKeyTooLong
     from ._model.rejection_reasons import CustomMapTooLarge as CustomMapTooLarge
@@ -103,6 +152,20 @@ if TYPE_CHECKING:
     from ._model.rejection_reasons import UnknownQueue as UnknownQueue
     from ._model.rejection_reasons import UnknownRejection as UnknownRejection
     from ._model.rejection_reasons import describe_job_rejection as describe_job_rejection
+    from ._model.rejections import BatchRejection as BatchRejection
+    from ._model.rejections import JobRejection as JobRejection
+    from ._model.rejections import is_job_rejection as is_job_rejection
+    from ._model.settlement import HandlerError as HandlerError
+    from ._model.types import DeadLetterCause as DeadLetterCause
+    from ._model.types import DeadLetterRecord as DeadLetterRecord
+    from ._model.types import EnqueueAck as EnqueueAck
+    from ._model.types import EnqueueRequest as EnqueueRequest
+    from ._model.types import Job as Job
+    from ._model.types import JobContext as JobContext
+    from ._model.types import Payload as Payload
+    from ._model.types import Retry as Retry
+    from ._model.types import ServerInfo as ServerInfo
+    from ._model.types import TraceContext as TraceContext
     from ._payloads.codecs import JsonCodec as JsonCodec
     from ._payloads.codecs import MsgspecCodec as MsgspecCodec
     from ._payloads.codecs import PayloadCodec as PayloadCodec
@@ -111,6 +174,7 @@ if TYPE_CHECKING:
     from ._payloads.task import Task as Task
     from ._scheduling.schedule import Schedule as Schedule
     from ._scheduling.scheduler import Scheduler as Scheduler
+    from ._version import __version__ as __version__
     from ._worker.backoff import Backoff as Backoff
     from ._worker.middleware import CallNext as CallNext
     from ._worker.middleware import Middleware as Middleware
@@ -119,98 +183,38 @@ if TYPE_CHECKING:
     from ._worker.router import Handler as Handler
     from ._worker.router import Router as Router
     from ._worker.shutdown import ShutdownHandle as ShutdownHandle
-    from ._worker.worker import HandlerError as HandlerError
     from ._worker.worker import Worker as Worker
+    from .wire._status import StatusCode as StatusCode
 
-__all__ = [
-    "DEFAULT_MAX_RECEIVE_MESSAGE_BYTES",
-    "AttemptMismatchError",
-    "Backoff",
-    "BatchRejection",
-    "Batching",
-    "BatchValidationError",
-    "CallNext",
-    "Client",
-    "ClientError",
-    "ConnectError",
-    "CustomEntriesTooMany",
-    "CustomKeyTooLong",
-    "CustomMapTooLarge",
-    "DeadLetterCause",
-    "DeadLetterRecord",
-    "DuplicateHandlerError",
-    "EncodingNotAllowed",
-    "EnqueueAck",
-    "EnqueueRequest",
-    "Handler",
-    "HandlerError",
-    "IdempotencyKeyTooLong",
-    "InvalidRequest",
-    "InvalidRequestError",
-    "Job",
-    "JobContext",
-    "JsonCodec",
-    "JobNotFoundError",
-    "JobRejectedError",
-    "JobRejection",
-    "JobTypeNameTooLong",
-    "JobTypeNotAllowed",
-    "LeaseError",
-    "MalformedResponseError",
-    "MessageTooLargeError",
-    "MsgspecCodec",
-    "Middleware",
-    "OverloadedError",
-    "Payload",
-    "PayloadCodec",
-    "PayloadDecodeError",
-    "PayloadTooLarge",
-    "PydanticCodec",
-    "QueueClosing",
-    "QueueFull",
-    "QueueNameTooLong",
-    "Retry",
-    "RetryPolicy",
-    "Router",
-    "Schedule",
-    "ScheduledTooFar",
-    "Scheduler",
-    "SeppError",
-    "ServerInfo",
-    "ServerInternalError",
-    "ShutdownHandle",
-    "StatusCode",
-    "Task",
-    "SyncClient",
-    "TraceContext",
-    "TransportError",
-    "UnauthenticatedError",
-    "UnexpectedStatusError",
-    "UnknownQueue",
-    "UnknownQueuesError",
-    "UnknownRejection",
-    "ValidationError",
-    "Worker",
-    "WorkerMonitor",
-    "__version__",
-    "connect",
-    "describe_job_rejection",
-    "is_job_rejection",
-    "open",
-]
+__all__ = sorted(_PUBLIC)
+
+
+def _present_as_sepp(value: object) -> None:
+    # Reprs, tracebacks and the docs say `sepp.Client`, not where the class happens to live.
+    # Only our own classes and functions: not type aliases (CallNext), not foreign objects.
+    if isinstance(value, type) or inspect.isfunction(value):
+        if value.__module__.startswith(f"{__name__}."):
+            value.__module__ = __name__
+
+
+for _name, (_module, _eager) in _PUBLIC.items():
+    if _eager:
+        _value = getattr(import_module(f".{_module}", __name__), _name)
+        _present_as_sepp(_value)
+        globals()[_name] = _value
+del _name, _module, _eager
 
 
 if not TYPE_CHECKING:  # hidden from type checkers, so a misspelt sepp.X is still an error
 
     def __getattr__(name: str) -> object:
-        module = _LAZY.get(name)
-        if module is None:
+        entry = _PUBLIC.get(name)
+        if entry is None:
             raise AttributeError(f"module 'sepp' has no attribute {name!r}")
-        from importlib import import_module
-
-        value = getattr(import_module(f".{module}", __name__), name)
+        value = getattr(import_module(f".{entry[0]}", __name__), name)
+        _present_as_sepp(value)
         globals()[name] = value
         return value
 
     def __dir__() -> list[str]:
-        return sorted({*globals(), *_LAZY})
+        return sorted({*globals(), *_PUBLIC})

@@ -4,9 +4,11 @@ use, and every public name still resolves (attribute, `from sepp import *`, `dir
 from __future__ import annotations
 
 import ast
+import inspect
 import subprocess
 import sys
 import types
+from pathlib import Path
 
 import pytest
 
@@ -163,3 +165,29 @@ def test_a_lazy_module_for_a_missing_module_raises_on_use() -> None:
     assert isinstance(missing, types.ModuleType)
     with pytest.raises(ModuleNotFoundError):
         missing.anything  # noqa: B018
+
+
+def test_the_type_checking_imports_repeat_the_public_table() -> None:
+    # Type checkers read the `if TYPE_CHECKING:` imports; the runtime reads `_PUBLIC`.
+    source = Path(sepp.__file__).read_text(encoding="utf-8")
+    block = next(
+        node
+        for node in ast.parse(source).body
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING"
+    )
+    typed = {
+        alias.asname or alias.name: (node.module or "")
+        for node in block.body
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
+    assert typed == {name: module for name, (module, _) in sepp._PUBLIC.items()}
+    assert sorted(sepp.__all__) == sorted(typed)
+
+
+def test_public_objects_present_as_sepp() -> None:
+    for name in sepp.__all__:
+        value = getattr(sepp, name)
+        if isinstance(value, type) or inspect.isfunction(value):
+            assert value.__module__ == "sepp", name
+    assert repr(sepp.Router) == "<class 'sepp.Router'>"

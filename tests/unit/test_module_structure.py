@@ -85,3 +85,71 @@ def test_sepp_modules_import_each_other_without_cycles() -> None:
     graph = import_graph()
     graph.pop("sepp")  # the package namespace imports everything; nothing imports it back
     assert find_cycle(graph) is None
+
+
+# The layers, lowest first: a module may import its own layer and the ones before it. The
+# package namespace (`sepp`), `sepp.__main__`, the command line and `sepp.testing` sit on top
+# and may import anything. docs/contributing.md ("Architecture") draws the same picture.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("sepp._version", "sepp._pb", "sepp._util"),
+    ("sepp.wire",),
+    ("sepp._model",),
+    ("sepp._client",),
+    ("sepp._payloads",),
+    ("sepp._worker",),
+    ("sepp._scheduling",),
+)
+TOP = ("sepp", "sepp.__main__", "sepp._cli", "sepp.testing")
+# Inside `wire`: the two engines never import each other, and only drivers import drivers.
+WIRE_RULES = (
+    ("sepp.wire.codec", "sepp.wire.h2ref"),
+    ("sepp.wire.h2ref", "sepp.wire.codec"),
+)
+
+
+def _within(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
+
+
+def layer_of(module: str) -> int | None:
+    """The layer `module` belongs to (None: the top, which may import anything)."""
+    if any(module == top or (top != "sepp" and _within(module, top)) for top in TOP):
+        return None
+    for rank, prefixes in enumerate(LAYERS):
+        if any(_within(module, prefix) for prefix in prefixes):
+            return rank
+    raise AssertionError(f"{module} is in no layer: add its folder to LAYERS (and the docs)")
+
+
+def layer_violations(graph: dict[str, set[str]]) -> list[str]:
+    found = []
+    for module, targets in sorted(graph.items()):
+        rank = layer_of(module)
+        for target in sorted(targets):
+            target_rank = layer_of(target)
+            if rank is not None and (target_rank is None or target_rank > rank):
+                found.append(f"{module} imports {target}, a layer above it")
+            for importer, forbidden in WIRE_RULES:
+                if _within(module, importer) and _within(target, forbidden):
+                    found.append(f"{module} imports {target}: the engines are independent")
+            if _within(target, "sepp.wire.drivers") and not _within(module, "sepp.wire.drivers"):
+                if _within(module, "sepp.wire"):
+                    found.append(f"{module} imports {target}: the engines know no driver")
+    return found
+
+
+def test_every_module_is_in_a_layer_and_imports_only_those_below() -> None:
+    assert layer_violations(import_graph()) == []
+
+
+def test_the_layer_check_sees_an_upward_import() -> None:
+    graph = import_graph()
+    graph["sepp._model.types"] = {*graph["sepp._model.types"], "sepp._client.client"}
+    graph["sepp.wire._framing"] = {*graph["sepp.wire._framing"], "sepp._model.errors"}
+    graph["sepp.wire.codec._connection"] = {"sepp.wire.h2ref._connection"}
+    assert layer_violations(graph) == [
+        "sepp._model.types imports sepp._client.client, a layer above it",
+        "sepp.wire._framing imports sepp._model.errors, a layer above it",
+        "sepp.wire.codec._connection imports sepp.wire.h2ref._connection: the engines are"
+        " independent",
+    ]
