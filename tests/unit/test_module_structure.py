@@ -153,3 +153,57 @@ def test_the_layer_check_sees_an_upward_import() -> None:
         "sepp.wire.codec._connection imports sepp.wire.h2ref._connection: the engines are"
         " independent",
     ]
+
+
+# Who may import trio. On the client side (`_model`, `_client`, `_payloads`, `wire`) only the
+# trio runtime and the trio driver do: the shared code reaches trio through the `Runtime` it is
+# given. The Worker and the Scheduler still run on trio, and the command line and
+# `sepp.testing` are trio applications.
+TRIO_USERS = (
+    "sepp._client.trio_runtime",
+    "sepp.wire.drivers",
+    "sepp._worker",
+    "sepp._scheduling",
+    "sepp._cli",
+    "sepp.testing",
+)
+
+
+def trio_importers() -> set[str]:
+    """The sepp modules that import trio (or a part of it) anywhere, TYPE_CHECKING included."""
+    found = set()
+    for path in (SRC / "sepp").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            else:
+                continue
+            if any(name.split(".")[0] == "trio" for name in names):
+                found.add(_module_name(path))
+    return found
+
+
+def trio_violations(importers: set[str]) -> list[str]:
+    return [
+        f"{module} imports trio: reach it through the Runtime"
+        for module in sorted(importers)
+        if not any(_within(module, allowed) for allowed in TRIO_USERS)
+    ]
+
+
+def test_only_the_trio_runtime_imports_trio_on_the_client_side() -> None:
+    importers = trio_importers()
+    assert "sepp._client.trio_runtime" in importers  # the check sees a plain `import trio`
+    assert "sepp._worker.worker" in importers
+    assert trio_violations(importers) == []
+
+
+def test_the_trio_check_sees_a_trio_import() -> None:
+    importers = trio_importers() | {"sepp._client.batching", "sepp._model.types", "sepp"}
+    assert trio_violations(importers) == [
+        "sepp imports trio: reach it through the Runtime",
+        "sepp._client.batching imports trio: reach it through the Runtime",
+        "sepp._model.types imports trio: reach it through the Runtime",
+    ]
