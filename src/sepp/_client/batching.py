@@ -62,9 +62,9 @@ SendBatch = Callable[[list[EnqueueRequest]], Awaitable[list[Result]]]
 
 
 class _Batch:
-    __slots__ = ("deadline", "dispatcher", "limit", "sealed", "size_bytes", "slots")
+    __slots__ = ("aborted", "deadline", "dispatcher", "limit", "sealed", "size_bytes", "slots")
 
-    def __init__(self, limit: int, deadline: float) -> None:
+    def __init__(self, limit: int, deadline: float, aborted: object) -> None:
         self.slots: list[_Slot] = []
         self.size_bytes = 0
         self.limit = limit
@@ -73,6 +73,7 @@ class _Batch:
         self.sealed = False
         # The batch's dispatcher task, parked while it waits for a call to finish.
         self.dispatcher: Waiter | None = None
+        self.aborted = aborted  # what a parked task's abort returns to the runtime
 
 
 class _Slot:
@@ -89,13 +90,14 @@ class _Slot:
         self.result: Result | None = None
         self.error: SeppError | None = None
 
-    def abort(self) -> None:
+    def abort(self, _raise_cancel: object) -> object:
         """The caller is cancelled: nothing is delivered to it, and a job not yet sent is
         withdrawn so that it is never enqueued."""
         self.task = None
         if not self.sent:
             self.batch.slots.remove(self)
             self.batch.size_bytes -= self.size
+        return self.batch.aborted
 
 
 class EnqueueBatcher:
@@ -139,13 +141,12 @@ class EnqueueBatcher:
             batch = None
         if batch is None:
             batch = self._open = self._new_batch()
-        task = self._waiter()
-        slot = _Slot(request, size, batch, task)
+        slot = _Slot(request, size, batch, self._waiter())
         batch.slots.append(slot)
         batch.size_bytes += size
         if len(batch.slots) >= batch.limit:
             self._seal(batch)
-        await self._park(task, slot.abort)
+        await self._park(slot.abort)
         if slot.error is not None:
             raise _clone(slot.error)
         assert slot.result is not None
@@ -154,7 +155,7 @@ class EnqueueBatcher:
     def _new_batch(self) -> _Batch:
         server = self._server_max_batch()
         limit = min(self._max_batch, server) if server else self._max_batch
-        batch = _Batch(limit, self._rt.now() + self._delay_s)
+        batch = _Batch(limit, self._rt.now() + self._delay_s, self._rt.park_aborted)
         self._unsent.add(batch)
         self._nursery.start_soon(self._dispatch, batch)
         return batch
@@ -217,13 +218,14 @@ class EnqueueBatcher:
     async def _wait_for_turn(self, batch: _Batch) -> None:
         """Until a call finishes, the batch is sealed, or max_delay after its first job."""
 
-        def abort() -> None:
+        def abort(_raise_cancel: object) -> object:
             batch.dispatcher = None
+            return batch.aborted
 
-        batch.dispatcher = dispatcher = self._waiter()
+        batch.dispatcher = self._waiter()
         try:
             with self._rt.move_on_at(batch.deadline):
-                await self._park(dispatcher, abort)
+                await self._park(abort)
         except BaseException:
             # The client's nursery is going away: nobody else will answer these callers.
             self._fail(batch.slots, _client_closed())

@@ -77,7 +77,11 @@ class BlockingRuntime:
     def waiter(self) -> Waiter:
         _needs_an_event_loop("parking a task")
 
-    def park(self, waiter: Waiter, abort: Callable[[], object]) -> Awaitable[None]:
+    @property
+    def park_aborted(self) -> object:
+        _needs_an_event_loop("parking a task")
+
+    def park(self, abort: Callable[[Any], Any]) -> Awaitable[None]:
         _needs_an_event_loop("parking a task")
 
     def unpark(self, waiter: Waiter) -> None:

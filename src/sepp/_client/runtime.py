@@ -8,19 +8,17 @@ completes without suspending, so `SyncClient` runs each operation to its end wit
 `coroutine.send(None)`). An asyncio front end is one more such module.
 
 The vocabulary is trio's (task groups with a cancel scope, parking a task until something wakes
-it); the blocking runtime has no event loop, and what needs one (tasks, cancel scopes, parking)
-is never reached under it: those members raise `ClientInternalError`.
+it); the blocking runtime has no event loop, and what needs one (tasks, cancel scopes, parking,
+calls from other threads) is never reached under it: those members raise `ClientInternalError`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from contextlib import AbstractContextManager
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from contextlib import AbstractAsyncContextManager
-
     from typing_extensions import TypeVarTuple, Unpack
 
     from ..wire.drivers._base import ChannelBase, ChannelOptions, Endpoint
@@ -105,12 +103,18 @@ class Runtime(Protocol):
         """Wait until `event` is set, or the clock reaches `until`."""
 
     def waiter(self) -> Waiter:
-        """What `park`, awaited next by the current task, suspends."""
+        """The current task, as `unpark` wakes it once it is parked."""
 
-    def park(self, waiter: Waiter, abort: Callable[[], object]) -> Awaitable[None]:
-        """Suspend the current task (whose `waiter()` this is) until `unpark(waiter)`, with no
-        Event: one wake-up. If it is cancelled first, `abort()` runs (the waiter is then never
-        to be unparked) and the cancellation goes on."""
+    @property
+    def park_aborted(self) -> object:
+        """What the `abort` callback given to `park` returns."""
+
+    def park(self, abort: Callable[[Any], Any]) -> Awaitable[None]:
+        """Suspend the current task until `unpark(waiter)` with its waiter: no Event, one
+        wake-up (the shape of trio's `wait_task_rescheduled`, so trio parks with no wrapper
+        on every caller's path). If it is cancelled first, `abort(raise_cancel)` runs and
+        returns `park_aborted`, the waiter is never to be unparked, and the cancellation goes
+        on."""
 
     def unpark(self, waiter: Waiter) -> None:
         """Resume a parked waiter (once, from the waiter's own run)."""

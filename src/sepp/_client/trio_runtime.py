@@ -11,7 +11,7 @@ from trio.lowlevel import Abort, current_root_task, current_task, reschedule, wa
 
 from ..wire.drivers._base import ChannelOptions, Endpoint
 from ..wire.drivers._trio import Channel
-from .runtime import CallSoon, EventLike, Runtime, TaskGroup, Waiter
+from .runtime import CallSoon, EventLike, Runtime, TaskGroup
 
 
 class TrioRuntime:
@@ -21,6 +21,8 @@ class TrioRuntime:
     move_on_at = staticmethod(trio.move_on_at)
     event = staticmethod(trio.Event)
     waiter = staticmethod(current_task)
+    park_aborted = Abort.SUCCEEDED
+    park = staticmethod(wait_task_rescheduled)
     unpark = staticmethod(reschedule)
     run = staticmethod(trio.run)
 
@@ -48,13 +50,6 @@ class TrioRuntime:
         assert isinstance(event, trio.Event)
         with trio.move_on_at(until):
             await event.wait()
-
-    def park(self, waiter: Waiter, abort: Callable[[], object]) -> Awaitable[None]:
-        def aborted(_raise_cancel: object) -> Abort:
-            abort()
-            return Abort.SUCCEEDED
-
-        return wait_task_rescheduled(aborted)  # noqa: ASYNC105 - the caller awaits it
 
     def call_soon_handle(self) -> CallSoon:
         token = trio.lowlevel.current_trio_token()
