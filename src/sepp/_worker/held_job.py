@@ -1,4 +1,5 @@
-"""A job the Worker holds a lease on, from the reserve that returned it until it settles."""
+"""A job the Worker holds a lease on, from the reserve that returned it until it settles, and
+the set of those it holds."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from collections.abc import Callable
 from datetime import datetime
 
 from .._model.types import Job
-from .concurrency import CancelScope, Event, checkpoint_if_cancelled, current_time
+from .concurrency import CancelScope, Event, ParkingLot, checkpoint_if_cancelled, current_time
 
 
 class Phase(enum.Enum):
@@ -99,3 +100,50 @@ class HeldJob:
             self.forced = True
             self.scope.cancel()
 
+
+class HeldJobs:
+    """The jobs a Worker holds, each delivery once; the latest delivery of each job id (a
+    redelivery waits for the earlier run); and a wake-up for whoever waits for the set to
+    shrink (the reserve loop when it is full, the shutdown while it drains)."""
+
+    __slots__ = ("_by_delivery", "_latest", "_shrunk")
+
+    def __init__(self) -> None:
+        self._by_delivery: dict[int, HeldJob] = {}
+        self._latest: dict[str, HeldJob] = {}
+        self._shrunk = ParkingLot()
+
+    def __len__(self) -> int:
+        return len(self._by_delivery)
+
+    def add(self, held: HeldJob) -> HeldJob | None:
+        """Hold `held`; returns the earlier delivery of its job still held here, if any."""
+        self._by_delivery[id(held)] = held
+        job_id = held.job.ctx.id
+        earlier = self._latest.get(job_id)
+        self._latest[job_id] = held
+        return earlier
+
+    def remove(self, held: HeldJob) -> None:
+        """`held` has settled: let a redelivery waiting for it start, and wake the waiters."""
+        del self._by_delivery[id(held)]
+        job_id = held.job.ctx.id
+        if self._latest.get(job_id) is held:
+            del self._latest[job_id]
+        if held.ended is not None:
+            held.ended.set()
+        self.changed()
+
+    def changed(self) -> None:
+        if self._shrunk:  # anyone parked: mostly nobody, or the reserve loop alone
+            self._shrunk.unpark_all()
+
+    async def wait_for_change(self) -> None:
+        await self._shrunk.park()
+
+    def stop(self, *, waiting_only: bool) -> None:
+        """Shutdown: cancel the jobs waiting for a slot (and with `waiting_only` False, the
+        running ones too: they are nacked unless their handlers still return)."""
+        for held in list(self._by_delivery.values()):
+            if not waiting_only or held.phase is Phase.WAITING:
+                held.stop()
