@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 import math
+import os
+import socket
 import ssl
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -339,10 +341,39 @@ def no_alpn_h2_error() -> RpcError:
 
 
 def conn_reason(exc: BaseException) -> str:
+    """`Type: message` of what broke, worded the same by both clients: a refused connection
+    is `ConnectionRefusedError: [Errno 111] Connection refused` from trio's sockets as from
+    the blocking ones."""
     if isinstance(exc, trio.BrokenResourceError) and exc.__cause__ is not None:
         exc = exc.__cause__  # trio's wrapper: name what broke
+    exc = _first_attempt(exc)
+    if (
+        isinstance(exc, OSError)
+        and not isinstance(exc, socket.gaierror)  # its errno is getaddrinfo's, not errno's
+        and isinstance(exc.errno, int)
+        and exc.errno > 0
+    ):
+        # trio words it "Error connecting to ('127.0.0.1', 1): Connection refused".
+        return f"{type(exc).__name__}: [Errno {exc.errno}] {os.strerror(exc.errno)}"
     text = str(exc) or type(exc).__name__
     return f"{type(exc).__name__}: {text}" if str(exc) else text
+
+
+def _first_attempt(exc: BaseException) -> BaseException:
+    """trio's open_tcp_stream raises OSError("all attempts to connect to … failed") from a
+    group of each address's error, where socket.create_connection raises the first of them:
+    that one."""
+    while type(exc) is OSError and exc.__cause__ is not None:
+        attempts = getattr(exc.__cause__, "exceptions", None)
+        if not attempts:
+            break
+        first = attempts[0]
+        while getattr(first, "exceptions", None):  # a nested group
+            first = first.exceptions[0]
+        if not isinstance(first, OSError):
+            break
+        exc = first
+    return exc
 
 
 def describe_io_error(exc: BaseException) -> str:
