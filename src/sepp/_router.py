@@ -67,8 +67,8 @@ def lifespan_call(lifespan: object) -> LifespanCall:
     name = getattr(lifespan, "__qualname__", type(lifespan).__name__)
     if inspect.isasyncgenfunction(lifespan) or inspect.iscoroutinefunction(lifespan):
         raise TypeError(
-            f"lifespan {name} is an async function, not a callable returning an async context"
-            " manager: decorate it with @contextlib.asynccontextmanager"
+            f"the lifespan {name!r} is an async function, not a callable returning an async"
+            " context manager: decorate it with @contextlib.asynccontextmanager"
         )
     try:
         signature = inspect.signature(lifespan)
@@ -84,7 +84,7 @@ def lifespan_call(lifespan: object) -> LifespanCall:
         signature.bind()
     except TypeError:
         raise TypeError(
-            f"lifespan {name}{signature} cannot be called as lifespan(worker) or lifespan()"
+            f"the lifespan {name}{signature} cannot be called as lifespan(worker) or lifespan()"
         ) from None
     return lambda _worker: lifespan()
 

@@ -577,7 +577,7 @@ async def test_pointed_at_the_admin_ui_both_clients_say_it_is_probably_not_the_g
 async def test_both_clients_word_a_refused_connection_the_same() -> None:
     with trio.socket.socket() as sock:  # bound, never listening: connections are refused
         await sock.bind(("127.0.0.1", 0))
-        address = "127.0.0.1:%d" % sock.getsockname()[1]
+        address = f"127.0.0.1:{sock.getsockname()[1]}"
         with pytest.raises(sepp.ConnectError) as info:
             async with sepp.open(address):
                 pass
