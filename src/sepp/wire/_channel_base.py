@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import socket
 import ssl
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -346,34 +345,28 @@ def conn_reason(exc: BaseException) -> str:
     the blocking ones."""
     if isinstance(exc, trio.BrokenResourceError) and exc.__cause__ is not None:
         exc = exc.__cause__  # trio's wrapper: name what broke
-    exc = _first_attempt(exc)
-    if (
-        isinstance(exc, OSError)
-        and not isinstance(exc, socket.gaierror)  # its errno is getaddrinfo's, not errno's
-        and isinstance(exc.errno, int)
-        and exc.errno > 0
-    ):
-        # trio words it "Error connecting to ('127.0.0.1', 1): Connection refused".
-        return f"{type(exc).__name__}: [Errno {exc.errno}] {os.strerror(exc.errno)}"
+    attempt = _first_attempt(exc)
+    if attempt is not None:
+        if isinstance(attempt.errno, int) and attempt.errno > 0:
+            # trio words it "Error connecting to ('127.0.0.1', 1): Connection refused".
+            errno = attempt.errno
+            return f"{type(attempt).__name__}: [Errno {errno}] {os.strerror(errno)}"
+        exc = attempt
     text = str(exc) or type(exc).__name__
     return f"{type(exc).__name__}: {text}" if str(exc) else text
 
 
-def _first_attempt(exc: BaseException) -> BaseException:
+def _first_attempt(exc: BaseException) -> OSError | None:
     """trio's open_tcp_stream raises OSError("all attempts to connect to … failed") from a
     group of each address's error, where socket.create_connection raises the first of them:
-    that one."""
-    while type(exc) is OSError and exc.__cause__ is not None:
-        attempts = getattr(exc.__cause__, "exceptions", None)
-        if not attempts:
-            break
-        first = attempts[0]
-        while getattr(first, "exceptions", None):  # a nested group
-            first = first.exceptions[0]
-        if not isinstance(first, OSError):
-            break
-        exc = first
-    return exc
+    that one (None for any other error)."""
+    attempts = getattr(exc.__cause__, "exceptions", None) if type(exc) is OSError else None
+    if not attempts:
+        return None
+    first = attempts[0]
+    while getattr(first, "exceptions", None):  # a nested group
+        first = first.exceptions[0]
+    return first if isinstance(first, OSError) else None
 
 
 def describe_io_error(exc: BaseException) -> str:
