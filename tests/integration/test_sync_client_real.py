@@ -9,6 +9,7 @@ another one, as in an application that mixes the two.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import multiprocessing
 import os
@@ -66,6 +67,34 @@ async def test_every_call_of_the_async_client(sepp_server: SeppServer) -> None:
             assert client.reserve("sq", wait_timeout=0) is None
 
     await in_thread(scenario)
+
+
+@dataclasses.dataclass(frozen=True)
+class Welcome:
+    user: int
+
+
+SEND_WELCOME = sepp.Task("emails", "send_welcome", Welcome)
+
+
+@pytest.mark.parametrize("batching", [False, True], ids=["direct", "batching"])
+async def test_a_tasks_enqueue_through_the_blocking_client_sends_the_job_and_returns_its_ack(
+    sepp_server: SeppServer, batching: bool
+) -> None:
+    # What a Flask view with a module-level SyncClient writes first.
+    def produce() -> tuple[sepp.EnqueueAck, sepp.EnqueueAck]:
+        options = {"enqueue_batching": sepp.Batching()} if batching else {}
+        with sepp.SyncClient(sepp_server.address, **options) as client:  # type: ignore[arg-type]
+            ack = SEND_WELCOME.enqueue(client, Welcome(42), idempotency_key="welcome-42")
+            return ack, SEND_WELCOME.enqueue(client, Welcome(42), idempotency_key="welcome-42")
+
+    ack, again = await in_thread(produce)
+    assert isinstance(ack, sepp.EnqueueAck) and not ack.deduplicated
+    assert again.deduplicated and again.job_id == ack.job_id
+    async with sepp.open(sepp_server.address) as client:
+        jobs = await client.reserve("emails", wait_timeout=0)
+    assert jobs is not None and [job.ctx.id for job in jobs] == [ack.job_id]
+    assert SEND_WELCOME.decode(jobs[0].payload) == Welcome(42)
 
 
 async def test_errors_and_validation_are_the_async_clients(sepp_server: SeppServer) -> None:

@@ -200,7 +200,7 @@ class WorkerReport:
                 ctx,
                 why,
                 await self._dead_letter_note(),
-                exc_info=error,
+                exc_info=outcomes.logged_traceback(outcome),
             )
             return
         if label in ("shutdown", "unknown_type"):
@@ -215,7 +215,13 @@ class WorkerReport:
             when = f"retrying in {outcome.retry.delay.total_seconds():.3g}s"
         else:
             when = "retrying with the queue's retry policy"
-        self._log.warning("sepp: %s %s; %s", ctx, _what_failed(outcome), when, exc_info=error)
+        self._log.warning(
+            "sepp: %s %s; %s",
+            ctx,
+            _what_failed(outcome),
+            when,
+            exc_info=outcomes.logged_traceback(outcome),
+        )
 
     async def _dead_letter_note(self) -> str:
         """Says so when the server keeps no dead letters (asked once, on the first)."""

@@ -20,9 +20,11 @@ from .monitor import WorkerMonitor
 from .router import (
     BackoffSetting,
     Lifespan,
+    LifespanCall,
     Router,
     RouteSettings,
     checked_backoff,
+    lifespan_call,
     optional_timeout,
 )
 
@@ -46,7 +48,7 @@ class WorkerSettings:
     unknown_types: UnknownTypes
     monitor: WorkerMonitor | None
     handlers: Router | None
-    lifespan: Lifespan | None  # the Worker's, or its handlers' Router's
+    lifespan: LifespanCall | None  # the Worker's, or its handlers' Router's, called as f(worker)
 
     @classmethod
     def parse(
@@ -116,10 +118,6 @@ class WorkerSettings:
                         "lifespan", "given twice: to the Worker and to its handlers' Router"
                     )
                 lifespan = handlers.lifespan
-        if lifespan is not None and not callable(lifespan):
-            raise ValidationError(
-                "lifespan", "must be a callable returning an async context manager"
-            )
         return cls(
             queues=tuple(names),
             lease_s=lease_s,
@@ -136,7 +134,7 @@ class WorkerSettings:
             unknown_types=unknown_types,
             monitor=monitor,
             handlers=handlers,
-            lifespan=lifespan,
+            lifespan=None if lifespan is None else lifespan_call(lifespan),
         )
 
 

@@ -83,10 +83,10 @@ class Worker:
     registers a `sepp.Task`'s.
 
     Handlers see the client as `ctx.client` and what `lifespan` yielded as `ctx.state`.
-    `lifespan(worker)` returns an async context manager, entered before the first reserve and
-    exited after the last job settled. `middleware` (see `sepp.Middleware`) wraps every
-    handler call, outside the routers' own. A failed job (any exception, a
-    `HandlerError.retry`, a `timeout`) is nacked for a retry after `backoff`'s delay
+    `lifespan(worker)` (or `lifespan()`) returns an async context manager, entered before the
+    first reserve and exited after the last job settled. `middleware` (see
+    `sepp.Middleware`) wraps every handler call, outside the routers' own. A failed job (any
+    exception, a `HandlerError.retry`, a `timeout`) is nacked for a retry after `backoff`'s delay
     (`sepp.Retry.DEFAULT`: the queue's policy); `timeout` (None: no limit) is the handlers'
     default time limit. A job type without a handler goes back to the queue after
     `unknown_types`' delay, or to the dead letters at once with "dead_letter". A payload that
