@@ -47,7 +47,7 @@ from ._events import (
     StreamCapacityChanged,
 )
 from ._failure import FailureKind
-from ._sending import Buffers, advance, gather, send_some
+from ._sending import Buffers, advance, send_some, take_output
 from ._status import StatusCode
 from ._tls import HANDSHAKE_EOF, Tls
 
@@ -225,11 +225,7 @@ class _BlockingConnection:
         """Under the lock: the bytes for the socket (encrypted with TLS), as buffers to send."""
         if self.dead or self.write_failed is not None:
             return []
-        if self._tls is None:
-            data = gather(self.proto.buffers_to_send())
-        else:
-            encrypted = self._tls.encrypt(self.proto.data_to_send())
-            data = [encrypted] if encrypted else []
+        data = take_output(self.proto, self._tls)
         if data:
             self.written_through = self.last_started
         return data

@@ -5,6 +5,11 @@ big request is copied only by the kernel."""
 from __future__ import annotations
 
 import socket
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ._engine import GrpcConnection
+    from ._tls import Tls
 
 Buffers = list[bytes | memoryview]
 
@@ -15,8 +20,13 @@ _MAX_BUFFERS = 256
 HAS_SENDMSG = hasattr(socket.socket, "sendmsg")  # not on Windows
 
 
-def gather(buffers: Buffers) -> Buffers:
-    """`buffers` as the driver sends them: joined into one where the platform has no sendmsg."""
+def take_output(proto: GrpcConnection, tls: Tls | None) -> Buffers:
+    """What the engine queued for the socket, as the buffers to send: joined into one for TLS
+    (its records need contiguous plaintext) and where the platform has no sendmsg."""
+    if tls is not None:
+        data = tls.encrypt(proto.data_to_send())
+        return [data] if data else []
+    buffers = proto.buffers_to_send()
     if len(buffers) > 1 and not HAS_SENDMSG:
         return [b"".join(buffers)]
     return buffers

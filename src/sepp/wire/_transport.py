@@ -38,7 +38,7 @@ from ._events import (
     StreamCapacityChanged,
 )
 from ._failure import FailureKind
-from ._sending import Buffers, advance, gather, send_some
+from ._sending import Buffers, advance, send_some, take_output
 from ._status import StatusCode
 from ._tls import HANDSHAKE_EOF, Tls
 
@@ -140,10 +140,7 @@ class _Connection:
 
     def _output(self) -> Buffers:
         """What the engine queued for the socket (encrypted with TLS), as buffers to send."""
-        if self._tls is None:
-            return gather(self.proto.buffers_to_send())
-        data = self._tls.encrypt(self.proto.data_to_send())
-        return [data] if data else []
+        return take_output(self.proto, self._tls)
 
     async def _send_all(self, data: Buffers) -> None:
         """Send every buffer, waiting while the socket is full (the writer task's write)."""
