@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
+import random
 import uuid
 from datetime import datetime, timedelta, timezone
 
@@ -590,3 +592,23 @@ async def test_both_clients_word_a_refused_connection_the_same() -> None:
         sync_message = await trio.to_thread.run_sync(blocking)
     assert str(info.value) == sync_message
     assert sync_message.startswith(f"cannot connect to {address}: ConnectionRefusedError: ")
+
+
+async def test_payloads_of_up_to_one_mib_make_the_round_trip_intact(client: sepp.Client) -> None:
+    # The largest payload the server takes (max_payload_bytes, 1 MiB) and 64 KiB ones, all at
+    # once: the requests' DATA frames interleave and wait for the server's windows, and go out
+    # as views of the encoded requests; the Reserve responses come back over many reads.
+    rng = random.Random(27)
+    sizes = [1_048_576] * 6 + [65_536] * 6 + [1_048_575, 16_379, 16_384]
+    payloads = [sepp.Payload.bytes(rng.randbytes(size)) for size in sizes]
+    async with trio.open_nursery() as nursery:
+        for payload in payloads:
+            nursery.start_soon(functools.partial(client.enqueue, "big", "t", payload=payload))
+    reserved: list[sepp.Job] = []
+    while len(reserved) < len(payloads):
+        jobs = await client.reserve(["big"], max_jobs=8, wait_timeout=2)
+        assert jobs, f"only {len(reserved)} of {len(payloads)} jobs came back"
+        reserved.extend(jobs)
+    assert sorted(job.payload.data for job in reserved if job.payload) == sorted(
+        p.data for p in payloads
+    )

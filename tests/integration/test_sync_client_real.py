@@ -13,6 +13,7 @@ import dataclasses
 import json
 import multiprocessing
 import os
+import random
 import threading
 from collections.abc import Callable
 from datetime import datetime
@@ -516,3 +517,31 @@ async def test_a_batch_over_the_servers_limits_goes_out_in_chunks(sepp_server: S
             return len(acks), len({a.job_id for a in acks}), sum(a.deduplicated for a in again)  # type: ignore[union-attr]
 
     assert await in_thread(scenario) == (600, 600, 300)
+
+
+async def test_payloads_of_up_to_one_mib_from_threads_make_the_round_trip_intact(
+    sepp_server: SeppServer,
+) -> None:
+    # 1 MiB (the server's max_payload_bytes) and 64 KiB payloads from 6 threads at once: the
+    # blocking driver's scatter/gather writes interleave and wait for the server's windows.
+    rng = random.Random(27)
+    payloads = [sepp.Payload.bytes(rng.randbytes(size)) for size in [1_048_576] * 6 + [65_536] * 6]
+
+    def scenario() -> list[bytes]:
+        with sepp.SyncClient(sepp_server.address) as client:
+            threads = [
+                threading.Thread(target=client.enqueue, args=("big", "t"), kwargs={"payload": p})
+                for p in payloads
+            ]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            reserved: list[bytes] = []
+            while len(reserved) < len(payloads):
+                jobs = client.reserve("big", max_jobs=4, wait_timeout=2)
+                assert jobs, f"only {len(reserved)} of {len(payloads)} jobs came back"
+                reserved.extend(job.payload.data for job in jobs if job.payload)
+            return reserved
+
+    assert sorted(await in_thread(scenario)) == sorted(p.data for p in payloads)
