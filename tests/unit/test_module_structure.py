@@ -153,3 +153,48 @@ def test_the_layer_check_sees_an_upward_import() -> None:
         "sepp.wire.codec._connection imports sepp.wire.h2ref._connection: the engines are"
         " independent",
     ]
+
+
+# The Worker and the Scheduler take what they need of trio (clock, sleeping, cancel scopes,
+# nurseries, events, threads, calls from other threads) from `_worker/concurrency.py` alone, so
+# that another runtime provides one module; the monitor's HTTP responder owns its sockets, as a
+# wire driver does.
+TRIO_SEAM = ("sepp._worker.concurrency", "sepp._worker.http_responder")
+
+
+def imports_trio(source: str) -> bool:
+    """Whether `source` imports trio anywhere (top level, functions, TYPE_CHECKING)."""
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import) and any(
+            alias.name.split(".")[0] == "trio" for alias in node.names
+        ):
+            return True
+        if isinstance(node, ast.ImportFrom) and not node.level:
+            if (node.module or "").split(".")[0] == "trio":
+                return True
+    return False
+
+
+def trio_importers(*packages: str) -> list[str]:
+    found = []
+    for path in sorted((SRC / "sepp").rglob("*.py")):
+        name = _module_name(path)
+        if any(_within(name, package) for package in packages):
+            if imports_trio(path.read_text(encoding="utf-8")):
+                found.append(name)
+    return found
+
+
+def test_the_worker_and_the_scheduler_reach_trio_only_through_their_seam() -> None:
+    assert [
+        name for name in trio_importers("sepp._worker", "sepp._scheduling") if name not in TRIO_SEAM
+    ] == []
+    assert trio_importers("sepp._worker.concurrency") == ["sepp._worker.concurrency"]
+
+
+def test_the_trio_check_sees_every_form_of_import() -> None:
+    assert imports_trio("import trio")
+    assert imports_trio("import trio.lowlevel as ll")
+    assert imports_trio("def f():\n    from trio import sleep")
+    assert imports_trio("if TYPE_CHECKING:\n    from trio.abc import Stream")
+    assert not imports_trio("from .concurrency import sleep\nimport triolet")
