@@ -158,7 +158,13 @@ async def run(args: argparse.Namespace) -> int:
         )
         workers.append(worker)
         async with trio.open_nursery() as nursery:
-            await nursery.start(worker.run)
+
+            async def run_worker(task_status: trio.TaskStatus[None]) -> None:
+                await worker.run(task_status=task_status)
+                nursery.cancel_scope.cancel()  # done: nothing left to announce
+
+            await nursery.start(run_worker)
+            await key_accepted(client)
             handles = ", ".join(router.job_types) or "-"
             log.info(
                 "worker %s reserving from %s at %s; handles: %s%s",
@@ -170,6 +176,8 @@ async def run(args: argparse.Namespace) -> int:
             )
 
     async def work() -> None:
+        from .._worker.monitor import feed_of  # what the monitor is told, beside the Worker
+
         async with trio.open_nursery() as http:
             if monitor is not None:
                 await serve_monitor(http, monitor, args)
@@ -177,7 +185,7 @@ async def run(args: argparse.Namespace) -> int:
                 await run_connected(
                     args,
                     connected,
-                    on_waiting=monitor._waiting_for_server if monitor is not None else None,
+                    on_waiting=feed_of(monitor).waiting_for_server if monitor is not None else None,
                 )
             http.cancel_scope.cancel()
 
@@ -188,6 +196,24 @@ async def run(args: argparse.Namespace) -> int:
     if workers:
         log.info("worker %s stopped", workers[0].worker_id)
     return EXIT_OK
+
+
+async def key_accepted(client: sepp.Client) -> None:
+    """Return once the server accepts the client's API key (asked by a get_server_info, which
+    needs it as reserve does), so that a worker whose key is refused never says it is
+    reserving: its own reserves log the refusal meanwhile."""
+    from .._scheduling.scheduler import _backoff
+
+    failures = 0
+    while True:
+        try:
+            await client.get_server_info()
+            return
+        except sepp.UnauthenticatedError:
+            failures += 1
+            await trio.sleep(_backoff(failures))
+        except sepp.SeppError:
+            return  # not about the key: the worker's reserves say what it is
 
 
 async def serve_monitor(

@@ -3,6 +3,7 @@ client and hand it to a Worker later."""
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Awaitable, Callable, Iterable
 from contextlib import AbstractAsyncContextManager
 from datetime import timedelta
@@ -44,11 +45,49 @@ class TaskDecorator(Protocol[T]):
     ) -> Callable[[T, JobContext], None]: ...
 
 
-# Takes the sepp.Worker (typed Any: router cannot import worker).
-Lifespan = Callable[[Any], AbstractAsyncContextManager[Any]]
-"""A callable taking the Worker and returning an async context manager (e.g. an
-`@contextlib.asynccontextmanager` function): entered before the worker's first reserve,
+# Takes the sepp.Worker, or nothing (typed Any: router cannot import worker).
+Lifespan = (
+    Callable[[Any], AbstractAsyncContextManager[Any]]
+    | Callable[[], AbstractAsyncContextManager[Any]]
+)
+"""A callable taking the Worker (or no argument) and returning an async context manager (e.g.
+an `@contextlib.asynccontextmanager` function): entered before the worker's first reserve,
 exited after its last job settled; what it yields is every handler's `ctx.state`."""
+
+LifespanCall = Callable[[Any], AbstractAsyncContextManager[Any]]
+
+
+def lifespan_call(lifespan: object) -> LifespanCall:
+    """How to call `lifespan` with the Worker, checked now rather than when the worker runs:
+    a callable of one argument gets the Worker, one of none is called without it. An async
+    generator or coroutine function (not an async context manager) raises TypeError, as a
+    callable that needs more arguments does."""
+    if not callable(lifespan):
+        raise ValidationError("lifespan", "must be a callable returning an async context manager")
+    name = getattr(lifespan, "__qualname__", type(lifespan).__name__)
+    if inspect.isasyncgenfunction(lifespan) or inspect.iscoroutinefunction(lifespan):
+        raise TypeError(
+            f"the lifespan {name!r} is an async function, not a callable returning an async"
+            " context manager: decorate it with @contextlib.asynccontextmanager"
+        )
+    try:
+        signature = inspect.signature(lifespan)
+    except (TypeError, ValueError):  # a builtin without a signature: trusted to take the Worker
+        return lifespan
+    try:
+        signature.bind(None)
+    except TypeError:
+        pass
+    else:
+        return lifespan
+    try:
+        signature.bind()
+    except TypeError:
+        raise TypeError(
+            f"the lifespan {name}{signature} cannot be called as lifespan(worker) or lifespan()"
+        ) from None
+    return lambda _worker: lifespan()
+
 
 BackoffSetting = Backoff | Retry
 """A `sepp.Backoff`, or `sepp.Retry.DEFAULT` for the queue's own retry policy."""
@@ -134,10 +173,8 @@ class Router:
             optional_timeout(timeout),
             checked_backoff("backoff", backoff),
         )
-        if lifespan is not None and not callable(lifespan):
-            raise ValidationError(
-                "lifespan", "must be a callable returning an async context manager"
-            )
+        if lifespan is not None:
+            lifespan_call(lifespan)  # refused now, not when a Worker runs it
         self.lifespan = lifespan
 
     def handle(
@@ -229,34 +266,12 @@ class Router:
                 "a router with a lifespan cannot be included; give the lifespan to the"
                 " router (or Worker) that includes it",
             )
-        return self._include(other)
-
-    def _include(self, other: Router) -> Router:
-        for job_type in other._handlers:
-            if job_type in self._handlers:
-                raise DuplicateHandlerError(job_type)
-        if other._catch_all is not None and self._catch_all is not None:
-            raise DuplicateHandlerError(None)
-        self._handlers.update(other._handlers)
-        for job_type in other._handlers:
-            settings = other._route_settings(job_type)
-            if settings != NO_SETTINGS:
-                self._settings[job_type] = settings
-        if other._catch_all is not None:
-            self._catch_all = other._catch_all
-            self._catch_all_settings = other._catch_all_settings.inside(other._own)
+        copy_handlers(self, other)
         return self
 
     def lookup(self, job_type: str) -> Handler | None:
         """The handler for `job_type`: its own, else the catch-all, else None."""
         return self._handlers.get(job_type, self._catch_all)
-
-    def _route_settings(self, job_type: str) -> RouteSettings:
-        """The settings `lookup(job_type)`'s handler runs with, this router's included (the
-        catch-all's for a type without a handler of its own)."""
-        if job_type in self._handlers:
-            return self._settings.get(job_type, NO_SETTINGS).inside(self._own)
-        return self._catch_all_settings.inside(self._own)
 
     @property
     def job_types(self) -> tuple[str, ...]:
@@ -271,6 +286,51 @@ class Router:
     def __repr__(self) -> str:
         catch_all = " +catch_all" if self._catch_all is not None else ""
         return f"<sepp.Router {list(self._handlers)}{catch_all}>"
+
+
+# -- how the Worker reads a Router (package-level: Router's public API has no need of it) --------
+
+
+class RegisteredHandler(NamedTuple):
+    """One of a router's handlers as the Worker runs it: `settings` are those of the router and
+    of every router it came through (a Worker adds its own)."""
+
+    job_type: str | None  # None: the catch-all
+    handler: Handler
+    settings: RouteSettings
+
+
+def registered_handlers(router: Router) -> list[RegisteredHandler]:
+    """`router`'s handlers in registration order, then its catch-all (if it has one)."""
+    own = router._own
+    found = [
+        RegisteredHandler(job_type, fn, router._settings.get(job_type, NO_SETTINGS).inside(own))
+        for job_type, fn in router._handlers.items()
+    ]
+    if router._catch_all is not None:
+        found.append(
+            RegisteredHandler(None, router._catch_all, router._catch_all_settings.inside(own))
+        )
+    return found
+
+
+def copy_handlers(into: Router, other: Router) -> None:
+    """Copy `other`'s handlers (and catch-all) into `into`, with `other`'s settings; nothing on
+    a clash (DuplicateHandlerError). `Router.include`, and the Worker with the router it is
+    given (whose lifespan it takes, which `include` refuses)."""
+    for job_type in other._handlers:
+        if job_type in into._handlers:
+            raise DuplicateHandlerError(job_type)
+    if other._catch_all is not None and into._catch_all is not None:
+        raise DuplicateHandlerError(None)
+    for entry in registered_handlers(other):
+        if entry.job_type is None:
+            into._catch_all = entry.handler
+            into._catch_all_settings = entry.settings
+            continue
+        into._handlers[entry.job_type] = entry.handler
+        if entry.settings != NO_SETTINGS:
+            into._settings[entry.job_type] = entry.settings
 
 
 def optional_timeout(timeout: float | timedelta | None) -> float | None:
