@@ -477,6 +477,54 @@ async def test_an_interrupted_call_gives_up_its_stream(sepp_server: SeppServer) 
         client.close()
 
 
+async def test_an_interrupted_follower_gives_up_its_stream_and_the_reader_goes_on(
+    sepp_server: SeppServer,
+) -> None:
+    """Ctrl-C in a thread waiting for its result while another thread reads the connection:
+    its stream is reset, and the reader's own call ends as it would have."""
+    import signal
+
+    client = sepp.SyncClient(sepp_server.address)
+    try:
+        client.connect()
+        engine = client._current
+        assert engine is not None
+        channel = engine.client._channel
+        main = threading.get_ident()
+
+        def waiting(count: int) -> bool:
+            conn = channel._current  # type: ignore[attr-defined]
+            return conn is not None and len(conn.waiters) == count
+
+        def interrupt_once_following() -> None:
+            for _ in range(FORK_WAIT_S * 100):
+                if waiting(2):
+                    signal.pthread_kill(main, signal.SIGINT)
+                    return
+                threading.Event().wait(0.01)
+
+        read: list[list[sepp.Job] | None] = []
+        reader = threading.Thread(
+            target=lambda: read.append(client.reserve("reader", wait_timeout=30)), daemon=True
+        )
+        reader.start()
+        for _ in range(FORK_WAIT_S * 100):  # the reader's poll is in flight: it reads
+            if waiting(1):
+                break
+            threading.Event().wait(0.01)
+        threading.Thread(target=interrupt_once_following, daemon=True).start()
+        with pytest.raises(KeyboardInterrupt):
+            client.reserve("follower", wait_timeout=30)  # in this (the main) thread
+        client.enqueue("follower", "t")
+        jobs = await in_thread(lambda: client.reserve("follower", wait_timeout=10))
+        assert jobs is not None and jobs[0].ctx.job_type == "t"
+        client.enqueue("reader", "wake")
+        await in_thread(reader.join)
+        assert read[0] is not None and read[0][0].ctx.job_type == "wake"
+    finally:
+        client.close()
+
+
 async def test_a_batch_over_the_servers_limits_goes_out_in_chunks(sepp_server: SeppServer) -> None:
     def scenario() -> tuple[int, int, int]:
         with sepp.connect(sepp_server.address) as client:
