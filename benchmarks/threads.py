@@ -16,8 +16,6 @@ the range over rounds. See benchmarks/README.md, "Threads sharing a SyncClient".
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import os
 import statistics
 import subprocess
 import sys
@@ -25,7 +23,7 @@ from typing import Any
 
 import trio
 
-from ._drivers import BENCH_DIR, REPO, SRC, _clean_env, run_json
+from ._drivers import BENCH_DIR, REPO, SRC, _clean_env, replace_marked, results_header, run_json
 
 if str(SRC) not in sys.path:
     sys.path.insert(0, str(SRC))
@@ -161,21 +159,13 @@ def main() -> None:
     opts = parser.parse_args()
     pythons = dict(opts.python) if opts.python else default_pythons()
     rows = trio.run(measure, pythons, opts.rounds, opts.jobs, opts.threads)
-    load = os.getloadavg()[0]
-    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    text = (
-        f"Run {stamp} on {os.cpu_count()} CPUs, load average {load:.2f} at the end,"
-        f" {opts.rounds} rounds of 4 runs of {opts.jobs} calls per interpreter,"
-        " `persist_mode=buffer`.\n\nCommand: `python -m benchmarks.threads"
-        f" --rounds {opts.rounds} --jobs {opts.jobs} --update-readme`\n\n"
-        + table(rows, pythons, opts.threads)
-    )
+    what = f"{opts.rounds} rounds of 4 runs of {opts.jobs} calls per interpreter"
+    command = f"python -m benchmarks.threads --rounds {opts.rounds} --jobs {opts.jobs}"
+    text = results_header(f"{what}, `persist_mode=buffer`", f"{command} --update-readme")
+    text += table(rows, pythons, opts.threads)
     print(text)
     if opts.update_readme:
-        readme = README.read_text()
-        before, _, rest = readme.partition(START)
-        _, _, after = rest.partition(END)
-        README.write_text(f"{before}{START}\n{text}{END}{after}")
+        replace_marked(README, START, END, text)
 
 
 if __name__ == "__main__":
