@@ -47,7 +47,7 @@ _DESCRIBE = (
 
 
 def default_pythons() -> dict[str, str]:
-    pythons = {"this": sys.executable}
+    pythons = {f"py{sys.version_info[0]}.{sys.version_info[1]}": sys.executable}
     free_threaded = FREE_THREADED_VENV / "bin" / "python"
     if free_threaded.exists():
         pythons["py3.13t"] = str(free_threaded)
