@@ -53,7 +53,8 @@ from fixtures.interpreters import missing_tools, pinned  # noqa: E402  (as the `
 
 MAIN_VENV = ROOT / os.environ.get("VENV", ".venv")
 CACHE = Path(os.environ.get("SEPP_TRIO_CACHE", Path.home() / ".cache" / "sepp-trio"))
-PART_TIMEOUT_S = 40 * 60  # a hung part must fail CI well inside its 90 minutes
+# A hung part must fail CI well inside its 90 minutes (a slower machine may give more).
+PART_TIMEOUT_S = float(os.environ.get("SEPP_MATRIX_PART_TIMEOUT_S", 40 * 60))
 # Floors that pyproject.toml cannot state: the api's sdk (tests and users pair them), and
 # hpack, which h2 4.1 (our h2 floor) accepts from 4.0.
 EXTRA_FLOORS = {"hpack": "4.0.0"}
@@ -171,6 +172,7 @@ class Part:
     status: str = "not run"
     seconds: float = 0.0
     prepare_seconds: float = 0.0  # the interpreter and the venv, when they had to be made
+    pytest_cpu: list[float] = field(default_factory=list)  # CPU seconds of pytest and children
     counts: str = ""
     excluded: str = ""
     log: Path | None = None
@@ -206,18 +208,39 @@ def plan() -> list[Part]:
     return parts
 
 
-def run_logged(command: list[str], log: Path, env: dict[str, str], timeout: float) -> int:
+def run_logged(
+    command: list[str],
+    log: Path,
+    env: dict[str, str],
+    timeout: float,
+    cpu: list[float] | None = None,
+) -> int:
+    """Run `command` with its output in `log`; append the CPU seconds it and its children
+    (the servers and proxies the tests start) used to `cpu`."""
     with open(log, "a") as out:
         shown = [arg.strip().splitlines()[0] + " ..." if "\n" in arg else arg for arg in command]
         out.write(f"$ {' '.join(shown)}\n")
         out.flush()
-        try:
-            return subprocess.run(
-                command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT, timeout=timeout
-            ).returncode
-        except subprocess.TimeoutExpired:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+        timed_out = threading.Event()
+
+        def kill() -> None:
+            timed_out.set()
+            process.kill()
+
+        timer = threading.Timer(timeout, kill)
+        timer.start()
+        try:  # wait4, not wait: it gives the process's resource usage
+            _, status, usage = os.wait4(process.pid, 0)
+        finally:
+            timer.cancel()
+        process.returncode = os.waitstatus_to_exitcode(status)
+        if cpu is not None:
+            cpu.append(usage.ru_utime + usage.ru_stime)
+        if timed_out.is_set():
             out.write(f"\ntest_matrix: timed out after {timeout:.0f}s\n")
             return 124
+        return process.returncode
 
 
 def dev_requirements(leave_out: set[str]) -> str:
@@ -325,7 +348,9 @@ def run_part(part: Part, pytest_args: list[str], logs: Path) -> Part:
             basetemp = CACHE / "matrix" / "tmp" / part.venv.parent.name / part.name
             basetemp.parent.mkdir(parents=True, exist_ok=True)  # pytest creates only the last
             command.append(f"--basetemp={basetemp}")
-        status = run_logged([*command, *pytest_args], part.log, env, PART_TIMEOUT_S)
+        status = run_logged(
+            [*command, *pytest_args], part.log, env, PART_TIMEOUT_S, part.pytest_cpu
+        )
     part.seconds = time.monotonic() - started
     part.status = "passed" if status == 0 else f"FAILED (exit {status})"
     for line in reversed(part.log.read_text(errors="replace").splitlines()):
@@ -379,7 +404,8 @@ def main() -> int:
     for part in finished:
         where = part.version or main_version()
         minutes = f"{part.seconds / 60:5.1f} min"
-        setup = f"(setup {part.prepare_seconds / 60:4.1f})"
+        cpu = f"pytest CPU {sum(part.pytest_cpu) / 60:4.1f}"
+        setup = f"(setup {part.prepare_seconds / 60:4.1f}, {cpu})"
         print(
             f"  {part.name:<16} Python {where:<5} {minutes} {setup}  {part.status}  {part.counts}"
         )
