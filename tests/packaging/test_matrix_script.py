@@ -73,6 +73,14 @@ def test_pypy_and_free_threaded_cpython_run_first_from_their_provisioning_script
     assert parts[2].name == "main" and not any(p.interpreter for p in parts[2:])
 
 
+def test_the_pypy_and_free_threading_classifiers_are_claims_the_matrix_runs() -> None:
+    classifiers = test_matrix.pyproject()["classifiers"]
+    assert "Programming Language :: Python :: Implementation :: PyPy" in classifiers
+    free_threading = [c for c in classifiers if ":: Free Threading ::" in c]
+    assert free_threading == ["Programming Language :: Python :: Free Threading :: 2 - Beta"]
+    assert {"pypy3.11", "py3.13t"} <= {part.name for part in test_matrix.plan()}
+
+
 def test_an_interpreter_the_script_cannot_name_is_refused() -> None:
     done = subprocess.run(
         ["bash", str(ROOT / "scripts/ensure-interpreters.sh"), "jython2.7"],
