@@ -6,12 +6,16 @@ from __future__ import annotations
 import io
 import json
 import os
+import queue
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 
 import sepp
+from sepp._cli import _enqueue_file as enqueue_file
 from sepp._cli._enqueue_file import _load, _Loader
 
 
@@ -82,23 +86,49 @@ async def test_a_pipe_read_4_kib_at_a_time_goes_out_in_full_chunks() -> None:
     assert client.chunks == [256, 44]
 
 
-async def test_lines_from_a_slow_producer_go_out_before_the_next_read_waits() -> None:
-    read_end, write_end = os.pipe()
-    with pipe_reader(read_end) as pipe:
-        client = RecordingClient()
-        loader = _Loader(client, 256)  # type: ignore[arg-type]
-        try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(_load, loader, SmallReads(pipe, most=4096))
-                os.write(write_end, lines(10))
-                with trio.fail_after(30):
-                    await client.sent.wait()  # sent while the writer still holds the pipe open
-                assert client.chunks == [10]
-                os.write(write_end, lines(5, start=10))
-                os.close(write_end)  # the end of the input
-                write_end = -1
-        finally:
-            if write_end >= 0:  # failed: the end of the input for the read left in its thread
-                os.close(write_end)
+class Producer:
+    """A source fed by the test: read1 waits for the next piece; b"" is the end."""
+
+    def __init__(self) -> None:
+        self.pieces: queue.Queue[bytes] = queue.Queue()
+
+    def read1(self, size: int) -> bytes:
+        return self.pieces.get(timeout=60)
+
+
+async def test_lines_from_a_slow_producer_go_out_before_the_next_read_waits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Whether more input is ready is the producer's queue (the real check is tested below).
+    monkeypatch.setattr(enqueue_file, "_more_input_ready", lambda s: not s.pieces.empty())
+    producer, client = Producer(), RecordingClient()
+    loader = _Loader(client, 256)  # type: ignore[arg-type]
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_load, loader, producer)
+        producer.pieces.put(lines(10))
+        with trio.fail_after(30):
+            await client.sent.wait()  # sent while the producer has not sent more
+        assert client.chunks == [10]
+        for piece in (lines(3, start=10), lines(2, start=13), b""):  # all there before a read
+            producer.pieces.put(piece)
     assert client.chunks == [10, 5]
     assert loader.tally.enqueued == 15
+
+
+def test_input_is_ready_in_a_file_always_and_in_a_pipe_when_written(tmp_path: Path) -> None:
+    path = tmp_path / "jobs.jsonl"
+    path.write_bytes(b"")
+    with open(path, "rb") as empty_file:
+        assert enqueue_file._more_input_ready(empty_file)  # a read returns at once: b""
+    assert enqueue_file._more_input_ready(io.BytesIO())  # type: ignore[arg-type]
+    read_end, write_end = os.pipe()
+    with open(read_end, "rb") as pipe:
+        try:
+            assert not enqueue_file._more_input_ready(pipe)
+            os.write(write_end, b"x")
+            assert enqueue_file._more_input_ready(pipe)
+            assert pipe.read1(10) == b"x"
+            assert not enqueue_file._more_input_ready(pipe)
+        finally:
+            os.close(write_end)
+        assert enqueue_file._more_input_ready(pipe)  # the end: a read returns b"" at once
