@@ -54,8 +54,10 @@ as_root_install() {  # as_root_install PACKAGE... : install the missing Debian p
     [ ${#missing[@]} -eq 0 ] && return 0
     [ "$(id -u)" = 0 ] || die "missing Debian packages (install them as root): ${missing[*]}"
     log "installing ${missing[*]}"
-    apt-get -q update >&2
-    DEBIAN_FRONTEND=noninteractive apt-get -q install -y --no-install-recommends "${missing[@]}" >&2
+    # Another installer (scripts/ensure-proxies.sh, make test runs both at once) may hold apt.
+    apt-get -q -o DPkg::Lock::Timeout=600 update >&2
+    DEBIAN_FRONTEND=noninteractive apt-get -q -o DPkg::Lock::Timeout=600 install -y \
+        --no-install-recommends "${missing[@]}" >&2
 }
 
 debian_mirror() {  # the Debian archive this machine's apt uses (not the security one)
@@ -78,7 +80,7 @@ trixie_get() {  # trixie_get ARGS...: the private apt-get, one at a time (its li
         "${APT[@]}" "$@"
     ) 8>"$DIR/.apt.lock"
 }
-trixie_apt() {  # set APT to an apt-get that sees only trixie, with its index fetched once a run
+trixie_apt() {  # set APT to an apt-get that sees only trixie, its index fetched once a (sub)shell
     [ -n "$apt_ready" ] && return 0
     local state="$DIR/apt-$SUITE" mirror
     mirror="$(debian_mirror)"
@@ -121,9 +123,14 @@ provide_pypy() {
     done
     rm -f "$archive"/*.deb
     [ -x "$bin" ] || die "$bin is not in $SUITE's pypy3 package any more"
-    # The loader and libraries of the root, found by absolute path: the host's are older.
-    patchelf --set-interpreter "$root/usr/lib64/ld-linux-x86-64.so.2" \
-        --force-rpath --set-rpath "$root/usr/lib/x86_64-linux-gnu" "$bin"
+    # The loader and libraries of the root, by absolute path: the host's are older. RPATH,
+    # not RUNPATH: it also serves the libraries' own dependencies (libpypy's libffi, ...).
+    local loader libc
+    loader="$(patchelf --print-interpreter "$bin")"
+    [ -e "$root$loader" ] || loader="/usr$loader" # merged /usr: /lib64 is /usr/lib64
+    libc="$(find "$root/usr/lib" -name libc.so.6 | head -n 1)"
+    [ -e "$root$loader" ] && [ -n "$libc" ] || die "no loader or libc in $root"
+    patchelf --set-interpreter "$root$loader" --force-rpath --set-rpath "$(dirname "$libc")" "$bin"
     "$bin" -c 'import ctypes, hashlib, lzma, sqlite3, ssl, venv' ||
         die "the unpacked PyPy does not start or lacks a module"
     touch "$home/.complete"
