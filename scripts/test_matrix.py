@@ -7,14 +7,19 @@
 - `floors-py3.X`: the oldest and the newest claimed Python with the lowest version of every
   runtime dependency and extra that pyproject.toml allows (plus opentelemetry-sdk at the
   api's floor, and hpack at h2's floor's own floor), after checking that the generated
-  protobuf code loads without warnings there on both protobuf implementations.
+  protobuf code loads without warnings there on both protobuf implementations;
+- `pypy3.11` and `py3.13t`: PyPy 3.11 (Debian trixie's) and free-threaded CPython 3.13 (built
+  from Debian's source), provisioned and cached by scripts/ensure-interpreters.sh, with the dev
+  requirements that exist there (requirements-dev.txt's markers). A test that needs a tool
+  with no build for that interpreter is excluded by its `needs` marker (tests/conftest.py),
+  and the part's summary says how many and why; 3.13t's run fails if the GIL came back on.
 
-Each part runs the whole `tests/` tree (unit, fixture and real-server suites) in its own
-process, `--jobs` at a time (2 by default: the CI machine has 2 cores), in a virtualenv kept
-under `${SEPP_TRIO_CACHE:-~/.cache/sepp-trio}/matrix/` and rebuilt when its inputs change. A
-claimed Python that cannot be found is a failure, never a skip. The exit status is non-zero if
-any part fails; the last lines are a summary with each part's wall time and the main part's
-pytest output, whose closing line counts its tests.
+The slowest parts start first. Each part runs the whole `tests/` tree (unit, fixture and
+real-server suites) in its own process, `--jobs` at a time (2 by default: the CI machine has 2
+cores), in a virtualenv kept under `${SEPP_TRIO_CACHE:-~/.cache/sepp-trio}/matrix/` and rebuilt
+when its inputs change. A claimed Python that cannot be found is a failure, never a skip. The
+exit status is non-zero if any part fails; the last lines are a summary with each part's wall
+time and the main part's pytest output, whose closing line counts its tests.
 
 Usage: scripts/test_matrix.py [--jobs N] [--only PART ...] [--list] [-- PYTEST_ARGS...]
 """
@@ -43,9 +48,13 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+from fixtures.interpreters import missing_tools, pinned  # noqa: E402  (as the `needs` marker)
+
 MAIN_VENV = ROOT / os.environ.get("VENV", ".venv")
 CACHE = Path(os.environ.get("SEPP_TRIO_CACHE", Path.home() / ".cache" / "sepp-trio"))
-PART_TIMEOUT_S = 40 * 60  # a hung part must fail CI well inside its 90 minutes
+# A hung part must fail CI well inside its 90 minutes (a slower machine may give more).
+PART_TIMEOUT_S = float(os.environ.get("SEPP_MATRIX_PART_TIMEOUT_S", 40 * 60))
 # Floors that pyproject.toml cannot state: the api's sdk (tests and users pair them), and
 # hpack, which h2 4.1 (our h2 floor) accepts from 4.0.
 EXTRA_FLOORS = {"hpack": "4.0.0"}
@@ -59,6 +68,17 @@ print("protobuf", google.protobuf.__version__, impl.Type(), "loads the gencode w
 """
 _FLOOR = re.compile(r"^(?P<name>[A-Za-z0-9_.-]+)\s*>=\s*(?P<version>[0-9][0-9.]*)")
 _SUMMARY = re.compile(r"^=*\s*(?P<counts>\d+ (passed|failed|error).*?)\s*=*$")
+_EXCLUDED = re.compile(r"^sepp-trio tests excluded on this interpreter: (?P<what>.*)$")
+# The interpreters besides the claimed CPythons: part name -> its Python version, and the dev
+# tools that cannot exist there (left out of its requirements). They come from
+# scripts/ensure-interpreters.sh, which prints "NAME PATH" lines; the slowest run first.
+EXTRA_INTERPRETERS = {"pypy3.11": "3.11", "py3.13t": "3.13"}
+KINDS = {
+    "pypy3.11": {"pypy": True, "free_threaded": False},
+    "py3.13t": {"pypy": False, "free_threaded": True},
+}
+MISSING_THERE = {name: missing_tools(**kind) for name, kind in KINDS.items()}
+PINNED_THERE = {name: pinned(**kind) for name, kind in KINDS.items()}
 
 
 def pyproject() -> dict[str, object]:
@@ -123,14 +143,38 @@ def find_python(version: str) -> Path:
     )
 
 
+def provision(name: str, log: Path, env: dict[str, str]) -> Path:
+    """One of EXTRA_INTERPRETERS from scripts/ensure-interpreters.sh (cached; else made)."""
+    with open(log, "a") as out:
+        out.write(f"$ bash scripts/ensure-interpreters.sh {name}\n")
+        out.flush()
+        done = subprocess.run(
+            ["bash", str(ROOT / "scripts/ensure-interpreters.sh"), name],
+            stdout=subprocess.PIPE,
+            stderr=out,
+            text=True,
+            env=env,
+            timeout=PART_TIMEOUT_S,
+        )
+        out.write(done.stdout)
+    lines = done.stdout.split()
+    if done.returncode or lines[-2:-1] != [name]:
+        raise LookupError(f"scripts/ensure-interpreters.sh could not provide {name}: see {log}")
+    return Path(lines[-1])
+
+
 @dataclass
 class Part:
     name: str
     version: str  # "3.X"; "" for the main venv
     floors: dict[str, str] = field(default_factory=dict)
+    interpreter: str = ""  # one of EXTRA_INTERPRETERS, else a claimed CPython found on PATH
     status: str = "not run"
     seconds: float = 0.0
+    prepare_seconds: float = 0.0  # the interpreter and the venv, when they had to be made
+    pytest_cpu: list[float] = field(default_factory=list)  # CPU seconds of pytest and children
     counts: str = ""
+    excluded: str = ""
     log: Path | None = None
 
     @property
@@ -156,34 +200,70 @@ def plan() -> list[Part]:
     ours = main_version()
     if ours not in versions:
         raise SystemExit(f"test_matrix: {MAIN_VENV} runs Python {ours}, which is not claimed")
-    parts = [Part("main", "")]
+    parts = [Part(name, v, interpreter=name) for name, v in EXTRA_INTERPRETERS.items()]
+    parts += [Part("main", "")]
     parts += [Part(f"py{v}", v) for v in versions if v != ours]
     pins = floor_pins()
     parts += [Part(f"floors-py{v}", v, pins) for v in sorted({versions[0], versions[-1]})]
     return parts
 
 
-def run_logged(command: list[str], log: Path, env: dict[str, str], timeout: float) -> int:
+def run_logged(
+    command: list[str],
+    log: Path,
+    env: dict[str, str],
+    timeout: float,
+    cpu: list[float] | None = None,
+) -> int:
+    """Run `command` with its output in `log`; append the CPU seconds it and its children
+    (the servers and proxies the tests start) used to `cpu`."""
     with open(log, "a") as out:
         shown = [arg.strip().splitlines()[0] + " ..." if "\n" in arg else arg for arg in command]
         out.write(f"$ {' '.join(shown)}\n")
         out.flush()
-        try:
-            return subprocess.run(
-                command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT, timeout=timeout
-            ).returncode
-        except subprocess.TimeoutExpired:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+        timed_out = threading.Event()
+
+        def kill() -> None:
+            timed_out.set()
+            process.kill()
+
+        timer = threading.Timer(timeout, kill)
+        timer.start()
+        try:  # wait4, not wait: it gives the process's resource usage
+            _, status, usage = os.wait4(process.pid, 0)
+        finally:
+            timer.cancel()
+        process.returncode = os.waitstatus_to_exitcode(status)
+        if cpu is not None:
+            cpu.append(usage.ru_utime + usage.ru_stime)
+        if timed_out.is_set():
             out.write(f"\ntest_matrix: timed out after {timeout:.0f}s\n")
             return 124
+        return process.returncode
+
+
+def dev_requirements(leave_out: set[str]) -> str:
+    """requirements-dev.txt without the tools named (its -r includes made absolute)."""
+    kept = []
+    for line in (ROOT / "requirements-dev.txt").read_text().splitlines():
+        text = line.split("#", 1)[0].strip()
+        if text.startswith("-r "):
+            line = f"-r {ROOT / text.removeprefix('-r ').strip()}"
+        elif text and canonicalize_name(Requirement(text).name) in leave_out:
+            continue
+        kept.append(line)
+    return "\n".join(kept) + "\n"
 
 
 def prepare(part: Part, python: Path, log: Path, env: dict[str, str]) -> int:
     """Create (or reuse) the part's virtualenv: the project, editable, and the dev tools."""
     venv_python = part.venv / "bin/python"
+    requirements = dev_requirements(set(MISSING_THERE.get(part.name, {})))
+    pins = PINNED_THERE.get(part.name, [])
     inputs = [
-        (ROOT / name).read_bytes()
-        for name in ("pyproject.toml", "requirements-dev.txt", "docs/requirements.txt")
-    ]
+        (ROOT / name).read_bytes() for name in ("pyproject.toml", "docs/requirements.txt")
+    ] + [requirements.encode(), repr(pins).encode()]
     want = hashlib.sha256(
         b"\0".join([*inputs, str(python).encode(), repr(sorted(part.floors.items())).encode()])
     ).hexdigest()[:16]
@@ -194,7 +274,13 @@ def prepare(part: Part, python: Path, log: Path, env: dict[str, str]) -> int:
     part.venv.parent.mkdir(parents=True, exist_ok=True)
     steps = [[str(python), "-m", "venv", str(part.venv)]]
     pip = [str(venv_python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
-    install = [*pip, "-e", ".[otel,cron]", "-r", "requirements-dev.txt"]
+    requirements_file = part.venv.parent / f"{part.name}-requirements-dev.txt"
+    requirements_file.write_text(requirements)
+    install = [*pip, "-e", ".[otel,cron]", "-r", str(requirements_file)]
+    if pins:
+        pins_file = part.venv.parent / f"{part.name}-pins.txt"
+        pins_file.write_text("".join(f"{pin}\n" for pin in pins))
+        install += ["-c", str(pins_file)]
     if part.floors:
         constraints = part.venv.parent / f"{part.name}-constraints.txt"
         pins = [f"{name}{pin}" for name, pin in sorted(part.floors.items())]
@@ -243,26 +329,35 @@ def run_part(part: Part, pytest_args: list[str], logs: Path) -> Part:
     env.pop("VIRTUAL_ENV", None)
     status = 0
     try:
+        if part.interpreter:
+            python = provision(part.interpreter, part.log, env)
+        elif part.version:
+            python = find_python(part.version)
         if part.version:
-            status = prepare(part, find_python(part.version), part.log, env)
+            status = prepare(part, python, part.log, env)
             if not status and part.floors:
                 status = check_floors(part, part.log, env)
     except LookupError as exc:
-        part.log.write_text(f"{exc}\n")
+        with open(part.log, "a") as out:
+            out.write(f"{exc}\n")
         status = 1
+    part.prepare_seconds = time.monotonic() - started
     if not status:
         command = [str(part.venv / "bin/python"), "-m", "pytest", "-p", "no:cacheprovider"]
         if part.version:  # the main part keeps pytest's default temporary directory
             basetemp = CACHE / "matrix" / "tmp" / part.venv.parent.name / part.name
             basetemp.parent.mkdir(parents=True, exist_ok=True)  # pytest creates only the last
             command.append(f"--basetemp={basetemp}")
-        status = run_logged([*command, *pytest_args], part.log, env, PART_TIMEOUT_S)
+        status = run_logged(
+            [*command, *pytest_args], part.log, env, PART_TIMEOUT_S, part.pytest_cpu
+        )
     part.seconds = time.monotonic() - started
     part.status = "passed" if status == 0 else f"FAILED (exit {status})"
     for line in reversed(part.log.read_text(errors="replace").splitlines()):
-        if match := _SUMMARY.match(line.strip()):
+        if not part.excluded and (match := _EXCLUDED.match(line.strip())):
+            part.excluded = match["what"]
+        if not part.counts and (match := _SUMMARY.match(line.strip())):
             part.counts = match["counts"]
-            break
     return part
 
 
@@ -309,7 +404,13 @@ def main() -> int:
     for part in finished:
         where = part.version or main_version()
         minutes = f"{part.seconds / 60:5.1f} min"
-        print(f"  {part.name:<16} Python {where:<5} {minutes}  {part.status}  {part.counts}")
+        cpu = f"pytest CPU {sum(part.pytest_cpu) / 60:4.1f}"
+        setup = f"(setup {part.prepare_seconds / 60:4.1f}, {cpu})"
+        print(
+            f"  {part.name:<16} Python {where:<5} {minutes} {setup}  {part.status}  {part.counts}"
+        )
+        if part.excluded and part.excluded != "0":
+            print(f"  {'':<16} excluded: {part.excluded}")
     main_part = next((p for p in finished if p.name == "main"), None)
     if main_part is not None and main_part.log is not None:
         print("\n==> main: pytest output")

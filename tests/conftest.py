@@ -8,11 +8,13 @@ of a run shows the counts, so a green run that quietly skipped the server is vis
 from __future__ import annotations
 
 import os
+import sys
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from fixtures.interpreters import FREE_THREADED, MISSING_TOOLS
 from hypothesis import settings
 
 import sepp
@@ -73,6 +75,11 @@ def pytest_configure(config: pytest.Config) -> None:
         ("real_server", "against the real sepp server"),
     ):
         config.addinivalue_line("markers", f"{name}: {doc}")
+    config.addinivalue_line(
+        "markers",
+        "needs(tool): the test needs a tool that some interpreters cannot have (msgspec, mypy:"
+        " tests/fixtures/interpreters.py); it is excluded there, and counted",
+    )
 
 
 def _category(item: pytest.Item) -> str:
@@ -102,10 +109,42 @@ def _run_on_wire_engine(wire_engine: str, monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setattr(_engine, "DEFAULT_WIRE_ENGINE", wire_engine)
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+_excluded: Counter[str] = Counter()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    kept, dropped = [], []
     for item in items:
         if item.get_closest_marker(_category(item)) is None:
             item.add_marker(_category(item))
+        missing = [
+            tool
+            for marker in item.iter_markers("needs")
+            for tool in marker.args
+            if tool in MISSING_TOOLS
+        ]
+        (dropped if missing else kept).append(item)
+        _excluded.update(missing[:1])
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+
+
+def _gil_check(when: str) -> str | None:
+    """On a free-threaded build: why the run fails if something turned the GIL back on."""
+    if FREE_THREADED and sys._is_gil_enabled():  # type: ignore[attr-defined]
+        return f"the GIL is enabled {when} on this free-threaded build"
+    return None
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if problem := _gil_check("after importing the test modules"):
+        raise pytest.UsageError(problem)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if _gil_check("after the tests") and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -119,6 +158,15 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         f"unit={_passed['unit']} fixture={_passed['fixture']} "
         f"real_server={_passed['real_server']}"
     )
+    # scripts/test_matrix.py shows this line in its summary.
+    reasons = "; ".join(f"{n} ({MISSING_TOOLS[tool]})" for tool, n in sorted(_excluded.items()))
+    terminalreporter.write_line(
+        f"sepp-trio tests excluded on this interpreter: {sum(_excluded.values())}"
+        + (f": {reasons}" if reasons else "")
+    )
+    if FREE_THREADED:
+        problem = _gil_check("after the tests")
+        terminalreporter.write_line(problem or "free-threaded build: the GIL stayed disabled")
 
 
 @pytest.fixture

@@ -20,11 +20,9 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import gc
-import ipaddress
 import os
 import ssl
 import struct
-import tempfile
 import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -33,6 +31,7 @@ from typing import Any, TypeVar, cast
 
 import pytest
 import trio
+from fixtures.certificates import CA, self_signed
 from fixtures.h2_server import GRPC_HEADERS, H2Server, ServerCall, frame_message
 from h2.errors import ErrorCodes
 from hpack.hpack import encode_integer as hpack_integer
@@ -1299,12 +1298,6 @@ async def test_http1_server_on_the_port_is_a_connect_error(linger: bool) -> None
             nursery.cancel_scope.cancel()
 
 
-def _trustme() -> Any:
-    import trustme  # a dev dependency: missing means a broken setup, not a skip
-
-    return trustme
-
-
 def _tls_server_context(cert: Any) -> ssl.SSLContext:
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     cert.configure_cert(ctx)
@@ -1334,78 +1327,41 @@ async def _refused_tls(server: H2Server, **options: Any) -> sepp.ConnectError:
 
 
 async def test_tls_with_a_valid_certificate_works() -> None:
-    trustme = _trustme()
-    ca = trustme.CA()
+    ca = CA()
     async with tls_server(_tls_server_context(ca.issue_cert("127.0.0.1"))) as server:
         async with open_client(
-            f"https://127.0.0.1:{server.port}", tls_ca_cert=ca.cert_pem.bytes()
+            f"https://127.0.0.1:{server.port}", tls_ca_cert=ca.cert_pem
         ) as client:
             assert (await client.get_server_info(timeout=5)).server_version == "hostile-1"
         assert server.calls[0].header(b":scheme") == b"https"
 
 
 async def test_tls_certificate_for_another_host_is_a_connect_error() -> None:
-    trustme = _trustme()
-    ca = trustme.CA()
+    ca = CA()
     async with tls_server(_tls_server_context(ca.issue_cert("sepp.example"))) as server:
-        exc = await _refused_tls(server, tls_ca_cert=ca.cert_pem.bytes())
+        exc = await _refused_tls(server, tls_ca_cert=ca.cert_pem)
         assert "127.0.0.1" in exc.reason or "match" in exc.reason.lower()
 
 
 async def test_tls_expired_certificate_is_a_connect_error() -> None:
-    trustme = _trustme()
-    ca = trustme.CA()
+    ca = CA()
     now = dt.datetime.now(dt.timezone.utc)
     cert = ca.issue_cert(
         "127.0.0.1", not_before=now - dt.timedelta(days=30), not_after=now - dt.timedelta(days=1)
     )
     async with tls_server(_tls_server_context(cert)) as server:
-        exc = await _refused_tls(server, tls_ca_cert=ca.cert_pem.bytes())
+        exc = await _refused_tls(server, tls_ca_cert=ca.cert_pem)
         assert "expired" in exc.reason
 
 
 def _self_signed_context() -> ssl.SSLContext:
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
-    now = dt.datetime.now(dt.timezone.utc)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)  # signed by itself
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(days=1))
-        .not_valid_after(now + dt.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-            critical=False,
-        )
-        .sign(key, hashes.SHA256())
-    )
-    pem = cert.public_bytes(serialization.Encoding.PEM) + key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    )
-    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    with tempfile.NamedTemporaryFile(suffix=".pem") as f:
-        f.write(pem)
-        f.flush()
-        ctx.load_cert_chain(f.name)
-    ctx.set_alpn_protocols(["h2"])
-    return ctx
+    return _tls_server_context(self_signed("127.0.0.1"))
 
 
 @pytest.mark.parametrize("trust", ["system_roots", "another_ca"])
 async def test_tls_self_signed_certificate_is_a_connect_error(trust: str) -> None:
-    trustme = _trustme()
     options: dict[str, Any] = (
-        {"tls": True} if trust == "system_roots" else {"tls_ca_cert": trustme.CA().cert_pem.bytes()}
+        {"tls": True} if trust == "system_roots" else {"tls_ca_cert": CA().cert_pem}
     )
     async with tls_server(_self_signed_context()) as server:
         exc = await _refused_tls(server, **options)
@@ -1413,8 +1369,7 @@ async def test_tls_self_signed_certificate_is_a_connect_error(trust: str) -> Non
 
 
 async def test_https_address_never_falls_back_to_plaintext() -> None:
-    trustme = _trustme()
-    ca = trustme.CA()
+    ca = CA()
     with trio.fail_after(GUARD_S), every_socket_closed():
         async with trio.open_nursery() as nursery:
             server = await H2Server(behave).start(nursery)  # plaintext h2
@@ -1422,7 +1377,7 @@ async def test_https_address_never_falls_back_to_plaintext() -> None:
             with pytest.raises(sepp.ConnectError):
                 async with open_client(
                     f"https://127.0.0.1:{server.port}",
-                    tls_ca_cert=ca.cert_pem.bytes(),
+                    tls_ca_cert=ca.cert_pem,
                     connect_timeout=3,
                 ):
                     raise AssertionError("an https:// address connected without TLS")

@@ -379,19 +379,19 @@ async def test_api_key_right_wrong_and_missing(caplog: pytest.LogCaptureFixture)
 async def test_tls_with_private_ca_and_name_override(tmp_path: object) -> None:
     from pathlib import Path
 
-    import trustme  # a dev dependency: missing means a broken setup, not a skip
+    from fixtures.certificates import CA
 
     tmp = Path(str(tmp_path))
-    ca = trustme.CA()
+    ca = CA()
     cert = ca.issue_cert("sepp.test")
     cert_path, key_path, ca_path = tmp / "cert.pem", tmp / "key.pem", tmp / "ca.pem"
-    cert.private_key_and_cert_chain_pem.write_to_path(str(cert_path))
-    cert.private_key_pem.write_to_path(str(key_path))
-    ca.cert_pem.write_to_path(str(ca_path))
+    cert_path.write_bytes(cert.cert_chain_pem)
+    key_path.write_bytes(cert.key_pem)
+    ca_path.write_bytes(ca.cert_pem)
     cfg = config(server={"tls_cert_path": str(cert_path), "tls_key_path": str(key_path)})
     async with sepp_server(cfg) as server:
         async with sepp.open(
-            server.address, tls_ca_cert=ca.cert_pem.bytes(), tls_domain="sepp.test"
+            server.address, tls_ca_cert=ca.cert_pem, tls_domain="sepp.test"
         ) as client:
             await client.enqueue("tls", "t")
             assert await client.reserve("tls", wait_timeout=1) is not None
@@ -400,14 +400,14 @@ async def test_tls_with_private_ca_and_name_override(tmp_path: object) -> None:
         ) as client:
             assert (await client.get_server_info()).server_version
         # Wrong CA, and right CA but wrong host name: both refused at connect.
-        other = trustme.CA()
+        other = CA()
         with pytest.raises(sepp.ConnectError):
             async with sepp.open(
-                server.address, tls_ca_cert=other.cert_pem.bytes(), tls_domain="sepp.test"
+                server.address, tls_ca_cert=other.cert_pem, tls_domain="sepp.test"
             ):
                 pass
         with pytest.raises(sepp.ConnectError) as info:
-            async with sepp.open(server.address, tls_ca_cert=ca.cert_pem.bytes()):
+            async with sepp.open(server.address, tls_ca_cert=ca.cert_pem):
                 pass
         assert "127.0.0.1" in str(info.value)
         # Plaintext against a TLS server fails rather than hangs.

@@ -2,15 +2,18 @@
 module outside the interpreter's own standard library cannot be imported.
 
 A prelude installs a meta-path finder that refuses any extension module (ExtensionFileLoader)
-not in the interpreter's lib-dynload, as on a platform without wheels for them. After the round
-trip the script reports every extension module loaded and where from; the test asserts none
-came from outside the standard library and that protobuf ran its pure-Python implementation.
-The same script without the finder must report protobuf's upb extension: that proves the
-report sees native code when it is there.
+outside the interpreter's standard library (CPython's lib-dynload; PyPy keeps its cffi modules
+beside the stdlib's .py files), as on a platform without wheels for them. After the round trip
+the script reports every extension module loaded and where from; the test asserts none came
+from outside the standard library and that protobuf ran its pure-Python implementation. The
+same script without the finder must report pydantic-core's extension (a dev dependency with
+wheels everywhere the suite runs) and, where its wheel installs, protobuf's upb: that proves
+the report sees native code when it is there.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import sys
@@ -23,23 +26,31 @@ import trio
 from sepp.testing import SeppServer
 
 SRC = Path(__file__).resolve().parents[2] / "src"
+# upb has wheels for CPython with the GIL only: not for PyPy, not for free-threaded builds.
+UPB = importlib.util.find_spec("google._upb") is not None
 
 PRELUDE = r"""
-import importlib.abc, importlib.machinery, os, sys, sysconfig
+import importlib.abc, importlib.machinery, os, site, sys, sysconfig
 
-STDLIB_NATIVE = tuple(
-    os.path.realpath(p) + os.sep
-    for p in {
-        sysconfig.get_config_var("DESTSHARED") or "",
-        os.path.join(os.path.dirname(os.__file__), "lib-dynload"),
-    }
-    if p
+def _dirs(paths):
+    return tuple(os.path.realpath(p) + os.sep for p in set(paths) if p)
+
+STDLIB_NATIVE = _dirs([
+    sysconfig.get_config_var("DESTSHARED") or "",
+    os.path.join(os.path.dirname(os.__file__), "lib-dynload"),
+    sysconfig.get_path("stdlib"),
+    sysconfig.get_path("platstdlib"),
+])
+# An interpreter's own site-packages may lie inside its stdlib directory: never the stdlib.
+SITE = _dirs(
+    [*site.getsitepackages(), sysconfig.get_path("purelib"), sysconfig.get_path("platlib")]
 )
 REFUSED = []
 
 
 def is_stdlib_native(origin):
-    return os.path.realpath(origin).startswith(STDLIB_NATIVE)
+    where = os.path.realpath(origin)
+    return where.startswith(STDLIB_NATIVE) and not where.startswith(SITE)
 
 
 class RefuseForeignNativeCode(importlib.abc.MetaPathFinder):
@@ -65,9 +76,12 @@ if os.environ.get("SEPP_TEST_REFUSE_NATIVE") == "1":
 """
 
 SCRIPT = r"""
-import importlib.machinery, json, sys
+import importlib, importlib.machinery, json, os, sys
 import trio, sepp
 from google.protobuf.internal import api_implementation
+
+for also in filter(None, os.environ.get("SEPP_TEST_ALSO_IMPORT", "").split(",")):
+    importlib.import_module(also)
 
 async def main(address):
     async with sepp.open(address) as client:
@@ -129,13 +143,16 @@ async def test_round_trip_loads_no_native_code_outside_the_standard_library(
     assert report["grpc"] == []
     assert report["foreign_native"] == []
     # protobuf probes its upb extension even when told to use pure Python; it was refused.
-    assert "google._upb._message" in report["refused"]
+    assert ("google._upb._message" in report["refused"]) is UPB
     assert report["stdlib_native"], "the standard library's own extensions load as usual"
 
 
 async def test_the_report_sees_native_code_when_it_is_loaded(sepp_server: SeppServer) -> None:
-    report = await round_trip(sepp_server.address)  # no guard: protobuf picks upb
+    # No guard: protobuf picks upb where it is installed.
+    report = await round_trip(sepp_server.address, SEPP_TEST_ALSO_IMPORT="pydantic_core")
     assert report["ok"] is True
-    assert report["protobuf"] == "upb"
-    assert "google._upb._message" in report["foreign_native"]
+    assert "pydantic_core._pydantic_core" in report["foreign_native"]
+    assert report["protobuf"] == ("upb" if UPB else "python")
+    assert ("google._upb._message" in report["foreign_native"]) is UPB
+    assert report["stdlib_native"]
     assert report["refused"] == []

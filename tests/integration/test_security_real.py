@@ -63,13 +63,13 @@ async def test_api_key_never_appears_in_logs_errors_reprs_or_spans(
 async def test_default_tls_verifies_the_certificate(tmp_path: object) -> None:
     from pathlib import Path
 
-    import trustme  # a dev dependency: missing means a broken setup, not a skip
+    from fixtures.certificates import CA
 
     tmp = Path(str(tmp_path))
-    ca = trustme.CA()
+    ca = CA()
     cert = ca.issue_cert("127.0.0.1", "localhost")
-    cert.private_key_and_cert_chain_pem.write_to_path(str(tmp / "c.pem"))
-    cert.private_key_pem.write_to_path(str(tmp / "k.pem"))
+    (tmp / "c.pem").write_bytes(cert.cert_chain_pem)
+    (tmp / "k.pem").write_bytes(cert.key_pem)
     cfg = {
         "admin": {"enabled": False},
         "server": {"tls_cert_path": str(tmp / "c.pem"), "tls_key_path": str(tmp / "k.pem")},
@@ -85,5 +85,5 @@ async def test_default_tls_verifies_the_certificate(tmp_path: object) -> None:
                 "CERTIFICATE_VERIFY_FAILED" in str(info.value)
                 or "certificate" in str(info.value).lower()
             )
-        async with sepp.open(f"https://{server.address}", tls_ca_cert=ca.cert_pem.bytes()) as c:
+        async with sepp.open(f"https://{server.address}", tls_ca_cert=ca.cert_pem) as c:
             assert (await c.get_server_info()).server_version

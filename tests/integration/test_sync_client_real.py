@@ -422,15 +422,15 @@ async def test_the_async_client_refuses_use_after_fork(sepp_server: SeppServer) 
 async def test_tls_verifies_and_carries_the_api_key(tmp_path: object) -> None:
     from pathlib import Path
 
-    import trustme  # a dev dependency: missing means a broken setup, not a skip
+    from fixtures.certificates import CA
 
     from sepp.testing import sepp_server
 
     tmp = Path(str(tmp_path))
-    ca = trustme.CA()
+    ca = CA()
     cert = ca.issue_cert("127.0.0.1", "localhost")
-    cert.private_key_and_cert_chain_pem.write_to_path(str(tmp / "c.pem"))
-    cert.private_key_pem.write_to_path(str(tmp / "k.pem"))
+    (tmp / "c.pem").write_bytes(cert.cert_chain_pem)
+    (tmp / "k.pem").write_bytes(cert.key_pem)
     key = "sync-s3cr3t"
     cfg = {
         "admin": {"enabled": False},
@@ -444,7 +444,7 @@ async def test_tls_verifies_and_carries_the_api_key(tmp_path: object) -> None:
             with pytest.raises(sepp.ConnectError) as refused:
                 sepp.connect(f"https://{server.address}", connect_timeout=3).__enter__()
             with sepp.connect(
-                f"https://{server.address}", tls_ca_cert=ca.cert_pem.bytes(), api_key=key
+                f"https://{server.address}", tls_ca_cert=ca.cert_pem, api_key=key
             ) as client:
                 # Enough calls from threads at once for TLS records to interleave both ways.
                 results: list[str] = []
@@ -463,7 +463,7 @@ async def test_tls_verifies_and_carries_the_api_key(tmp_path: object) -> None:
                 for job in jobs:
                     client.ack(job.ctx)
             with sepp.connect(
-                f"https://{server.address}", tls_ca_cert=ca.cert_pem.bytes(), api_key=key + "x"
+                f"https://{server.address}", tls_ca_cert=ca.cert_pem, api_key=key + "x"
             ) as wrong:
                 with pytest.raises(sepp.UnauthenticatedError) as auth:
                     wrong.get_server_info()

@@ -198,6 +198,7 @@ def test_with_a_docs_address_every_docs_link_points_at_an_existing_page_and_sect
             assert anchor in heading_slugs(source.read_text()), url
 
 
+@pytest.mark.needs("twine")
 def test_twine_check_passes(artefacts: dict[str, Path]) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "twine", "check", "--strict", *map(str, artefacts.values())],

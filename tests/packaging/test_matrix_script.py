@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from fixtures import interpreters
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
+from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -53,3 +59,100 @@ def test_an_interpreter_of_another_version_is_not_taken_for_the_claimed_one(
     monkeypatch.setenv("PYENV_ROOT", str(tmp_path / "pyenv"))
     with pytest.raises(LookupError):
         test_matrix.find_python("3.99")
+
+
+# -- PyPy and free-threaded CPython ------------------------------------------------------------
+
+
+def test_pypy_and_free_threaded_cpython_run_first_from_their_provisioning_script() -> None:
+    parts = test_matrix.plan()
+    assert [(p.name, p.version, p.interpreter) for p in parts[:2]] == [
+        ("pypy3.11", "3.11", "pypy3.11"),
+        ("py3.13t", "3.13", "py3.13t"),
+    ]  # the slowest parts start first
+    assert parts[2].name == "main" and not any(p.interpreter for p in parts[2:])
+
+
+def test_the_pypy_and_free_threading_classifiers_are_claims_the_matrix_runs() -> None:
+    classifiers = test_matrix.pyproject()["classifiers"]
+    assert "Programming Language :: Python :: Implementation :: PyPy" in classifiers
+    free_threading = [c for c in classifiers if ":: Free Threading ::" in c]
+    assert free_threading == ["Programming Language :: Python :: Free Threading :: 2 - Beta"]
+    assert {"pypy3.11", "py3.13t"} <= {part.name for part in test_matrix.plan()}
+
+
+def test_an_interpreter_the_script_cannot_name_is_refused() -> None:
+    done = subprocess.run(
+        ["bash", str(ROOT / "scripts/ensure-interpreters.sh"), "jython2.7"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1 and done.stdout == ""
+    assert "unknown interpreter 'jython2.7' (pypy3.11, py3.13t)" in done.stderr
+
+
+def requirements_on(environment: dict[str, str]) -> dict[str, SpecifierSet]:
+    """requirements-dev.txt's packages (not its -r includes) where `environment` holds."""
+    found: dict[str, SpecifierSet] = {}
+    for line in (ROOT / "requirements-dev.txt").read_text().splitlines():
+        text = line.split("#", 1)[0].strip()
+        if not text or text.startswith("-"):
+            continue
+        requirement = Requirement(text)
+        if requirement.marker is None or requirement.marker.evaluate(environment):
+            name = canonicalize_name(requirement.name)
+            found[name] = found.get(name, SpecifierSet()) & requirement.specifier
+    return found
+
+
+def test_the_dev_requirements_markers_say_for_pypy_what_the_needs_marker_says() -> None:
+    cpython = requirements_on({"platform_python_implementation": "CPython"})
+    pypy = requirements_on({"platform_python_implementation": "PyPy"})
+    packages = set(interpreters.missing_tools(pypy=True, free_threaded=False)) & set(cpython)
+    assert packages == {"msgspec", "mypy", "twine"}  # tracemalloc is CPython's stdlib
+    assert packages.isdisjoint(pypy)
+    for pin in interpreters.pinned(pypy=True, free_threaded=False):
+        requirement = Requirement(pin)
+        (limit,) = requirement.specifier
+        newest_refused = limit.version  # "<6.156": 6.156 and later refused
+        assert not pypy[requirement.name].contains(newest_refused), (pin, pypy[requirement.name])
+        assert cpython.get(requirement.name, SpecifierSet()).contains(newest_refused)
+
+
+def test_the_free_threaded_part_leaves_out_and_pins_what_the_needs_marker_says() -> None:
+    kept = test_matrix.dev_requirements(set(test_matrix.MISSING_THERE["py3.13t"]))
+    names = {
+        canonicalize_name(Requirement(line.split("#", 1)[0]).name)
+        for line in kept.splitlines()
+        if line.split("#", 1)[0].strip() and not line.startswith("-")
+    }
+    assert {"msgspec", "mypy", "twine"}.isdisjoint(names)
+    assert {"pytest", "hypothesis", "pydantic", "sybil"} <= names
+    (include,) = [line for line in kept.splitlines() if line.startswith("-r ")]
+    assert Path(include.removeprefix("-r ")).is_file()  # absolute: the file lives elsewhere
+    assert test_matrix.PINNED_THERE["py3.13t"] == ["hypothesis<6.156", "pydantic-core<2.42"]
+
+
+def test_excluded_tests_are_deselected_counted_and_read_back_by_the_matrix(
+    tmp_path: Path,
+) -> None:
+    # A plugin that declares mypy, and only mypy, missing here (as on PyPy, whatever this
+    # interpreter lacks); the typing test needs it, the other test needs nothing.
+    (tmp_path / "no_mypy_here.py").write_text(
+        "from fixtures import interpreters\n"
+        "interpreters.MISSING_TOOLS.clear()\n"
+        "interpreters.MISSING_TOOLS['mypy'] = 'mypy is declared missing for this test'\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no_mypy_here", "-p", "no:cacheprovider",
+         "tests/unit/test_typing.py::test_code_using_sepp_type_checks_as_intended",
+         "tests/unit/test_cli_enqueue_file.py::test_a_file_read_in_small_pieces_goes_out_in_full_chunks"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        env=os.environ | {"PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT / "tests")])},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    lines = [line.strip() for line in done.stdout.splitlines()]
+    (excluded,) = [m for line in lines if (m := test_matrix._EXCLUDED.match(line))]
+    assert excluded["what"] == "1: 1 (mypy is declared missing for this test)"
+    assert " 1 passed, 1 deselected in " in done.stdout

@@ -11,14 +11,17 @@ from datetime import date, datetime, time, timedelta, timezone
 from decimal import Decimal
 from typing import Annotated, Any, Literal, NewType, Optional, TypedDict, Union
 
-import msgspec
 import pydantic
 import pytest
+from fixtures.interpreters import available
 from hypothesis import given
 from hypothesis import strategies as st
 
 import sepp
 from sepp._payloads import json_decoders as _json_decoders
+
+if available("msgspec"):
+    import msgspec
 
 
 class Color(enum.Enum):
@@ -327,15 +330,21 @@ class PydanticLine(pydantic.BaseModel):
     qty: int = 1
 
 
-class MsgspecLine(msgspec.Struct):
-    sku: str
-    qty: int = 1
+if available("msgspec"):
+
+    class MsgspecLine(msgspec.Struct):
+        sku: str
+        qty: int = 1
 
 
 def test_tasks_pick_the_codec_of_their_models_library() -> None:
     assert isinstance(sepp.Task("q", "t", PydanticLine).codec, sepp.PydanticCodec)
-    assert isinstance(sepp.Task("q", "t", MsgspecLine).codec, sepp.MsgspecCodec)
     assert isinstance(sepp.Task("q", "t", Line).codec, sepp.JsonCodec)
+
+
+@pytest.mark.needs("msgspec")
+def test_tasks_of_msgspec_structs_pick_the_msgspec_codec() -> None:
+    assert isinstance(sepp.Task("q", "t", MsgspecLine).codec, sepp.MsgspecCodec)
 
 
 def test_pydantic_models_are_validated_by_pydantic() -> None:
@@ -350,6 +359,7 @@ def test_pydantic_models_are_validated_by_pydantic() -> None:
         codec.decode(sepp.Payload.text("x"), PydanticLine)
 
 
+@pytest.mark.needs("msgspec")
 @pytest.mark.parametrize("form", ["json", "msgpack"])
 def test_msgspec_structs_round_trip_in_both_formats(form: Literal["json", "msgpack"]) -> None:
     codec = sepp.MsgspecCodec(form)

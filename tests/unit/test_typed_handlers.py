@@ -11,11 +11,11 @@ import warnings
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
-import msgspec
 import pydantic
 import pytest
 import trio
 from fixtures.fake_client import FakeClient, RecordingLogger
+from fixtures.interpreters import available
 from trio.testing import MockClock
 
 import sepp
@@ -374,11 +374,27 @@ class PydanticWelcome(pydantic.BaseModel):
     user: int
 
 
-class MsgspecWelcome(msgspec.Struct):
-    user: int
+def msgspec_welcome() -> type:
+    import msgspec
+
+    class MsgspecWelcome(msgspec.Struct):
+        user: int
+
+    return MsgspecWelcome
 
 
-@pytest.mark.parametrize("model", [PydanticWelcome, MsgspecWelcome, dict])
+@pytest.mark.parametrize(
+    "model",
+    [
+        PydanticWelcome,
+        pytest.param(
+            msgspec_welcome() if available("msgspec") else None,
+            marks=pytest.mark.needs("msgspec"),
+            id="MsgspecWelcome",
+        ),
+        dict,
+    ],
+)
 async def test_annotated_handlers_use_the_codec_of_their_models_library(model: Any) -> None:
     seen: list[object] = []
 

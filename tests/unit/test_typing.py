@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 TYPING = ROOT / "tests" / "typing"
 
@@ -31,6 +33,7 @@ def run_mypy(*files: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.needs("mypy")
 def test_code_using_sepp_type_checks_as_intended() -> None:
     checks = sorted(TYPING.glob("*.py"))
     assert checks, "no typing checks found"

@@ -7,7 +7,6 @@ that ignores it would send. Work is counted, never timed.
 from __future__ import annotations
 
 import struct
-import tracemalloc
 from typing import Any
 
 import hpack
@@ -288,7 +287,10 @@ def test_a_late_frame_for_a_stream_reset_long_ago_is_ignored() -> None:
 # -- input buffering -------------------------------------------------------------------------------
 
 
+@pytest.mark.needs("tracemalloc")
 def test_a_frame_arriving_in_tiny_reads_is_held_in_one_buffer() -> None:
+    import tracemalloc
+
     pair = Pair()
     sid = pair.call()
     body = b"m" * (32 * 1024)

@@ -613,9 +613,9 @@ async def test_failed_connect_is_shared_by_the_calls_queued_behind_it() -> None:
 
 
 def tls_contexts(server_alpn: list[str]) -> tuple[ssl.SSLContext, ssl.SSLContext]:
-    import trustme  # a dev dependency: missing means a broken setup, not a skip
+    from fixtures.certificates import CA
 
-    ca = trustme.CA()
+    ca = CA()
     server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ca.issue_cert("sepp.test").configure_cert(server_ctx)
     server_ctx.set_alpn_protocols(server_alpn)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import select
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -214,19 +215,35 @@ def _open_source(path: str) -> io.BufferedReader:
     return open(path, "rb")
 
 
+def _more_input_ready(source: io.BufferedReader) -> bool:
+    """Whether the next read returns at once: always for a regular file (or a source without
+    a file descriptor), for a pipe or terminal only when its writer has sent more."""
+    try:
+        fd = source.fileno()
+    except (OSError, ValueError):  # io.UnsupportedOperation is both
+        return True
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(0))
+
+
 async def _load(loader: _Loader, source: io.BufferedReader) -> None:
     line_number = 0
     partial = b""
     while True:
         # In a worker thread, so the connection's tasks keep running; read1 returns what is
-        # there, so lines from a slow producer on stdin go out as they come.
+        # there (however little: 4 KiB on PyPy), so lines from a slow producer on stdin can go
+        # out as they come.
         data = await trio.to_thread.run_sync(source.read1, READ_BYTES, abandon_on_cancel=True)
         *lines, partial = (partial + data).split(b"\n") if data else (partial, b"")
         for raw in lines:
             line_number += 1
             loader.lines_read = line_number
             await loader.add(line_number, raw)
-        await loader.flush()
+        # A part-full chunk goes out only before a read that would wait, or at the end:
+        # full chunks otherwise, whatever each read returned.
+        if not data or not _more_input_ready(source):
+            await loader.flush()
         if not data:
             return
 

@@ -152,7 +152,7 @@ def read_enqueue_batch(body: bytes, count: int) -> list[EnqueueAck | JobRejectio
 
 
 def read_enqueue_one(body: bytes) -> EnqueueAck | JobRejection:
-    return convert(cv.single_result_from_pb, body, "Enqueue")
+    return convert(cv.single_result_from_pb, body, "EnqueueBatch")
 
 
 def enqueue_atomic_call(
