@@ -211,7 +211,10 @@ def test_an_unresolvable_model_annotation_is_refused_with_advice() -> None:
         sepp.Router().handle("t", handle)
 
 
-@pytest.mark.parametrize("library", ["dataclass", "pydantic", "msgspec"])
+@pytest.mark.parametrize(
+    "library",
+    ["dataclass", "pydantic", pytest.param("msgspec", marks=pytest.mark.needs("msgspec"))],
+)
 @pytest.mark.parametrize("register", ["router", "worker"])
 async def test_task_handlers_of_models_defined_in_a_function_register_and_decode(
     library: str, register: str, autojump_clock: MockClock
@@ -230,6 +233,7 @@ async def test_task_handlers_of_models_defined_in_a_function_register_and_decode
             sku: str
 
     else:
+        import msgspec
 
         class Order(msgspec.Struct):  # type: ignore[no-redef]
             sku: str
@@ -255,7 +259,10 @@ async def test_task_handlers_of_models_defined_in_a_function_register_and_decode
     assert len(fake.acks) == 1
 
 
-@pytest.mark.parametrize("library", ["dataclass", "pydantic", "msgspec"])
+@pytest.mark.parametrize(
+    "library",
+    ["dataclass", "pydantic", pytest.param("msgspec", marks=pytest.mark.needs("msgspec"))],
+)
 def test_a_task_handler_annotated_with_another_local_type_is_refused_by_name(
     library: str,
 ) -> None:
@@ -278,6 +285,7 @@ def test_a_task_handler_annotated_with_another_local_type_is_refused_by_name(
             sku: str
 
     else:
+        import msgspec
 
         class Order(msgspec.Struct):  # type: ignore[no-redef]
             sku: str
