@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterator
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -18,13 +19,17 @@ def _is_module(name: str) -> bool:
     return base.with_suffix(".py").exists() or (base / "__init__.py").exists()
 
 
+def _sources() -> Iterator[tuple[str, Path]]:
+    """Each sepp module's name and file (not the generated code)."""
+    for path in (SRC / "sepp").rglob("*.py"):
+        if "_pb" not in path.parts:
+            yield _module_name(path), path
+
+
 def import_graph() -> dict[str, set[str]]:
     """sepp module → the sepp modules it imports anywhere (top level, functions, TYPE_CHECKING)."""
     graph: dict[str, set[str]] = {}
-    for path in (SRC / "sepp").rglob("*.py"):
-        if "_pb" in path.parts:
-            continue  # generated code
-        name = _module_name(path)
+    for name, path in _sources():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         edges: set[str] = set()
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
@@ -152,4 +157,46 @@ def test_the_layer_check_sees_an_upward_import() -> None:
         "sepp.wire._framing imports sepp._model.errors, a layer above it",
         "sepp.wire.codec._connection imports sepp.wire.h2ref._connection: the engines are"
         " independent",
+    ]
+
+
+# Within `wire`, only the trio driver imports trio: the engines and the drivers' shared core
+# (`_base`, `_core`, `_tls`) have no event loop, so the blocking driver, and a driver for
+# another loop, build on them without it.
+TRIO_IN_WIRE = ("sepp.wire.drivers._trio", "sepp.wire.drivers._waiters")
+
+
+def library_imports() -> dict[str, set[str]]:
+    """sepp module → the top-level packages outside sepp it imports anywhere."""
+    found: dict[str, set[str]] = {}
+    for name, path in _sources():
+        libraries: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                libraries.add(node.module.split(".")[0])
+            elif isinstance(node, ast.Import):
+                libraries.update(alias.name.split(".")[0] for alias in node.names)
+        found[name] = libraries - {"sepp"}
+    return found
+
+
+def trio_in_wire_violations(imports: dict[str, set[str]]) -> list[str]:
+    return [
+        f"{module} imports trio: within sepp.wire only the trio driver may"
+        for module, libraries in sorted(imports.items())
+        if _within(module, "sepp.wire") and "trio" in libraries and module not in TRIO_IN_WIRE
+    ]
+
+
+def test_within_wire_only_the_trio_driver_imports_trio() -> None:
+    assert trio_in_wire_violations(library_imports()) == []
+
+
+def test_the_trio_check_sees_a_trio_import() -> None:
+    imports = library_imports()
+    assert "trio" in imports["sepp.wire.drivers._trio"]  # `import trio`, read from the source
+    imports["sepp.wire.drivers._core"] = {*imports["sepp.wire.drivers._core"], "trio"}
+    imports["sepp._worker.worker"] = {*imports["sepp._worker.worker"], "trio"}  # not in wire
+    assert trio_in_wire_violations(imports) == [
+        "sepp.wire.drivers._core imports trio: within sepp.wire only the trio driver may"
     ]
