@@ -609,6 +609,28 @@ async def test_failed_connect_is_shared_by_the_calls_queued_behind_it() -> None:
         assert len(server.connections) == 2
 
 
+async def test_a_call_that_comes_while_a_connect_is_under_way_shares_its_failure() -> None:
+    # Not only the calls queued before the attempt began: one connect gate for both drivers.
+    kwargs = {"connect_timeout": 0.3}
+    async with serving(echo, silent=True, channel_kwargs=kwargs) as (server, channel):
+        failures: list[RpcError] = []
+
+        async def one() -> None:
+            try:
+                await channel.call("Ack", b"x", timeout=5)
+            except RpcError as exc:
+                failures.append(exc)
+
+        async with trio.open_nursery() as calls:
+            calls.start_soon(one)
+            await server.wait_until(lambda: len(server.connections) == 1)  # connecting
+            calls.start_soon(one)
+        assert [(f.code, f.kind) for f in failures] == [
+            (StatusCode.UNAVAILABLE, FailureKind.CONNECT)
+        ] * 2
+        assert len(server.connections) == 1  # the second call paid no connect timeout of its own
+
+
 # -- TLS ------------------------------------------------------------------------------------------
 
 
