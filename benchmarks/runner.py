@@ -79,6 +79,9 @@ class Scenario:
     # A new driver process per measurement, warmed up with FRESH_WARMUP calls first (the
     # short-lived producer: no long-lived process whose caches are hot).
     fresh: bool = False
+    # The harness drains the queue after the run (untimed): big payloads would otherwise pile
+    # up gigabytes in the server over the rounds.
+    drain_after: bool = False
 
 
 def _n(base: int, factor: float, floor: int = 50) -> int:
@@ -92,6 +95,13 @@ def _enqueue(concurrency: int, base: int) -> Callable[[float], tuple[dict[str, A
             "concurrency": concurrency,
             "payload_size": PAYLOAD_SIZE,
         }, 0
+
+    return build
+
+
+def _big_enqueue(size: int, base: int) -> Callable[[float], tuple[dict[str, Any], int]]:
+    def build(f: float) -> tuple[dict[str, Any], int]:
+        return {"n": _n(base, f, 20), "concurrency": 64, "payload_size": size}, 0
 
     return build
 
@@ -159,6 +169,22 @@ SCENARIOS: dict[str, Scenario] = {
             "throughput",
             _fresh_enqueue,
             fresh=True,
+        ),
+        Scenario(
+            "enqueue_64k",
+            "enqueue 64 KiB payloads, 64 tasks",
+            "bench_enqueue",
+            "throughput",
+            _big_enqueue(64 * 1024, 3000),
+            drain_after=True,
+        ),
+        Scenario(
+            "enqueue_1m",
+            "enqueue 1 MiB payloads, 64 tasks",
+            "bench_enqueue",
+            "throughput",
+            _big_enqueue(1024 * 1024, 300),
+            drain_after=True,
         ),
         Scenario(
             "enqueue_batch",
@@ -553,6 +579,18 @@ async def preload(client: sepp.Client, queue: str, n: int, batch: int) -> None:
         left -= k
 
 
+async def drain(client: sepp.Client, queue: str, n: int) -> None:
+    """Reserve and ack up to `n` jobs of `queue` (until it is found empty)."""
+    while n > 0:
+        jobs = await client.reserve([queue], lease_duration=LEASE_S, wait_timeout=0.2, max_jobs=8)
+        if not jobs:
+            return
+        n -= len(jobs)
+        async with trio.open_nursery() as nursery:
+            for job in jobs:
+                nursery.start_soon(client.ack, job.ctx)
+
+
 async def run_one(
     driver: DriverProcess,
     scenario: Scenario,
@@ -569,6 +607,9 @@ async def run_one(
     except DriverFailed as exc:
         log(f"  {driver.name} {scenario.name}: FAILED: {exc}")
         return {"error": str(exc)}
+    finally:
+        if scenario.drain_after:
+            await drain(loader, queue, int(args.get("n", 0)))
     if scenario.kind == "throughput":
         expected = args.get("n", args.get("n_batches", 0) * args.get("batch_size", 0))
         if result.get("n") != expected:

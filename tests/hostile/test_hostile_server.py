@@ -355,6 +355,11 @@ async def test_non_200_status_maps_to_a_typed_error_and_keeps_the_connection(
         exc = await raises(error, client.get_server_info(timeout=5), within=5)
         assert exc.code is code
         assert f"HTTP {http_status}" in str(exc)
+        # A proxy's 429/503 means a busy or absent backend; any other HTTP answer, another
+        # HTTP server where sepp's gRPC port was meant (its admin UI answers 404).
+        hint = "is probably not sepp's gRPC port" in str(exc)
+        assert hint is (code is not sepp.StatusCode.UNAVAILABLE), str(exc)
+        assert exc.details == f"server answered HTTP {http_status} instead of 200"
         assert await client.enqueue("q", "t") == sepp.EnqueueAck("c0-0", False)
         assert len(server.connections) == 1
 

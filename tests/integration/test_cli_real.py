@@ -903,3 +903,33 @@ async def test_the_api_key_comes_from_the_environment_only_and_is_never_printed(
             assert_one_line_failure(done, 2, "read only from $SEPP_API_KEY, never from a flag")
         for done in [*runs, wrong, missing, *flags]:
             assert API_KEY not in done.stdout + done.stderr
+
+
+async def test_a_worker_whose_key_is_refused_announces_itself_only_once_it_is_accepted(
+    app_dir: Path,
+) -> None:
+    late_key = "late-key-5e0a"
+    ops = {"name": "ops", "key": API_KEY}
+    async with sepp_server(config(auth={"api_keys": [ops]})) as server:
+        args = ("worker", "jobs_app:router", "--queue", "work", "--log-format", "json")
+        async with spawn(
+            server.address, *args, env={"SEPP_API_KEY": late_key}, cwd=app_dir
+        ) as running:
+            await running.wait_for("cannot reserve from", count=2)
+            assert "reserving from" not in running.text("stderr")
+            mark = server.output_line_count
+            server.update_config(
+                config(auth={"api_keys": [ops, {"name": "late", "key": late_key}]})
+            )
+            with trio.fail_after(TIMEOUT_S):
+                await server.wait_for_output("configuration reloaded", after=mark)
+            await running.wait_for("reserving from work")
+            running.send(signal.SIGTERM)
+            status = await running.wait()
+    assert status == 0, running.out
+    records = [json.loads(line) for line in running.text("stderr").splitlines()]  # all JSON
+    levels = {r["level"] for r in records if "reserving from" in r["message"]}
+    assert levels == {"INFO"}
+    refused = [r for r in records if "cannot reserve from" in r["message"]]
+    assert refused and all(r["level"] == "ERROR" for r in refused)
+    assert late_key not in running.text("stderr")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
+import random
 import uuid
 from datetime import datetime, timedelta, timezone
 
@@ -546,3 +548,67 @@ async def test_retry_policy_survives_a_server_restart(sepp_server: SeppServer) -
             nursery.start_soon(restart_soon)
             ack = await client.enqueue("retry", "t", idempotency_key="r-1")
         assert ack.job_id
+
+
+async def test_pointed_at_the_admin_ui_both_clients_say_it_is_probably_not_the_grpc_port() -> None:
+    async with sepp_server(config(admin={"enabled": True})) as server:
+        with trio.fail_after(30):
+            line = await server.wait_for_output(r"admin UI listening at http://127\.0\.0\.1:\d+")
+        admin = line.split("http://", 1)[1].split()[0]
+        async with sepp.open(admin) as client:
+            with pytest.raises(sepp.UnexpectedStatusError) as info:
+                await client.get_server_info()
+
+        def blocking() -> None:
+            with (
+                sepp.SyncClient(admin) as sync,
+                pytest.raises(sepp.UnexpectedStatusError) as sync_info,
+            ):
+                sync.enqueue("q", "t")
+            errors.append(sync_info.value)
+
+        errors: list[sepp.UnexpectedStatusError] = [info.value]
+        await trio.to_thread.run_sync(blocking)
+    for error in errors:
+        assert error.code is sepp.StatusCode.UNIMPLEMENTED  # the status itself is unchanged
+        assert "HTTP 404" in str(error)
+        assert f"{admin} is probably not sepp's gRPC port" in str(error)
+        assert "admin UI on 9465" in str(error)
+
+
+async def test_both_clients_word_a_refused_connection_the_same() -> None:
+    with trio.socket.socket() as sock:  # bound, never listening: connections are refused
+        await sock.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{sock.getsockname()[1]}"
+        with pytest.raises(sepp.ConnectError) as info:
+            async with sepp.open(address):
+                pass
+
+        def blocking() -> str:
+            with pytest.raises(sepp.ConnectError) as sync_info:
+                sepp.SyncClient(address).connect()
+            return str(sync_info.value)
+
+        sync_message = await trio.to_thread.run_sync(blocking)
+    assert str(info.value) == sync_message
+    assert sync_message.startswith(f"cannot connect to {address}: ConnectionRefusedError: ")
+
+
+async def test_payloads_of_up_to_one_mib_make_the_round_trip_intact(client: sepp.Client) -> None:
+    # The largest payload the server takes (max_payload_bytes, 1 MiB) and 64 KiB ones, all at
+    # once: the requests' DATA frames interleave and wait for the server's windows, and go out
+    # as views of the encoded requests; the Reserve responses come back over many reads.
+    rng = random.Random(27)
+    sizes = [1_048_576] * 6 + [65_536] * 6 + [1_048_575, 16_379, 16_384]
+    payloads = [sepp.Payload.bytes(rng.randbytes(size)) for size in sizes]
+    async with trio.open_nursery() as nursery:
+        for payload in payloads:
+            nursery.start_soon(functools.partial(client.enqueue, "big", "t", payload=payload))
+    reserved: list[sepp.Job] = []
+    while len(reserved) < len(payloads):
+        jobs = await client.reserve(["big"], max_jobs=8, wait_timeout=2)
+        assert jobs, f"only {len(reserved)} of {len(payloads)} jobs came back"
+        reserved.extend(jobs)
+    assert sorted(job.payload.data for job in reserved if job.payload) == sorted(
+        p.data for p in payloads
+    )

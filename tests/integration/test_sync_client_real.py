@@ -9,9 +9,11 @@ another one, as in an application that mixes the two.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import multiprocessing
 import os
+import random
 import threading
 from collections.abc import Callable
 from datetime import datetime
@@ -66,6 +68,34 @@ async def test_every_call_of_the_async_client(sepp_server: SeppServer) -> None:
             assert client.reserve("sq", wait_timeout=0) is None
 
     await in_thread(scenario)
+
+
+@dataclasses.dataclass(frozen=True)
+class Welcome:
+    user: int
+
+
+SEND_WELCOME = sepp.Task("emails", "send_welcome", Welcome)
+
+
+@pytest.mark.parametrize("batching", [False, True], ids=["direct", "batching"])
+async def test_a_tasks_enqueue_through_the_blocking_client_sends_the_job_and_returns_its_ack(
+    sepp_server: SeppServer, batching: bool
+) -> None:
+    # What a Flask view with a module-level SyncClient writes first.
+    def produce() -> tuple[sepp.EnqueueAck, sepp.EnqueueAck]:
+        options = {"enqueue_batching": sepp.Batching()} if batching else {}
+        with sepp.SyncClient(sepp_server.address, **options) as client:  # type: ignore[arg-type]
+            ack = SEND_WELCOME.enqueue(client, Welcome(42), idempotency_key="welcome-42")
+            return ack, SEND_WELCOME.enqueue(client, Welcome(42), idempotency_key="welcome-42")
+
+    ack, again = await in_thread(produce)
+    assert isinstance(ack, sepp.EnqueueAck) and not ack.deduplicated
+    assert again.deduplicated and again.job_id == ack.job_id
+    async with sepp.open(sepp_server.address) as client:
+        jobs = await client.reserve("emails", wait_timeout=0)
+    assert jobs is not None and [job.ctx.id for job in jobs] == [ack.job_id]
+    assert SEND_WELCOME.decode(jobs[0].payload) == Welcome(42)
 
 
 async def test_errors_and_validation_are_the_async_clients(sepp_server: SeppServer) -> None:
@@ -487,3 +517,31 @@ async def test_a_batch_over_the_servers_limits_goes_out_in_chunks(sepp_server: S
             return len(acks), len({a.job_id for a in acks}), sum(a.deduplicated for a in again)  # type: ignore[union-attr]
 
     assert await in_thread(scenario) == (600, 600, 300)
+
+
+async def test_payloads_of_up_to_one_mib_from_threads_make_the_round_trip_intact(
+    sepp_server: SeppServer,
+) -> None:
+    # 1 MiB (the server's max_payload_bytes) and 64 KiB payloads from 6 threads at once: the
+    # blocking driver's scatter/gather writes interleave and wait for the server's windows.
+    rng = random.Random(27)
+    payloads = [sepp.Payload.bytes(rng.randbytes(size)) for size in [1_048_576] * 6 + [65_536] * 6]
+
+    def scenario() -> list[bytes]:
+        with sepp.SyncClient(sepp_server.address) as client:
+            threads = [
+                threading.Thread(target=client.enqueue, args=("big", "t"), kwargs={"payload": p})
+                for p in payloads
+            ]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            reserved: list[bytes] = []
+            while len(reserved) < len(payloads):
+                jobs = client.reserve("big", max_jobs=4, wait_timeout=2)
+                assert jobs, f"only {len(reserved)} of {len(payloads)} jobs came back"
+                reserved.extend(job.payload.data for job in jobs if job.payload)
+            return reserved
+
+    assert sorted(await in_thread(scenario)) == sorted(p.data for p in payloads)

@@ -30,10 +30,30 @@ async def produce(client: sepp.Client) -> None:
     welcome: Welcome = send_welcome.decode(send_welcome.encode(Welcome(3)))
     assert welcome.user == 3
 
-    await send_welcome.enqueue(client, NotWelcome("a"))  # type: ignore[arg-type]
+    await send_welcome.enqueue(client, NotWelcome("a"))  # type: ignore[call-overload]
     send_welcome.request(NotWelcome("a"))  # type: ignore[arg-type]
     send_welcome.request({"user": 42})  # type: ignore[arg-type]
-    await send_welcome.enqueue(client, Welcome(1), colour="red")  # type: ignore[call-arg]
+    await send_welcome.enqueue(client, Welcome(1), colour="red")  # type: ignore[call-overload]
+
+
+def produce_blocking(client: sepp.SyncClient) -> None:
+    ack: sepp.EnqueueAck = send_welcome.enqueue(client, Welcome(42), idempotency_key="k")
+    assert ack.job_id
+    client.enqueue(send_welcome.request(Welcome(1)))  # the form any client takes
+    send_welcome.enqueue(client, NotWelcome("a"))  # type: ignore[call-overload]
+
+
+async def awaits_the_blocking_form(client: sepp.SyncClient) -> None:
+    await send_welcome.enqueue(client, Welcome(1))  # type: ignore[misc]
+
+
+async def forgets_to_await(client: sepp.Client) -> None:
+    ack: sepp.EnqueueAck = send_welcome.enqueue(client, Welcome(1))  # type: ignore[assignment]
+    assert ack
+
+
+def neither_client(other: object) -> None:
+    send_welcome.enqueue(other, Welcome(1))  # type: ignore[call-overload]
 
 
 @router.task(send_welcome)

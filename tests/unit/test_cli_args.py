@@ -18,6 +18,7 @@ import sepp
 from sepp._cli import main
 from sepp._cli._enqueue_file import JOB_KEYS, InvalidLine, request_from_line
 from sepp._cli._output import Progress
+from sepp._cli._parser import build_parser
 from sepp._cli._records import (
     RecordFormatError,
     payload_to_json,
@@ -318,6 +319,67 @@ def test_options_are_never_abbreviated(capsys: pytest.CaptureFixture[str]) -> No
     assert "unrecognized arguments: --addr=x:1" in capsys.readouterr().err
     assert main(["enqueue", "q", "t", "--idem", "k"]) == 2
     assert main(["dead-letters", "drain", "--ma", "1"]) == 2
+
+
+GLOBAL_OPTIONS = [
+    "--address",
+    "h:1",
+    "--tls-ca-cert",
+    "ca.pem",
+    "--tls-domain",
+    "sepp.internal",
+    "--connect-timeout",
+    "2",
+    "--log-level",
+    "debug",
+    "--log-format",
+    "json",
+    "--debug",
+]
+COMMANDS = [
+    ["worker", "app:router", "--queue", "q"],
+    ["scheduler", "app:scheduler"],
+    ["info"],
+    ["enqueue", "q", "t"],
+    ["enqueue-file", "jobs.jsonl"],
+    ["dead-letters", "drain"],
+    ["dead-letters", "replay", "--from", "saved.jsonl"],
+]
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=[" ".join(c[:2]) for c in COMMANDS])
+def test_global_options_may_come_before_or_after_the_command(command: list[str]) -> None:
+    parser = build_parser()
+    before = parser.parse_args([*GLOBAL_OPTIONS, *command])
+    after = parser.parse_args([*command, *GLOBAL_OPTIONS])
+    assert vars(before) == vars(after)
+    assert (after.address, after.tls_ca_cert, after.tls_domain) == (
+        "h:1",
+        "ca.pem",
+        "sepp.internal",
+    )
+    assert (after.connect_timeout, after.log_level, after.log_format, after.debug) == (
+        2.0,
+        "debug",
+        "json",
+        True,
+    )
+
+
+def test_an_option_left_out_after_the_command_keeps_the_value_given_before_it() -> None:
+    parser = build_parser()
+    args = parser.parse_args(["--log-format", "json", "--address", "h:1", "info", "--debug"])
+    assert (args.log_format, args.address, args.debug) == ("json", "h:1", True)
+    args = parser.parse_args(["--address", "h:1", "info", "--address", "h:2"])
+    assert args.address == "h:2"  # the later one wins, as for any repeated option
+    defaults = parser.parse_args(["info"])
+    assert (defaults.log_format, defaults.log_level, defaults.debug, defaults.tls) == (
+        None,
+        None,
+        False,
+        False,
+    )
+    assert defaults.connect_timeout == 5.0
 
 
 def test_help_and_version_exit_0(capsys: pytest.CaptureFixture[str]) -> None:

@@ -374,3 +374,103 @@ def test_nan_and_infinity_are_refused_when_encoding(number: float) -> None:
     # Python's json would write NaN/Infinity, which no other client can parse.
     with pytest.raises(sepp.ValidationError, match="not JSON-serialisable"):
         CODEC.encode({"weight": number})
+
+
+@dataclasses.dataclass
+class AnyData:
+    user: int
+    extra: Any = None
+
+
+class AnyPydantic(pydantic.BaseModel):
+    user: int
+    extra: Any = None
+
+
+class AnyStruct(msgspec.Struct):
+    user: int
+    extra: Any = None
+
+
+class Unencodable:
+    """No codec knows how to write it."""
+
+
+class FailingCodec(sepp.JsonCodec):
+    """A custom codec whose encode fails with an error of its own."""
+
+    def encode(self, value: Any) -> sepp.Payload:
+        raise RuntimeError("the schema registry is down")
+
+
+TASKS: list[sepp.Task[Any]] = [
+    sepp.Task("q", "dataclass", AnyData),
+    sepp.Task("q", "pydantic", AnyPydantic),
+    sepp.Task("q", "msgspec", AnyStruct),
+    sepp.Task("q", "msgpack", AnyStruct, codec=sepp.MsgspecCodec("msgpack")),
+]
+
+
+@pytest.mark.parametrize("task", TASKS, ids=[task.job_type for task in TASKS])
+def test_a_payload_of_another_type_is_a_validation_error_naming_payload(
+    task: sepp.Task[Any],
+) -> None:
+    for call in (task.request, task.encode):
+        with pytest.raises(sepp.ValidationError) as info:
+            call({"user": 1})
+        assert info.value.field == "payload"
+        assert f"takes {task.payload_type.__name__} payloads, got dict" in str(info.value)
+
+
+@pytest.mark.parametrize("task", TASKS, ids=[task.job_type for task in TASKS])
+def test_a_value_the_codec_cannot_encode_is_a_validation_error_with_its_cause(
+    task: sepp.Task[Any],
+) -> None:
+    with pytest.raises(sepp.ValidationError) as info:
+        task.request(task.payload_type(user=1, extra=Unencodable()))
+    assert info.value.field == "payload"
+    assert isinstance(info.value.__cause__, Exception)  # the library's own error, kept
+    assert not isinstance(info.value.__cause__, sepp.SeppError)
+
+
+@pytest.mark.parametrize(
+    ("codec", "value"),
+    [
+        (sepp.PydanticCodec(), AnyPydantic(user=1, extra=Unencodable())),
+        (sepp.MsgspecCodec(), Unencodable()),
+        (sepp.MsgspecCodec("msgpack"), Unencodable()),
+        (sepp.JsonCodec(), Unencodable()),
+    ],
+)
+def test_each_codec_refuses_what_it_cannot_encode_with_a_validation_error(
+    codec: sepp.PayloadCodec, value: object
+) -> None:
+    with pytest.raises(sepp.ValidationError) as info:
+        codec.encode(value)
+    assert info.value.field == "payload"
+    assert isinstance(info.value.__cause__, Exception)
+
+
+def test_the_pydantic_codec_refuses_what_is_not_a_model() -> None:
+    with pytest.raises(sepp.ValidationError, match="must be a pydantic model, got dict"):
+        sepp.PydanticCodec().encode({"user": 1})
+
+
+def test_a_custom_codecs_own_error_becomes_a_validation_error() -> None:
+    task = sepp.Task("q", "t", AnyData, codec=FailingCodec())
+    with pytest.raises(sepp.ValidationError, match="the schema registry is down") as info:
+        task.request(AnyData(1))
+    assert info.value.field == "payload"
+    assert isinstance(info.value.__cause__, RuntimeError)
+
+
+def test_an_int_is_a_float_payload_and_untestable_types_are_left_to_the_codec() -> None:
+    assert sepp.Task("q", "t", float).request(1).payload == sepp.Payload.json(1)
+    assert sepp.Task("q", "t", list[int]).request([1]).payload == sepp.Payload.json([1])
+
+    class Refund(TypedDict):
+        amount: int
+
+    assert sepp.Task("q", "t", Refund).request({"amount": 1}).payload == sepp.Payload.json(
+        {"amount": 1}
+    )

@@ -7,6 +7,7 @@ import dataclasses
 import functools
 import inspect
 import logging
+import warnings
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
@@ -58,17 +59,65 @@ def test_request_carries_the_tasks_defaults_and_per_call_overrides() -> None:
     )
 
 
+class AsyncRecorder(sepp.Client):
+    """A sepp.Client without a connection, recording what it is asked to enqueue."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[sepp.EnqueueRequest, Any]] = []
+
+    async def enqueue(self, request: sepp.EnqueueRequest, *, timeout: Any = None) -> Any:  # type: ignore[override]
+        self.sent.append((request, timeout))
+        return sepp.EnqueueAck("id-1")
+
+
+class SyncRecorder(sepp.SyncClient):
+    """A sepp.SyncClient without a connection, recording what it is asked to enqueue."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[sepp.EnqueueRequest, Any]] = []
+
+    def enqueue(self, request: sepp.EnqueueRequest, *, timeout: Any = None) -> Any:  # type: ignore[override]
+        self.sent.append((request, timeout))
+        return sepp.EnqueueAck("id-1")
+
+
 async def test_enqueue_sends_the_tasks_request() -> None:
-    sent: list[tuple[sepp.EnqueueRequest, Any]] = []
-
-    class Recorder:
-        async def enqueue(self, request: sepp.EnqueueRequest, *, timeout: Any = None) -> Any:
-            sent.append((request, timeout))
-            return sepp.EnqueueAck("id-1")
-
-    ack = await send_welcome.enqueue(Recorder(), Welcome(7), idempotency_key="k", timeout=2)  # type: ignore[arg-type]
+    client = AsyncRecorder()
+    ack = await send_welcome.enqueue(client, Welcome(7), idempotency_key="k", timeout=2)
     assert ack == sepp.EnqueueAck("id-1")
-    assert sent == [(send_welcome.request(Welcome(7), idempotency_key="k"), 2)]
+    assert client.sent == [(send_welcome.request(Welcome(7), idempotency_key="k"), 2)]
+
+
+def test_enqueue_through_a_sync_client_returns_the_ack_at_once() -> None:
+    client = SyncRecorder()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # an un-awaited coroutine would warn
+        ack = send_welcome.enqueue(client, Welcome(7), idempotency_key="k", timeout=2)
+    assert ack == sepp.EnqueueAck("id-1")
+    assert client.sent == [(send_welcome.request(Welcome(7), idempotency_key="k"), 2)]
+
+
+def test_enqueue_through_another_object_raises_type_error_naming_the_alternative() -> None:
+    class Duck:
+        async def enqueue(self, request: sepp.EnqueueRequest, *, timeout: Any = None) -> Any:
+            raise AssertionError("never called")
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(TypeError) as info:
+            send_welcome.enqueue(Duck(), Welcome(7))  # type: ignore[call-overload]
+    message = str(info.value)
+    assert "sepp.Client" in message and "sepp.SyncClient" in message and "Duck" in message
+    assert "enqueue(task.request(payload))" in message
+
+
+def test_enqueue_refuses_a_bad_payload_before_either_client_sends() -> None:
+    sync, async_ = SyncRecorder(), AsyncRecorder()
+    with pytest.raises(sepp.ValidationError, match="takes Welcome payloads, got dict"):
+        send_welcome.enqueue(sync, {"user": 1})  # type: ignore[call-overload]
+    with pytest.raises(sepp.ValidationError, match="takes Welcome payloads, got dict"):
+        send_welcome.enqueue(async_, {"user": 1})  # type: ignore[call-overload]
+    assert sync.sent == [] and async_.sent == []
 
 
 def test_task_checks_its_defaults_and_options() -> None:
@@ -160,6 +209,112 @@ def test_an_unresolvable_model_annotation_is_refused_with_advice() -> None:
 
     with pytest.raises(TypeError, match=r"cannot resolve the annotation 'Decimal'.*Router.task"):
         sepp.Router().handle("t", handle)
+
+
+@pytest.mark.parametrize("library", ["dataclass", "pydantic", "msgspec"])
+@pytest.mark.parametrize("register", ["router", "worker"])
+async def test_task_handlers_of_models_defined_in_a_function_register_and_decode(
+    library: str, register: str, autojump_clock: MockClock
+) -> None:
+    # Under `from __future__ import annotations`, `job: Order` below is the string 'Order',
+    # which cannot be resolved outside this function: the task says what it is.
+    if library == "dataclass":
+
+        @dataclasses.dataclass
+        class Order:
+            sku: str
+
+    elif library == "pydantic":
+
+        class Order(pydantic.BaseModel):  # type: ignore[no-redef]
+            sku: str
+
+    else:
+
+        class Order(msgspec.Struct):  # type: ignore[no-redef]
+            sku: str
+
+    task = sepp.Task("q", "order", Order)
+    seen: list[object] = []
+
+    async def handle(job: Order, ctx: sepp.JobContext) -> None:
+        seen.append(job)
+
+    assert inspect.signature(handle).parameters["job"].annotation == "Order"
+    fake = FakeClient()
+    if register == "router":
+        router = sepp.Router()
+        router.task(task)(handle)
+        worker = make_worker(fake, handlers=router)
+    else:
+        worker = make_worker(fake)
+        worker.task(task)(handle)
+    fake.add("order", sepp.Payload.json({"sku": "mug"}))
+    await run_briefly(worker)
+    assert seen == [Order(sku="mug")]
+    assert len(fake.acks) == 1
+
+
+@pytest.mark.parametrize("library", ["dataclass", "pydantic", "msgspec"])
+def test_a_task_handler_annotated_with_another_local_type_is_refused_by_name(
+    library: str,
+) -> None:
+    if library == "dataclass":
+
+        @dataclasses.dataclass
+        class Order:
+            sku: str
+
+        @dataclasses.dataclass
+        class Refund:
+            sku: str
+
+    elif library == "pydantic":
+
+        class Order(pydantic.BaseModel):  # type: ignore[no-redef]
+            sku: str
+
+        class Refund(pydantic.BaseModel):  # type: ignore[no-redef]
+            sku: str
+
+    else:
+
+        class Order(msgspec.Struct):  # type: ignore[no-redef]
+            sku: str
+
+        class Refund(msgspec.Struct):  # type: ignore[no-redef]
+            sku: str
+
+    task = sepp.Task("q", "order", Order)
+
+    async def handle(job: Refund, ctx: sepp.JobContext) -> None: ...
+
+    for register in (sepp.Router().task(task), sepp.Worker(FakeClient(), "q").task(task)):
+        with pytest.raises(
+            TypeError, match=r"annotated 'Refund', but the task's payloads are .*Order"
+        ):
+            register(handle)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "annotation", ["Welcome", "shop.models.Welcome", "'Welcome'", "sepp.Payload | None", "Any"]
+)
+async def test_unresolvable_task_annotations_naming_the_type_or_the_raw_payload_are_accepted(
+    annotation: str,
+) -> None:
+    seen: list[object] = []
+
+    async def handle(job: Any, ctx: Any) -> None:
+        seen.append(job)
+
+    # Strings that do not resolve where the handler lives (ctx's makes sure of it).
+    handle.__annotations__.update(job=annotation, ctx="missing_name")
+    router = sepp.Router()
+    router.task(send_welcome)(handle)
+    handler = router.lookup("send_welcome")
+    assert handler is not None
+    await handler(sepp.Payload.json({"user": 1}), job_context())
+    assert seen == [Welcome(1)]  # decoded by the task, whatever the annotation says
 
 
 class Plain:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import string
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -9,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import sepp
-from sepp._client.address import parse_address
+from sepp._client.address import Address, parse_address
 from sepp._model.validate import custom_map, header_safe_api_key, seconds
 
 R = sepp.EnqueueRequest
@@ -149,6 +150,10 @@ def test_durations_accept_seconds_and_timedelta() -> None:
         ("http://h:1", "h", 1, False),
         ("https://h.example:443/", "h.example", 443, True),
         ("HTTPS://[::1]:9", "::1", 9, True),
+        ("my_service-2:7", "my_service-2", 7, None),
+        ("[fe80::1%eth0]:1", "fe80::1%eth0", 1, None),
+        ("sepp.example.com.:443", "sepp.example.com.", 443, None),
+        ("xn--bcher-kva.example", "xn--bcher-kva.example", 50051, None),
     ],
 )
 def test_address_forms(text: str, host: str, port: int, tls: bool | None) -> None:
@@ -157,7 +162,30 @@ def test_address_forms(text: str, host: str, port: int, tls: bool | None) -> Non
 
 
 @pytest.mark.parametrize(
-    "text", ["", "ftp://h:1", "h:0", "h:99999", "h:x", "::1:80", "[::1", "h:1/path", ":80"]
+    "text",
+    [
+        "",
+        "ftp://h:1",
+        "h:0",
+        "h:99999",
+        "h:x",
+        "::1:80",
+        "[::1",
+        "h:1/path",
+        ":80",
+        "127.0.0.1;50061",
+        "127.0.0.1;50061:50051",
+        "host name:1",
+        "[127.0.0.1]:1",
+        "[nonsense]:1",
+        "a..b:1",
+        ".a:1",
+        "-a:1",
+        "a-:1",
+        "bücher.example:1",
+        "h\x00:1",
+        "http://h;1",
+    ],
 )
 def test_bad_addresses_raise_validation_error(text: str) -> None:
     with pytest.raises(sepp.ValidationError):
@@ -165,11 +193,48 @@ def test_bad_addresses_raise_validation_error(text: str) -> None:
 
 
 @given(st.text())
-def test_address_parser_is_total(text: str) -> None:
+def test_address_parser_is_total_and_what_it_accepts_is_a_valid_address(text: str) -> None:
     try:
-        parse_address(text)
+        parsed = parse_address(text)
     except sepp.ValidationError:
-        pass
+        return
+    host = f"[{parsed.host}]" if ":" in parsed.host else parsed.host
+    assert parse_address(f"{host}:{parsed.port}") == Address(parsed.host, parsed.port, None)
+    assert all(char.isascii() and char not in " ;,/\\@#?" for char in parsed.host)
+
+
+# Characters no host name holds ('-', '_' and '.' can; ':' would make a port of the rest).
+JUNK = st.text(
+    st.sampled_from(sorted(set(string.punctuation) - set("-_.:") | {" ", "\x00", "é"})),
+    min_size=1,
+)
+
+
+@given(
+    host=st.from_regex(r"[a-z][a-z0-9-]{0,8}[a-z0-9](\.[a-z0-9]{1,6}){0,3}", fullmatch=True),
+    junk=JUNK,
+    at=st.integers(min_value=0),
+    port=st.none() | st.integers(min_value=1, max_value=65535),
+)
+def test_garbage_in_a_host_is_refused_and_never_gets_a_port_appended(
+    host: str, junk: str, at: int, port: int | None
+) -> None:
+    assert parse_address(host).port == 50051  # the host alone is fine
+    cut = at % (len(host) + 1)
+    text = host[:cut] + junk + host[cut:]
+    if port is not None:
+        text += f":{port}"
+    with pytest.raises(sepp.ValidationError) as info:
+        parse_address(text)
+    assert info.value.field == "address"
+
+
+async def test_a_bad_address_is_refused_before_connecting_by_both_clients() -> None:
+    with pytest.raises(sepp.ValidationError, match=r"'127\.0\.0\.1;50061' is not host:port"):
+        sepp.SyncClient("127.0.0.1;50061")
+    with pytest.raises(sepp.ValidationError, match=r"'127\.0\.0\.1;50061' is not host:port"):
+        async with sepp.open("127.0.0.1;50061"):
+            pass
 
 
 async def test_https_address_never_falls_back_to_plaintext() -> None:

@@ -724,9 +724,11 @@ class _QueuedBytes:
         self.usable = True
 
     def data_to_send(self) -> bytes:
-        data = b"".join(self.queued)
-        self.queued.clear()
-        return data
+        return b"".join(self.buffers_to_send())
+
+    def buffers_to_send(self) -> list[bytes]:
+        queued, self.queued = self.queued, []
+        return queued
 
     def connection_lost(self, reason: str) -> list[object]:
         return []

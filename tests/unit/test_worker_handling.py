@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import contextvars
 import itertools
+import logging
+import pickle
+import sys
+import traceback
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import timedelta
@@ -18,6 +22,9 @@ from trio.testing import MockClock
 
 import sepp
 from sepp import HandlerError, Retry
+
+if sys.version_info < (3, 11):
+    from exceptiongroup import ExceptionGroup
 
 
 def make_worker(fake: FakeClient, **options: Any) -> sepp.Worker:
@@ -126,6 +133,58 @@ def test_a_routers_lifespan_is_the_workers_and_is_not_given_twice() -> None:
         sepp.Router().include(router)
     with pytest.raises(sepp.ValidationError):
         sepp.Router(lifespan=42)  # type: ignore[arg-type]
+
+
+async def test_a_lifespan_without_arguments_is_called_without_the_worker(
+    autojump_clock: MockClock,
+) -> None:
+    fake = FakeClient()
+
+    @asynccontextmanager
+    async def lifespan() -> AsyncIterator[str]:
+        yield "the-pool"
+
+    states: list[object] = []
+    for given in ({"lifespan": lifespan}, {"handlers": sepp.Router(lifespan=lifespan)}):
+        worker = make_worker(fake, **given)
+
+        @worker.handler("work")
+        async def work(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
+            states.append(ctx.state)
+
+        fake.add()
+        async with running(worker):
+            await trio.sleep(1)
+    assert states == ["the-pool", "the-pool"]
+
+
+@asynccontextmanager
+async def two_arguments(worker: Any, extra: Any) -> AsyncIterator[None]:
+    yield
+
+
+async def undecorated(worker: Any) -> AsyncIterator[None]:
+    yield
+
+
+async def coroutine_function(worker: Any) -> None: ...
+
+
+@pytest.mark.parametrize(
+    ("lifespan", "error"),
+    [
+        (two_arguments, r"cannot be called as lifespan\(worker\) or lifespan\(\)"),
+        (undecorated, "decorate it with @contextlib.asynccontextmanager"),
+        (coroutine_function, "decorate it with @contextlib.asynccontextmanager"),
+    ],
+)
+def test_a_lifespan_of_the_wrong_shape_is_refused_when_the_worker_is_built(
+    lifespan: Any, error: str
+) -> None:
+    with pytest.raises(TypeError, match=error):
+        make_worker(FakeClient(), lifespan=lifespan)
+    with pytest.raises(TypeError, match=error):
+        sepp.Router(lifespan=lifespan)
 
 
 def test_a_context_without_a_client_says_how_to_give_one() -> None:
@@ -403,6 +462,55 @@ async def test_retry_after_overrides_the_backoff_and_permanent_dead_letters_and_
     (error,) = log_of(worker).at("error")
     assert "dead-lettered: the handler gave up on it: no such invoice" in error
     assert "keeps no dead letters" in error
+
+
+async def test_handler_errors_are_logged_without_a_traceback_other_exceptions_with_one(
+    autojump_clock: MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    fake = FakeClient()
+    worker = make_worker(
+        fake, logger=logging.getLogger("test.outcomes"), backoff=sepp.Backoff(100, jitter=0)
+    )
+    raised = {
+        "permanent": HandlerError.permanent("no such invoice"),
+        "retry": HandlerError.retry("busy"),
+        "later": HandlerError.retry_after("rate limited", 42),
+        "group": ExceptionGroup("two", [HandlerError.permanent("a"), HandlerError.retry("b")]),
+        "bug": ValueError("a bug"),
+    }
+
+    async def fail(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
+        raise raised[ctx.job_type]
+
+    ids = {}
+    for job_type in raised:
+        worker.handle(job_type, fail)
+        ids[job_type] = fake.add(job_type, max_attempts=1 if job_type == "bug" else 3)
+    with caplog.at_level(logging.WARNING, logger="test.outcomes"):
+        async with running(worker):
+            await trio.sleep(1)
+    by_job = {
+        job_type: [r for r in caplog.records if job_id in r.getMessage()]
+        for job_type, job_id in ids.items()
+    }
+    for job_type, records in by_job.items():
+        assert len(records) == 1, (job_type, records)
+        (record,) = records
+        if job_type == "bug":
+            assert record.exc_info is not None and record.exc_info[1] is raised["bug"]
+        else:
+            assert record.exc_info is None, job_type
+    assert "dead-lettered: the handler gave up on it: no such invoice" in (
+        by_job["permanent"][0].getMessage()
+    )
+
+
+def test_a_handler_error_is_named_by_its_public_name() -> None:
+    assert HandlerError.__module__ == "sepp"
+    assert traceback.format_exception_only(HandlerError.permanent("no such invoice")) == [
+        "sepp.HandlerError: no such invoice\n"
+    ]
+    assert pickle.loads(pickle.dumps(HandlerError.permanent("x"))).reason == "x"
 
 
 async def test_the_dead_letter_log_asks_the_server_once_and_is_quiet_when_it_keeps_them(

@@ -7,7 +7,7 @@ import logging
 import os
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import trio
 
@@ -23,7 +23,10 @@ API_KEY_ENV = "SEPP_API_KEY"
 DEFAULT_ADDRESS = "127.0.0.1:50051"
 
 
-def add_connection_options(parser: argparse.ArgumentParser) -> None:
+def add_connection_options(parser: argparse.ArgumentParser, *, after_command: bool) -> None:
+    """The connection flags; `after_command`: on a subcommand's parser, without defaults of
+    its own (the main parser's apply)."""
+    default: dict[str, Any] = {"default": argparse.SUPPRESS} if after_command else {}
     group = parser.add_argument_group(
         "connection",
         f"The API key is read only from ${API_KEY_ENV}, never from a flag: the command line"
@@ -32,21 +35,25 @@ def add_connection_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--address",
         metavar="ADDR",
-        default=os.environ.get(ADDRESS_ENV) or DEFAULT_ADDRESS,
         help=f"host:port, http://host:port or https://host:port (default: ${ADDRESS_ENV},"
         f" else {DEFAULT_ADDRESS})",
+        **(default or {"default": os.environ.get(ADDRESS_ENV) or DEFAULT_ADDRESS}),
     )
-    group.add_argument("--tls", action="store_true", help="use TLS with the system roots")
-    group.add_argument("--tls-ca-cert", metavar="PATH", help="a private CA (PEM); implies TLS")
     group.add_argument(
-        "--tls-domain", metavar="NAME", help="verify the server certificate for NAME"
+        "--tls", action="store_true", help="use TLS with the system roots", **default
+    )
+    group.add_argument(
+        "--tls-ca-cert", metavar="PATH", help="a private CA (PEM); implies TLS", **default
+    )
+    group.add_argument(
+        "--tls-domain", metavar="NAME", help="verify the server certificate for NAME", **default
     )
     group.add_argument(
         "--connect-timeout",
         metavar="S",
         type=positive_seconds,
-        default=5.0,
         help="seconds to open a connection (default: 5)",
+        **(default or {"default": 5.0}),
     )
 
 

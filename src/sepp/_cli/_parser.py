@@ -35,16 +35,38 @@ class _Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
 
+class _CommandParser(_Parser):
+    """A subcommand's parser: it takes the global options too, so that
+    `sepp-trio worker app:router --queue q --log-format json` works as well as
+    `sepp-trio --log-format json worker ...`. Their defaults are the main parser's (here
+    SUPPRESS: an option left out after the command keeps the value given before it)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _add_global_options(self, after_command=True)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog=PROG,
         description="Operate a sepp job queue server and run workers and schedulers from the"
-        " shell.",
+        " shell. The options below may also come after the command.",
         epilog="Exit status: 0 success, 1 operational failure (server unreachable, rejected,"
         " refused key), 2 usage error.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    add_connection_options(parser)
+    _add_global_options(parser, after_command=False)
+    commands = parser.add_subparsers(
+        dest="command", metavar="COMMAND", required=True, parser_class=_CommandParser
+    )
+    for command in _COMMANDS:
+        command.add_parser(commands)
+    return parser
+
+
+def _add_global_options(parser: argparse.ArgumentParser, *, after_command: bool) -> None:
+    add_connection_options(parser, after_command=after_command)
+    default: dict[str, Any] = {"default": argparse.SUPPRESS} if after_command else {}
     output = parser.add_argument_group("output")
     output.add_argument(
         "--log-level",
@@ -52,20 +74,21 @@ def build_parser() -> argparse.ArgumentParser:
         choices=LOG_LEVELS,
         help=f"{', '.join(LOG_LEVELS)} (default: info for worker and scheduler, else"
         " warning); logs go to stderr",
+        **default,
     )
     output.add_argument(
         "--log-format",
         choices=LOG_FORMATS,
         help="text (the default) or json: one JSON object per line",
+        **default,
     )
     output.add_argument(
         "--log-config",
         metavar="FILE",
         help="configure logging from FILE instead: logging.config.dictConfig from a .json"
         " file, fileConfig from anything else (INI)",
+        **default,
     )
-    output.add_argument("--debug", action="store_true", help="show the traceback of a failure")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for command in _COMMANDS:
-        command.add_parser(commands)
-    return parser
+    output.add_argument(
+        "--debug", action="store_true", help="show the traceback of a failure", **default
+    )

@@ -158,7 +158,13 @@ async def run(args: argparse.Namespace) -> int:
         )
         workers.append(worker)
         async with trio.open_nursery() as nursery:
-            await nursery.start(worker.run)
+
+            async def run_worker(task_status: trio.TaskStatus[None]) -> None:
+                await worker.run(task_status=task_status)
+                nursery.cancel_scope.cancel()  # done: nothing left to announce
+
+            await nursery.start(run_worker)
+            await key_accepted(client)
             handles = ", ".join(router.job_types) or "-"
             log.info(
                 "worker %s reserving from %s at %s; handles: %s%s",
@@ -188,6 +194,24 @@ async def run(args: argparse.Namespace) -> int:
     if workers:
         log.info("worker %s stopped", workers[0].worker_id)
     return EXIT_OK
+
+
+async def key_accepted(client: sepp.Client) -> None:
+    """Return once the server accepts the client's API key (asked by a get_server_info, which
+    needs it as reserve does), so that a worker whose key is refused never says it is
+    reserving: its own reserves log the refusal meanwhile."""
+    from .._scheduling.scheduler import _backoff
+
+    failures = 0
+    while True:
+        try:
+            await client.get_server_info()
+            return
+        except sepp.UnauthenticatedError:
+            failures += 1
+            await trio.sleep(_backoff(failures))
+        except sepp.SeppError:
+            return  # not about the key: the worker's reserves say what it is
 
 
 async def serve_monitor(

@@ -151,6 +151,22 @@ _LOCAL_KINDS: dict[FailureKind, type[ClientError]] = {
 }
 
 
+# Ports a sepp server listens on by default: its gRPC job API and its admin UI.
+DEFAULT_GRPC_PORT = 50051
+DEFAULT_ADMIN_PORT = 9465
+
+
+def not_grpc_hint(addr: str) -> str:
+    """Said of an HTTP answer that is not gRPC's (a 404, a 400): the address is most likely
+    another HTTP server, such as sepp's admin UI. (A proxy's 502/503/504 means the backend is
+    down instead, and gets no hint.)"""
+    where = addr or "this address"
+    return (
+        f" (not a gRPC answer: {where} is probably not sepp's gRPC port; the server's job API"
+        f" listens on {DEFAULT_GRPC_PORT} by default, its admin UI on {DEFAULT_ADMIN_PORT})"
+    )
+
+
 def error_from_status(
     code: StatusCode,
     details: str,
@@ -163,6 +179,8 @@ def error_from_status(
     """Map a failed call to its typed error (the one mapper; see peer-clients §2.3)."""
     where = f"{method}: " if method else ""
     text = f"{where}{code.name}: {details}" if details else f"{where}{code.name}"
+    if kind is FailureKind.HTTP and code is not StatusCode.UNAVAILABLE:
+        text += not_grpc_hint(addr)
     if kind is FailureKind.CONNECT:
         return ConnectError(addr, details)
     local = _LOCAL_KINDS.get(kind) if kind is not None else None

@@ -33,6 +33,8 @@ class HandlerError(Exception):
     """Raise from a handler to choose how its job is nacked (not a SeppError: user code raises
     it). Build one with `retry`, `retry_after` or `permanent`."""
 
+    __module__ = "sepp"  # tracebacks and reprs name it as users import it: sepp.HandlerError
+
     def __init__(self, reason: str, directive: Retry = Retry.DEFAULT) -> None:
         if not isinstance(directive, Retry):
             raise ValidationError("directive", "must be a sepp.Retry")
@@ -94,6 +96,15 @@ def _leaves(exc: BaseException) -> list[BaseException]:
     if isinstance(exc, _ExceptionGroup):
         return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
     return [exc]
+
+
+def logged_traceback(outcome: Outcome) -> BaseException | None:
+    """The exception whose traceback a log line about `outcome` shows: none for a
+    HandlerError (or a group of them), a decision the handler made and its reason says."""
+    error = outcome.error
+    if error is None or all(isinstance(leaf, HandlerError) for leaf in _leaves(error)):
+        return None
+    return error
 
 
 def unknown_type(ctx: JobContext, delay_s: float | None) -> Outcome:

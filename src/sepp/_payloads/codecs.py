@@ -32,7 +32,9 @@ class PayloadDecodeError(SeppError, ValueError):
 class PayloadCodec(Protocol):
     """Encodes objects into payloads and decodes payloads into a given type. `decode` raises
     PayloadDecodeError for a payload that does not fit (bad bytes, wrong encoding label,
-    missing field, wrong type); a job without a payload arrives as `payload=None`."""
+    missing field, wrong type); a job without a payload arrives as `payload=None`. `encode`
+    raises ValidationError (field "payload") for a value it cannot encode; a Task turns any
+    other error of a codec's `encode` into one."""
 
     def encode(self, value: Any) -> Payload:
         """`value` as a Payload (data and encoding label)."""
@@ -85,8 +87,8 @@ class JsonCodec:
         """`value` as compact UTF-8 JSON labelled `application/json`."""
         try:
             text = encoder().encode(value)
-        except (TypeError, ValueError) as exc:
-            raise ValidationError("payload", f"not JSON-serialisable: {exc}") from None
+        except (TypeError, ValueError, RecursionError) as exc:
+            raise ValidationError("payload", f"not JSON-serialisable: {exc}") from exc
         return Payload(text.encode("utf-8"), JSON_ENCODING)
 
     def decode(self, payload: Payload | None, into: type[T]) -> T:
@@ -121,8 +123,18 @@ class PydanticCodec:
     __slots__ = ()
 
     def encode(self, value: Any) -> Payload:
-        """`value.model_dump_json()` labelled `application/json`."""
-        return Payload(value.model_dump_json().encode("utf-8"), JSON_ENCODING)
+        """`value.model_dump_json()` labelled `application/json`; ValidationError (field
+        "payload", pydantic's error as its cause) for anything else or a value pydantic
+        cannot serialise."""
+        if not _subclass_of(type(value), "pydantic", "BaseModel"):
+            raise ValidationError(
+                "payload", f"must be a pydantic model, got {type(value).__qualname__}"
+            )
+        try:
+            text: str = value.model_dump_json()
+        except Exception as exc:  # PydanticSerializationError, or a serialiser's own error
+            raise ValidationError("payload", f"pydantic cannot serialise it: {exc}") from exc
+        return Payload(text.encode("utf-8"), JSON_ENCODING)
 
     def decode(self, payload: Payload | None, into: type[T]) -> T:
         """`into.model_validate_json(...)`; the first validation error names the field."""
@@ -163,12 +175,16 @@ class MsgspecCodec:
         return self._format
 
     def encode(self, value: Any) -> Payload:
-        """`value` encoded by msgspec in this codec's format."""
+        """`value` encoded by msgspec in this codec's format; ValidationError (field "payload",
+        msgspec's error as its cause) if it cannot be."""
         import msgspec
 
-        if self._format == "msgpack":
-            return Payload(msgspec.msgpack.encode(value), MSGPACK_ENCODING)
-        return Payload(msgspec.json.encode(value), JSON_ENCODING)
+        packed = self._format == "msgpack"
+        try:
+            data = msgspec.msgpack.encode(value) if packed else msgspec.json.encode(value)
+        except Exception as exc:  # TypeError, OverflowError, msgspec.EncodeError, ...
+            raise ValidationError("payload", f"msgspec cannot encode it: {exc}") from exc
+        return Payload(data, MSGPACK_ENCODING if packed else JSON_ENCODING)
 
     def decode(self, payload: Payload | None, into: type[T]) -> T:
         """`payload` decoded by msgspec into `into` (JSON or MessagePack, by its label)."""

@@ -3,6 +3,7 @@ client and hand it to a Worker later."""
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Awaitable, Callable, Iterable
 from contextlib import AbstractAsyncContextManager
 from datetime import timedelta
@@ -44,11 +45,49 @@ class TaskDecorator(Protocol[T]):
     ) -> Callable[[T, JobContext], None]: ...
 
 
-# Takes the sepp.Worker (typed Any: router cannot import worker).
-Lifespan = Callable[[Any], AbstractAsyncContextManager[Any]]
-"""A callable taking the Worker and returning an async context manager (e.g. an
-`@contextlib.asynccontextmanager` function): entered before the worker's first reserve,
+# Takes the sepp.Worker, or nothing (typed Any: router cannot import worker).
+Lifespan = (
+    Callable[[Any], AbstractAsyncContextManager[Any]]
+    | Callable[[], AbstractAsyncContextManager[Any]]
+)
+"""A callable taking the Worker (or no argument) and returning an async context manager (e.g.
+an `@contextlib.asynccontextmanager` function): entered before the worker's first reserve,
 exited after its last job settled; what it yields is every handler's `ctx.state`."""
+
+LifespanCall = Callable[[Any], AbstractAsyncContextManager[Any]]
+
+
+def lifespan_call(lifespan: object) -> LifespanCall:
+    """How to call `lifespan` with the Worker, checked now rather than when the worker runs:
+    a callable of one argument gets the Worker, one of none is called without it. An async
+    generator or coroutine function (not an async context manager) raises TypeError, as a
+    callable that needs more arguments does."""
+    if not callable(lifespan):
+        raise ValidationError("lifespan", "must be a callable returning an async context manager")
+    name = getattr(lifespan, "__qualname__", type(lifespan).__name__)
+    if inspect.isasyncgenfunction(lifespan) or inspect.iscoroutinefunction(lifespan):
+        raise TypeError(
+            f"the lifespan {name!r} is an async function, not a callable returning an async"
+            " context manager: decorate it with @contextlib.asynccontextmanager"
+        )
+    try:
+        signature = inspect.signature(lifespan)
+    except (TypeError, ValueError):  # a builtin without a signature: trusted to take the Worker
+        return lifespan
+    try:
+        signature.bind(None)
+    except TypeError:
+        pass
+    else:
+        return lifespan
+    try:
+        signature.bind()
+    except TypeError:
+        raise TypeError(
+            f"the lifespan {name}{signature} cannot be called as lifespan(worker) or lifespan()"
+        ) from None
+    return lambda _worker: lifespan()
+
 
 BackoffSetting = Backoff | Retry
 """A `sepp.Backoff`, or `sepp.Retry.DEFAULT` for the queue's own retry policy."""
@@ -134,10 +173,8 @@ class Router:
             optional_timeout(timeout),
             checked_backoff("backoff", backoff),
         )
-        if lifespan is not None and not callable(lifespan):
-            raise ValidationError(
-                "lifespan", "must be a callable returning an async context manager"
-            )
+        if lifespan is not None:
+            lifespan_call(lifespan)  # refused now, not when a Worker runs it
         self.lifespan = lifespan
 
     def handle(

@@ -73,7 +73,7 @@ def _first_parameter_type(fn: Callable[..., Any], where: str) -> object | None:
         return None
     annotation = param.annotation
     if isinstance(annotation, str):
-        if "Payload" in annotation or annotation in ("Any", "object", "typing.Any"):
+        if _raw_annotation(annotation):
             return None
         raise TypeError(
             f"{where}: cannot resolve the annotation {annotation!r} of the handler's first"
@@ -141,18 +141,45 @@ def prepare(
 
 
 def prepare_for_task(fn: Callable[..., Any], task: Task[Any]) -> Callable[..., Any]:
-    """`fn` checked against `task`'s payload type, and wrapped in the task's decoder."""
+    """`fn` checked against `task`'s payload type, and wrapped in the task's decoder. The task
+    says the type: an annotation is compared with it where it resolves, and by name where it
+    does not (a model defined in a function, under `from __future__ import annotations`)."""
     from .._payloads.codecs import type_name
 
     where = f"handler for task {task.job_type!r}"
-    annotated = _first_parameter_type(fn, where)
-    if annotated is not None and annotated != task.payload_type:
-        raise TypeError(
-            f"{where}: its first parameter is annotated {type_name(annotated)}, but the task's"
-            f" payloads are {type_name(task.payload_type)}"
-        )
+    param, _ = _first_parameter(fn, where)
+    annotation = inspect.Parameter.empty if param is None else param.annotation
+    if isinstance(annotation, str):
+        if not _names_the_type(annotation, task.payload_type):
+            raise TypeError(
+                f"{where}: its first parameter is annotated {annotation!r}, but the task's"
+                f" payloads are {type_name(task.payload_type)}"
+            )
+    elif annotation is not inspect.Parameter.empty and annotation not in _RAW:
+        if annotation != task.payload_type:
+            raise TypeError(
+                f"{where}: its first parameter is annotated {type_name(annotation)}, but the"
+                f" task's payloads are {type_name(task.payload_type)}"
+            )
     _probe(task.codec, task.payload_type, where)
     return _adapter(fn, task.payload_type, task.codec, f"task {task.job_type!r}", task.on_invalid)
+
+
+def _names_the_type(annotation: str, payload_type: object) -> bool:
+    """Whether an annotation left as a string can mean `payload_type`: a raw-payload one, the
+    type's name or qualified name (with or without a module in front), or, for a payload type
+    that is not a class (`list[Line]`, a union), anything (it cannot be told by name)."""
+    text = annotation.strip().strip("'\"")
+    if _raw_annotation(text):
+        return True
+    if not isinstance(payload_type, type) or getattr(payload_type, "__args__", None):
+        return True  # 3.10 counts list[Line] as a type
+    names = {payload_type.__name__, payload_type.__qualname__}
+    return text in names or any(text.endswith("." + name) for name in names)
+
+
+def _raw_annotation(text: str) -> bool:
+    return "Payload" in text or text in ("Any", "object", "typing.Any")
 
 
 def _probe(codec: PayloadCodec, into: object, where: str) -> None:

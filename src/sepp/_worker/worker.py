@@ -46,6 +46,7 @@ from .router import (
     TaskDecorator,
     TaskHandler,
     checked_backoff,
+    lifespan_call,
     optional_timeout,
 )
 from .router import DuplicateHandlerError as DuplicateHandlerError
@@ -148,10 +149,10 @@ class Worker:
     registers a `sepp.Task`'s.
 
     Handlers see the client as `ctx.client` and what `lifespan` yielded as `ctx.state`.
-    `lifespan(worker)` returns an async context manager, entered before the first reserve and
-    exited after the last job settled. `middleware` (see `sepp.Middleware`) wraps every
-    handler call, outside the routers' own. A failed job (any exception, a
-    `HandlerError.retry`, a `timeout`) is nacked for a retry after `backoff`'s delay
+    `lifespan(worker)` (or `lifespan()`) returns an async context manager, entered before the
+    first reserve and exited after the last job settled. `middleware` (see
+    `sepp.Middleware`) wraps every handler call, outside the routers' own. A failed job (any
+    exception, a `HandlerError.retry`, a `timeout`) is nacked for a retry after `backoff`'s delay
     (`sepp.Retry.DEFAULT`: the queue's policy); `timeout` (None: no limit) is the handlers'
     default time limit. A job type without a handler goes back to the queue after
     `unknown_types`' delay, or to the dead letters at once with "dead_letter". A payload that
@@ -239,11 +240,7 @@ class Worker:
                     )
                 lifespan = handlers.lifespan
             self._router._include(handlers)
-        if lifespan is not None and not callable(lifespan):
-            raise ValidationError(
-                "lifespan", "must be a callable returning an async context manager"
-            )
-        self._lifespan = lifespan
+        self._lifespan = None if lifespan is None else lifespan_call(lifespan)
         self._lifespan_state: Any = None
         # The handlers as they run, rebuilt at each registration (rare): a job's costs one get.
         self._routes: dict[str, _Route] = {}
@@ -870,7 +867,7 @@ class Worker:
                 ctx,
                 why,
                 await self._dead_letter_note(),
-                exc_info=error,
+                exc_info=outcomes.logged_traceback(outcome),
             )
             return
         if label in ("shutdown", "unknown_type"):
@@ -885,7 +882,13 @@ class Worker:
             when = f"retrying in {outcome.retry.delay.total_seconds():.3g}s"
         else:
             when = "retrying with the queue's retry policy"
-        self._log.warning("sepp: %s %s; %s", ctx, _what_failed(outcome), when, exc_info=error)
+        self._log.warning(
+            "sepp: %s %s; %s",
+            ctx,
+            _what_failed(outcome),
+            when,
+            exc_info=outcomes.logged_traceback(outcome),
+        )
 
     async def _dead_letter_note(self) -> str:
         """Says so when the server keeps no dead letters (asked once, on the first)."""

@@ -45,6 +45,10 @@ class GrpcConnection(Protocol):
     def data_to_send(self) -> bytes:
         """Bytes queued for the socket since the last call."""
 
+    def buffers_to_send(self) -> list[bytes | memoryview]:
+        """The same bytes as `data_to_send`, as the buffers they would be joined from (big
+        request bodies as views of the caller's bytes), for a scatter/gather write."""
+
     @property
     def active_calls(self) -> int: ...
 

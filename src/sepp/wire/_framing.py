@@ -10,6 +10,11 @@ _PREFIX = struct.Struct(">BI")
 PREFIX_BYTES = _PREFIX.size
 
 
+def message_prefix(length: int) -> bytes:
+    """The prefix of one uncompressed message of `length` bytes."""
+    return _PREFIX.pack(0, length)
+
+
 def encode_message(body: bytes) -> bytes:
     """Frame one uncompressed message."""
     return _PREFIX.pack(0, len(body)) + body

@@ -40,7 +40,7 @@ from .._events import (
     StreamCapacityChanged,
 )
 from .._failure import FailureKind
-from .._framing import FramingError, encode_message
+from .._framing import PREFIX_BYTES, FramingError, message_prefix
 from .._hpack import BoundedDecoder, encode_authority, encode_field
 from .._response import (
     FRAME_HEADER_BYTES,
@@ -108,6 +108,9 @@ _SETTINGS_ACK = _FRAME.pack(0, 0, SETTINGS, ACK, 0)
 _TABLE_SIZE_ZERO = b"\x20"  # our first header block sets the server's table for us to 0
 _TIMEOUT_FIELD = encode_field(b"grpc-timeout", b"", sensitive=True)[:-1]  # minus the 0 length
 _EMPTY = memoryview(b"")
+# A request body at least this long goes to the driver as a view of the caller's bytes, beside
+# its frame headers, instead of being copied into one buffer with them (see buffers_to_send).
+VIEW_MIN_BYTES = 16 * 1024
 _INTERESTING = frozenset({b":status", b"content-type", b"grpc-status", b"grpc-message"})
 
 
@@ -126,10 +129,12 @@ class _ConnectionError(Exception):
 
 
 class _Call(ResponseState):
-    __slots__ = ("outbound", "recv_window", "send_window")
+    __slots__ = ("outbound", "prefix", "recv_window", "send_window")
 
     def __init__(self, max_receive_bytes: int | None, send_window: int, recv_window: int) -> None:
         super().__init__(max_receive_bytes)
+        # The request not sent yet: the part of its gRPC length prefix left, then the message.
+        self.prefix = b""
         self.outbound = _EMPTY
         self.send_window = send_window
         self.recv_window = recv_window
@@ -230,6 +235,8 @@ class CodecGrpcConnection(CallTable[_Call]):
         self._blocked: dict[int, _Call] = {}
         self._next_stream_id = 1
         self._out: list[bytes | memoryview] = []
+        # Whether _out holds views of request bodies (else buffers_to_send joins it).
+        self._views_queued = False
         # Bytes of PING and SETTINGS ACKs in _out (see _queue_reply).
         self._queued_replies = 0
 
@@ -283,13 +290,21 @@ class CodecGrpcConnection(CallTable[_Call]):
             self._out.append(frame(WINDOW_UPDATE, 0, 0, _U32.pack(extra)))
 
     def data_to_send(self) -> bytes:
+        return b"".join(self.buffers_to_send())
+
+    def buffers_to_send(self) -> list[bytes | memoryview]:
+        """The bytes queued for the socket, in order. Small frames come joined into one
+        buffer; a big request body comes as views of the caller's bytes between the frame
+        headers, so it reaches the socket without a copy (see the drivers' `send_some`)."""
         out = self._out
         if not out:
-            return b""
-        data = b"".join(out)
-        out.clear()
+            return out
+        self._out = []
         self._queued_replies = 0
-        return data
+        if self._views_queued:
+            self._views_queued = False
+            return out
+        return [b"".join(out)] if len(out) > 1 else out
 
     def start_call(
         self,
@@ -325,8 +340,9 @@ class CodecGrpcConnection(CallTable[_Call]):
         self._next_stream_id = stream_id + 2
         call = _Call(self._max_receive, self._peer_initial_window, self._stream_window)
         self._calls[stream_id] = call
-        body = encode_message(request)
-        n = len(body)
+        size = len(request)
+        prefix = message_prefix(size)
+        n = size + PREFIX_BYTES
         max_frame = self._max_outbound_frame
         if len(block) <= max_frame:
             headers = _FRAME.pack(
@@ -336,17 +352,24 @@ class CodecGrpcConnection(CallTable[_Call]):
                 # The common case: the whole call in one write.
                 self._send_window -= n
                 call.send_window -= n
-                self._out.append(
+                head = (
                     headers
                     + block
                     + _FRAME.pack(n >> 8, n & 0xFF, DATA, END_STREAM, stream_id)
-                    + body
+                    + prefix
                 )
+                if size < VIEW_MIN_BYTES:
+                    self._out.append(head + request)
+                else:
+                    self._out.append(head)
+                    self._out.append(request)
+                    self._views_queued = True
                 return stream_id
             self._out.append(headers + block)
         else:
             self._queue_header_block(stream_id, block)
-        call.outbound = memoryview(body)
+        call.prefix = prefix
+        call.outbound = memoryview(request)
         self._send_body(stream_id, call)
         return stream_id
 
@@ -374,15 +397,45 @@ class CodecGrpcConnection(CallTable[_Call]):
             if first is None:
                 return failed
             data = first
-        pending = self._pending
-        if pending:
-            pending += data
-            if len(pending) < self._needed:
-                return []
-            data = bytes(pending)
-            pending.clear()
         out: list[Event] = []
         pos = 0
+        if self._pending:
+            # Complete the frame an earlier read began from the front of `data` and parse it
+            # alone; the rest of `data` is parsed where it is. So only that frame is copied,
+            # not the whole read, and a big DATA frame is parsed from the buffer it was
+            # completed in.
+            frame, pos = self._complete_pending(data)
+            if frame is None:
+                return out
+            if not self._parse(frame if frame[3] == DATA else bytes(frame), 0, out):
+                return out
+        self._parse(data, pos, out)
+        return out
+
+    def _complete_pending(self, data: bytes) -> tuple[bytearray | None, int]:
+        """Move bytes from `data` into the pending frame until it is whole: returns it (None:
+        `data` did not complete it) and where in `data` the next frame starts."""
+        pending = self._pending
+        pos = 0
+        while True:
+            take = self._needed - len(pending)
+            pending += memoryview(data)[pos : pos + take]
+            pos = min(pos + take, len(data))
+            if len(pending) < self._needed:
+                return None, pos
+            if self._needed == FRAME_HEADER_BYTES:
+                length = (pending[0] << 16) | (pending[1] << 8) | pending[2]
+                # An oversized frame is refused at its header, in _parse.
+                if 0 < length <= self._max_inbound_frame:
+                    self._needed += length
+                    continue
+            # A fresh buffer: views of the old one may live on (in the parse that follows).
+            self._pending = bytearray()
+            return pending, pos
+
+    def _parse(self, data: bytes | bytearray, pos: int, out: list[Event]) -> bool:
+        """Handle the whole frames in `data` from `pos` on and keep a partial last frame;
+        False if the server broke the connection."""
         end = len(data)
         unpack = _FRAME.unpack_from
         handlers = self._handlers
@@ -409,8 +462,9 @@ class CodecGrpcConnection(CallTable[_Call]):
                     handlers[frame_type](data, start, stop, flags, stream_id & 0x7FFFFFFF, out)
         except _ConnectionError as exc:
             self._connection_error(exc.code, str(exc), out)
-            return out
+            return False
         if pos < end:
+            pending = self._pending
             pending += memoryview(data)[pos:]
             if len(pending) < FRAME_HEADER_BYTES:
                 self._needed = FRAME_HEADER_BYTES
@@ -418,7 +472,7 @@ class CodecGrpcConnection(CallTable[_Call]):
                 self._needed = FRAME_HEADER_BYTES + (
                     (pending[0] << 16) | (pending[1] << 8) | pending[2]
                 )
-        return out
+        return True
 
     def _set_next_stream_id(self, stream_id: int) -> None:
         """Tests of stream-id exhaustion start near the end of the id space."""
@@ -678,7 +732,7 @@ class CodecGrpcConnection(CallTable[_Call]):
         if call.send_window > _MAX_WINDOW:
             self._stream_error(stream_id, FLOW_CONTROL_ERROR, "stream window overflow", out)
             return
-        if call.outbound:
+        if call.outbound or call.prefix:
             self._send_body(stream_id, call)
 
     # -- helpers ----------------------------------------------------------------------------
@@ -703,20 +757,51 @@ class CodecGrpcConnection(CallTable[_Call]):
             self._out.append(frame(frame_type, flags, stream_id, chunk))
 
     def _send_body(self, stream_id: int, call: _Call) -> None:
-        """Send as much of the request as flow control allows; END_STREAM with the last byte."""
+        """Send as much of the request as flow control allows; END_STREAM with the last byte.
+        Each DATA frame is the length prefix's rest (in the first frame) and a slice of the
+        request: a small slice is copied behind its frame header, a big one queued as a view."""
+        prefix = call.prefix
         body = call.outbound
-        while body:
-            n = min(len(body), self._send_window, call.send_window, self._max_outbound_frame)
+        out = self._out
+        left = len(prefix) + len(body)
+        max_frame = self._max_outbound_frame
+        while left:
+            n = min(left, self._send_window, call.send_window, max_frame)
             if n <= 0:
+                call.prefix = prefix
                 call.outbound = body
                 self._blocked[stream_id] = call
                 return
-            flags = END_STREAM if n == len(body) else 0
-            self._out.append(_FRAME.pack(n >> 8, n & 0xFF, DATA, flags, stream_id))
-            self._out.append(body[:n])
+            if n == max_frame and n < left and not prefix:
+                # A run of full frames before the last one: all alike but for their slice.
+                size = min(left - 1, self._send_window, call.send_window) // n * n
+                header = _FRAME.pack(n >> 8, n & 0xFF, DATA, 0, stream_id)
+                for start in range(0, size, n):
+                    out.append(header)
+                    out.append(body[start : start + n])
+                self._views_queued = True
+                self._send_window -= size
+                call.send_window -= size
+                left -= size
+                body = body[size:]
+                continue
+            left -= n
+            header = _FRAME.pack(n >> 8, n & 0xFF, DATA, 0 if left else END_STREAM, stream_id)
             self._send_window -= n
             call.send_window -= n
+            if prefix:
+                taken = min(n, len(prefix))
+                header += prefix[:taken]
+                prefix = prefix[taken:]
+                n -= taken
+            if n < VIEW_MIN_BYTES:
+                out.append(header + body[:n])
+            else:
+                out.append(header)
+                out.append(body[:n])
+                self._views_queued = True
             body = body[n:]
+        call.prefix = b""
         call.outbound = _EMPTY
         self._blocked.pop(stream_id, None)
 
@@ -728,9 +813,10 @@ class CodecGrpcConnection(CallTable[_Call]):
 
     def _end_stream(self, stream_id: int, call: _Call, out: list[Event]) -> None:
         self._forget(stream_id)
-        if call.outbound:
+        if call.outbound or call.prefix:
             # The server answered before taking the whole request (RFC 9113 §8.1): stop sending
             # and close our half too, so the stream stops counting against its limit.
+            call.prefix = b""
             call.outbound = _EMPTY
             self._out.append(frame(RST_STREAM, 0, stream_id, _U32.pack(NO_ERROR)))
         out.append(finish(stream_id, call))

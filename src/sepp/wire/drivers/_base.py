@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import ssl
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -286,8 +287,31 @@ def no_alpn_h2_error() -> RpcError:
 
 
 def conn_reason(exc: BaseException) -> str:
+    """`Type: message` of what broke, worded the same by both clients: a refused connection
+    is `ConnectionRefusedError: [Errno 111] Connection refused` from trio's sockets as from
+    the blocking ones."""
+    attempt = _first_attempt(exc)
+    if attempt is not None:
+        if isinstance(attempt.errno, int) and attempt.errno > 0:
+            # trio words it "Error connecting to ('127.0.0.1', 1): Connection refused".
+            errno = attempt.errno
+            return f"{type(attempt).__name__}: [Errno {errno}] {os.strerror(errno)}"
+        exc = attempt
     text = str(exc) or type(exc).__name__
     return f"{type(exc).__name__}: {text}" if str(exc) else text
+
+
+def _first_attempt(exc: BaseException) -> OSError | None:
+    """trio's open_tcp_stream raises OSError("all attempts to connect to … failed") from a
+    group of each address's error, where socket.create_connection raises the first of them:
+    that one (None for any other error)."""
+    attempts = getattr(exc.__cause__, "exceptions", None) if type(exc) is OSError else None
+    if not attempts:
+        return None
+    first = attempts[0]
+    while getattr(first, "exceptions", None):  # a nested group
+        first = first.exceptions[0]
+    return first if isinstance(first, OSError) else None
 
 
 def describe_io_error(exc: BaseException) -> str:

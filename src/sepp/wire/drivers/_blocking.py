@@ -42,6 +42,7 @@ from ._base import (
     unprocessed_error,
 )
 from ._core import ChannelCore, ConnectionCore
+from ._sending import Buffers, advance, send_some
 from ._tls import HANDSHAKE_EOF, Tls
 
 if TYPE_CHECKING:
@@ -147,14 +148,14 @@ class _BlockingConnection(ConnectionCore[_Waiter]):
                 self.write_lock.release()
                 return
             self._in_io += 1
-        self._write(memoryview(data), written_before, until)
+        self._write(data, written_before, until)
 
-    def _write(self, data: memoryview, written_before: int, until: float) -> None:
+    def _write(self, data: Buffers, written_before: int, until: float) -> None:
         """Holding `write_lock` and an `_in_io` count: send `data` and what is queued
         meanwhile. `written_before`: the mark to go back to if none of `data` leaves."""
         while True:
             try:
-                failure, rest = self._send_all(data, until)
+                failure, rest, sent = self._send_all(data, until)
             except BaseException:  # KeyboardInterrupt mid-write: a frame may be cut short
                 with self.lock:
                     self.die("interrupted while writing")
@@ -165,7 +166,7 @@ class _BlockingConnection(ConnectionCore[_Waiter]):
             if failure is None and rest:
                 # The caller's deadline passed with the server not reading: a thread of its
                 # own writes the rest (the bytes' order holds), the caller goes.
-                if len(rest) < len(data):
+                if sent:
                     written_before = self.written_through
                 writer = threading.Thread(
                     target=self._write,
@@ -177,10 +178,10 @@ class _BlockingConnection(ConnectionCore[_Waiter]):
                 return
             with self.lock:
                 if failure is not None:
-                    if len(rest) == len(data):  # its requests never left: may go out again
+                    if not sent:  # its requests never left: may go out again
                         self.written_through = written_before
                     self._write_failed(failure)
-                    output = b""
+                    output: Buffers = []
                 else:
                     written_before = self.written_through
                     output = self._take_output()
@@ -189,7 +190,7 @@ class _BlockingConnection(ConnectionCore[_Waiter]):
                     self.write_lock.release()
                     self._close_if_unused()
                     return
-            data = memoryview(output)
+            data = output
 
     def _read_before_dying(self, reason: str) -> None:
         """Under the lock, after a failed send: what the server sent before its reset waits in
@@ -199,24 +200,27 @@ class _BlockingConnection(ConnectionCore[_Waiter]):
             self._read_what_arrived()
             self.die(reason)
 
-    def _take_output(self) -> bytes:
-        """Under the lock: the bytes for the socket (encrypted with TLS)."""
+    def _take_output(self) -> Buffers:
+        """Under the lock: the bytes for the socket (encrypted with TLS), as buffers to send."""
         if self.dead or self.write_failed is not None:
-            return b""
+            return []
         data = self._output()
         if data:
             self.written_through = self.last_started
         return data
 
-    def _send_all(self, data: memoryview, until: float) -> tuple[OSError | None, memoryview]:
+    def _send_all(self, data: Buffers, until: float) -> tuple[OSError | None, Buffers, bool]:
         """Write `data` until all is sent or the clock reaches `until`; returns the error the
-        socket gave (None: none) and what was left unsent."""
+        socket gave (None: none), what was left unsent, and whether any byte went."""
         view = data
+        sent = False
         poller: select.poll | None = None
         try:
             while view:
                 try:
-                    view = view[self.sock.send(view) :]
+                    n = send_some(self.sock, view)
+                    view = advance(view, n)
+                    sent = sent or n > 0
                     continue
                 except BlockingIOError:
                     pass
@@ -227,11 +231,11 @@ class _BlockingConnection(ConnectionCore[_Waiter]):
                 wait = min(stall, until - time.monotonic())
                 if not poller.poll(_poll_ms(wait)):
                     if wait < stall:
-                        return None, view  # `until` came first
+                        return None, view, sent  # `until` came first
                     raise TimeoutError(f"the server took no bytes for {stall:g}s")
         except OSError as exc:
-            return exc, view
-        return None, view
+            return exc, view, sent
+        return None, view, sent
 
     # -- waiting and reading --------------------------------------------------------------------
 
@@ -412,7 +416,7 @@ class _BlockingConnection(ConnectionCore[_Waiter]):
         """Best effort: a GOAWAY, if the socket takes it at once."""
         try:
             self.proto.close()
-            data = self._output()
+            data = b"".join(self._output())
             if data and not self._in_io:
                 self.sock.send(data)
         except Exception:

@@ -46,6 +46,7 @@ from ._base import (
     conn_reason,
     describe_io_error,
 )
+from ._sending import Buffers, take_output
 from ._tls import Tls
 
 if TYPE_CHECKING:
@@ -139,10 +140,9 @@ class ConnectionCore(Generic[W]):
             self._channel._retire(self)
         return stream_id
 
-    def _output(self) -> bytes:
-        """What the engine queued for the socket, encrypted with TLS."""
-        data = self.proto.data_to_send()
-        return data if self._tls is None else self._tls.encrypt(data)
+    def _output(self) -> Buffers:
+        """What the engine queued for the socket (encrypted with TLS), as buffers to send."""
+        return take_output(self.proto, self._tls)
 
     def _received(self, data: bytes | bytearray) -> bool:
         """Feed bytes from the socket and act on the events; False once the connection has

@@ -32,6 +32,7 @@ from ._base import (
 from ._base import describe_io_error as _describe_io_error
 from ._base import unprocessed_error as _unprocessed_error
 from ._core import ChannelCore, ConnectionCore
+from ._sending import Buffers, advance, send_some
 from ._tls import HANDSHAKE_EOF, Tls
 
 if TYPE_CHECKING:
@@ -66,7 +67,7 @@ class _Connection(ConnectionCore[Waiter]):
         self.ready = trio.Event()
         self._wake = trio.Event()
         # Bytes the socket did not take at once; while any wait, only the writer task sends.
-        self._backlog = b""
+        self._backlog: Buffers = []
         self._writing = False
         self._raw = _raw_socket(stream)
         self._ping_acks: dict[bytes, trio.Event] = {}
@@ -82,15 +83,16 @@ class _Connection(ConnectionCore[Waiter]):
         if not data:
             return
         try:
-            sent = self._raw.send(data)
+            sent = send_some(self._raw, data)
         except BlockingIOError:
             sent = 0
         except OSError as exc:
             self._write_failed(exc)
             return
         self.written_through = self.last_started
-        if sent < len(data):
-            self._backlog = data[sent:]
+        rest = advance(data, sent)
+        if rest:
+            self._backlog = rest
             self._writing = True
             self._wake.set()
 
@@ -111,10 +113,25 @@ class _Connection(ConnectionCore[Waiter]):
             with trio.CancelScope(shield=True):
                 await self._close_stream()
 
+    async def _send_all(self, data: Buffers) -> None:
+        """Send every buffer, waiting while the socket is full (the writer task's write)."""
+        raw = self._raw
+        if raw is None:  # not a socket (tests' memory streams)
+            await self.stream.send_all(b"".join(data))
+            return
+        assert isinstance(self.stream, trio.SocketStream)
+        sock = self.stream.socket
+        while data:
+            await trio.lowlevel.checkpoint_if_cancelled()
+            try:
+                data = advance(data, send_some(raw, data))
+            except BlockingIOError:
+                await trio.lowlevel.wait_writable(sock)
+
     async def _close_stream(self) -> None:
         try:
             self.proto.close()
-            data = self._backlog + self._output()
+            data = b"".join(self._backlog + self._output())
             if data:
                 with trio.move_on_after(_GOAWAY_FLUSH_S):
                     await self.stream.send_all(data)
@@ -210,12 +227,12 @@ class _Connection(ConnectionCore[Waiter]):
                 self._wake = trio.Event()
                 while self.write_failed is None:
                     data = self._backlog + self._output()
-                    self._backlog = b""
+                    self._backlog = []
                     if not data:
                         break
                     self._writing = True
                     self.written_through = self.last_started
-                    await self.stream.send_all(data)
+                    await self._send_all(data)
                 self._writing = False
         except Exception as exc:
             self._write_failed(_cause(exc))

@@ -111,6 +111,10 @@ class H2GrpcConnection(CallTable[_Call]):
         self._queued_replies = 0
         return self._h2.data_to_send()
 
+    def buffers_to_send(self) -> list[bytes | memoryview]:
+        data = self.data_to_send()
+        return [data] if data else []
+
     def start_call(
         self,
         method: str,
