@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -19,17 +18,13 @@ def _is_module(name: str) -> bool:
     return base.with_suffix(".py").exists() or (base / "__init__.py").exists()
 
 
-def _sources() -> Iterator[tuple[str, Path]]:
-    """Each sepp module's name and file (not the generated code)."""
-    for path in (SRC / "sepp").rglob("*.py"):
-        if "_pb" not in path.parts:
-            yield _module_name(path), path
-
-
 def import_graph() -> dict[str, set[str]]:
     """sepp module → the sepp modules it imports anywhere (top level, functions, TYPE_CHECKING)."""
     graph: dict[str, set[str]] = {}
-    for name, path in _sources():
+    for path in (SRC / "sepp").rglob("*.py"):
+        if "_pb" in path.parts:
+            continue  # generated code
+        name = _module_name(path)
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         edges: set[str] = set()
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
@@ -160,43 +155,57 @@ def test_the_layer_check_sees_an_upward_import() -> None:
     ]
 
 
-# Within `wire`, only the trio driver imports trio: the engines and the drivers' shared core
-# (`_base`, `_core`, `_tls`) have no event loop, so the blocking driver, and a driver for
-# another loop, build on them without it.
-TRIO_IN_WIRE = ("sepp.wire.drivers._trio", "sepp.wire.drivers._waiters")
+# The Worker and the Scheduler take what they need of trio (clock, sleeping, cancel scopes,
+# nurseries, events, threads, calls from other threads) from `_worker/concurrency.py` alone, so
+# that another runtime provides one module; the monitor's HTTP responder owns its sockets, as a
+# wire driver does.
+TRIO_SEAM = ("sepp._worker.concurrency", "sepp._worker.http_responder")
 
 
-def library_imports() -> dict[str, set[str]]:
-    """sepp module → the top-level packages outside sepp it imports anywhere."""
-    found: dict[str, set[str]] = {}
-    for name, path in _sources():
-        libraries: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.ImportFrom) and not node.level and node.module:
-                libraries.add(node.module.split(".")[0])
-            elif isinstance(node, ast.Import):
-                libraries.update(alias.name.split(".")[0] for alias in node.names)
-        found[name] = libraries - {"sepp"}
+def imports_trio(source: str) -> bool:
+    """Whether `source` imports trio anywhere (top level, functions, TYPE_CHECKING)."""
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import) and any(
+            alias.name.split(".")[0] == "trio" for alias in node.names
+        ):
+            return True
+        if isinstance(node, ast.ImportFrom) and not node.level:
+            if (node.module or "").split(".")[0] == "trio":
+                return True
+    return False
+
+
+def trio_importers(*packages: str) -> list[str]:
+    found = []
+    for path in sorted((SRC / "sepp").rglob("*.py")):
+        name = _module_name(path)
+        if any(_within(name, package) for package in packages):
+            if imports_trio(path.read_text(encoding="utf-8")):
+                found.append(name)
     return found
 
 
-def trio_in_wire_violations(imports: dict[str, set[str]]) -> list[str]:
-    return [
-        f"{module} imports trio: within sepp.wire only the trio driver may"
-        for module, libraries in sorted(imports.items())
-        if _within(module, "sepp.wire") and "trio" in libraries and module not in TRIO_IN_WIRE
-    ]
+def test_the_worker_and_the_scheduler_reach_trio_only_through_their_seam() -> None:
+    assert [
+        name for name in trio_importers("sepp._worker", "sepp._scheduling") if name not in TRIO_SEAM
+    ] == []
+    assert trio_importers("sepp._worker.concurrency") == ["sepp._worker.concurrency"]
+
+
+def test_the_trio_check_sees_every_form_of_import() -> None:
+    assert imports_trio("import trio")
+    assert imports_trio("import trio.lowlevel as ll")
+    assert imports_trio("def f():\n    from trio import sleep")
+    assert imports_trio("if TYPE_CHECKING:\n    from trio.abc import Stream")
+    assert not imports_trio("from .concurrency import sleep\nimport triolet")
+
+
+# Within `wire`, only the trio driver imports trio: the engines and the drivers' shared core
+# (`_base`, `_core`, `_tls`, `_sending`) have no event loop, so the blocking driver, and a
+# driver for another loop, build on them without it.
+TRIO_IN_WIRE = ("sepp.wire.drivers._trio", "sepp.wire.drivers._waiters")
 
 
 def test_within_wire_only_the_trio_driver_imports_trio() -> None:
-    assert trio_in_wire_violations(library_imports()) == []
-
-
-def test_the_trio_check_sees_a_trio_import() -> None:
-    imports = library_imports()
-    assert "trio" in imports["sepp.wire.drivers._trio"]  # `import trio`, read from the source
-    imports["sepp.wire.drivers._core"] = {*imports["sepp.wire.drivers._core"], "trio"}
-    imports["sepp._worker.worker"] = {*imports["sepp._worker.worker"], "trio"}  # not in wire
-    assert trio_in_wire_violations(imports) == [
-        "sepp.wire.drivers._core imports trio: within sepp.wire only the trio driver may"
-    ]
+    assert [name for name in trio_importers("sepp.wire") if name not in TRIO_IN_WIRE] == []
+    assert trio_importers("sepp.wire.drivers._trio") == ["sepp.wire.drivers._trio"]

@@ -95,7 +95,8 @@ def test_constructor_accepts_timedeltas_zero_grace_and_a_single_queue_name() -> 
         shutdown_timeout=0,
         max_jobs=1,
     )
-    assert (worker._queues, worker._lease_s, worker._wait_s, worker._shutdown_timeout_s) == (
+    s = worker._settings
+    assert (list(s.queues), s.lease_s, s.wait_s, s.shutdown_timeout_s) == (
         ["emails"],
         45.0,
         0.5,

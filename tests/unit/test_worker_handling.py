@@ -125,7 +125,7 @@ def test_a_routers_lifespan_is_the_workers_and_is_not_given_twice() -> None:
         yield
 
     router = sepp.Router(lifespan=lifespan)
-    assert make_worker(FakeClient(), handlers=router)._lifespan is lifespan
+    assert make_worker(FakeClient(), handlers=router)._settings.lifespan is lifespan
     with pytest.raises(sepp.ValidationError) as info:
         make_worker(FakeClient(), handlers=router, lifespan=lifespan)
     assert info.value.field == "lifespan"

@@ -11,7 +11,7 @@ import trio.testing
 
 import sepp
 from sepp._worker import http_responder as http
-from sepp._worker.monitor import MAX_SERIES, WorkerMonitor
+from sepp._worker.monitor import MAX_SERIES, WorkerMonitor, feed_of
 from sepp.testing import job_context
 
 
@@ -34,27 +34,28 @@ async def exchange(request: bytes, monitor: WorkerMonitor | None = None) -> tupl
 
 async def test_probes_answer_by_the_workers_state() -> None:
     monitor = WorkerMonitor()
+    feed = feed_of(monitor)  # what the Worker tells it
     assert await exchange(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n", monitor) == (
         200,
         b"ok: starting\n",
     )
     assert (await exchange(b"GET /readyz HTTP/1.1\r\n\r\n", monitor))[0] == 503
-    monitor._reserving()
+    feed.reserving()
     assert await exchange(b"GET /readyz?verbose HTTP/1.0\r\n\r\n", monitor) == (
         200,
         b"ok: reserving\n",
     )
-    monitor._reserve_done(0.1, sepp.TransportError("UNAVAILABLE: gone"))
+    feed.reserve_done(0.1, sepp.TransportError("UNAVAILABLE: gone"))
     status, body = await exchange(b"GET /readyz HTTP/1.1\r\n\r\n", monitor)
     assert status == 503 and b"reserve failing (1 in a row): TransportError" in body
-    monitor._reserve_done(0.1, None)
-    monitor._shutting_down()
+    feed.reserve_done(0.1, None)
+    feed.shutting_down()
     assert await exchange(b"GET /readyz HTTP/1.1\r\n\r\n", monitor) == (
         503,
         b"not ready: shutting down\n",
     )
     assert (await exchange(b"GET /healthz HTTP/1.1\r\n\r\n", monitor))[0] == 200
-    monitor._stopped()
+    feed.stopped()
     assert (await exchange(b"GET /healthz HTTP/1.1\r\n\r\n", monitor))[0] == 503
 
 
@@ -151,24 +152,25 @@ LINE = re.compile(
 
 def fed_monitor() -> WorkerMonitor:
     monitor = WorkerMonitor()
-    monitor._attach(["send", 'we"ird\\type\n'])
-    monitor._reserving()
+    feed = feed_of(monitor)  # what the Worker tells it
+    feed.worker_started(["send", 'we"ird\\type\n'])
+    feed.reserving()
     for attempt, (label, dead) in enumerate(
         [("ack", None), ("error", False), ("error", True), ("timeout", False), (None, None)], 1
     ):
         ctx = job_context("send", queue="emails", attempt=attempt)
-        monitor._job_started(ctx)
-        monitor._job_ended(ctx, 0.02 * attempt)
-        monitor._job_settled(ctx, label, dead)
+        feed.job_started(ctx)
+        feed.job_ended(ctx, 0.02 * attempt)
+        feed.job_settled(ctx, label, dead)
     odd = job_context('we"ird\\type\n', queue="emails")
-    monitor._job_started(odd)
-    monitor._job_ended(odd, 3.0)
-    monitor._job_settled(odd, "ack", None)
-    monitor._job_settled(job_context("unregistered", queue="emails"), "unknown_type", None)
+    feed.job_started(odd)
+    feed.job_ended(odd, 3.0)
+    feed.job_settled(odd, "ack", None)
+    feed.job_settled(job_context("unregistered", queue="emails"), "unknown_type", None)
     catch_all = job_context("handled-by-catch-all", queue="emails")
-    monitor._job_started(catch_all)
-    monitor._reserve_done(0.5, None)
-    monitor._reserve_done(30.0, sepp.TransportError("x"))
+    feed.job_started(catch_all)
+    feed.reserve_done(0.5, None)
+    feed.reserve_done(30.0, sepp.TransportError("x"))
     return monitor
 
 
@@ -212,9 +214,10 @@ def test_the_metrics_are_valid_prometheus_text_with_the_counts() -> None:
 
 def test_job_type_labels_stay_bounded() -> None:
     monitor = WorkerMonitor()
-    monitor._attach(None)  # every type labelled as it is, up to the cap
+    feed = feed_of(monitor)  # what the Worker tells it
+    feed.worker_started(None)  # every type labelled as it is, up to the cap
     for n in range(MAX_SERIES + 50):
-        monitor._job_started(job_context(f"type-{n}", queue="q"))
+        feed.job_started(job_context(f"type-{n}", queue="q"))
     text = monitor.prometheus_text()
     started = [line for line in text.splitlines() if line.startswith("sepp_worker_jobs_started")]
     assert len(started) == MAX_SERIES + 1  # the cap, and "other" for the rest

@@ -176,6 +176,8 @@ async def run(args: argparse.Namespace) -> int:
             )
 
     async def work() -> None:
+        from .._worker.monitor import feed_of  # what the monitor is told, beside the Worker
+
         async with trio.open_nursery() as http:
             if monitor is not None:
                 await serve_monitor(http, monitor, args)
@@ -183,7 +185,7 @@ async def run(args: argparse.Namespace) -> int:
                 await run_connected(
                     args,
                     connected,
-                    on_waiting=monitor._waiting_for_server if monitor is not None else None,
+                    on_waiting=feed_of(monitor).waiting_for_server if monitor is not None else None,
                 )
             http.cancel_scope.cancel()
 

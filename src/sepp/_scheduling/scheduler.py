@@ -11,12 +11,19 @@ from collections.abc import Iterator
 from datetime import datetime, timedelta
 from typing import Protocol
 
-import trio
-
 from .._model import validate as v
 from .._model.errors import JobRejectedError, SeppError, UnauthenticatedError, ValidationError
 from .._model.types import EnqueueAck, EnqueueRequest, ServerInfo
 from .._util.log import Log, LoggerLike
+from .._worker.concurrency import (
+    TASK_STATUS_IGNORED,
+    CancelScope,
+    RunHandle,
+    TaskStatus,
+    current_time,
+    sleep,
+    sleep_until,
+)
 from .._worker.shutdown import ShutdownHandle
 from .schedule import (
     MISSED_POLICIES,
@@ -70,7 +77,7 @@ class _ServerClock:
         self._trio_time = trio_time
 
     def now(self) -> datetime:
-        return self._server_time + timedelta(seconds=trio.current_time() - self._trio_time)
+        return self._server_time + timedelta(seconds=current_time() - self._trio_time)
 
     def trio_time_at(self, when: datetime) -> float:
         return self._trio_time + (when - self._server_time).total_seconds()
@@ -192,8 +199,8 @@ class Scheduler:
 
         self._state = _RunState.NEW
         self._shutdown_requested = False
-        self._token: trio.lowlevel.TrioToken | None = None
-        self._scope = trio.CancelScope()
+        self._run = RunHandle()
+        self._scope = CancelScope()
         self._clock: _ServerClock | None = None
         self._clock_refresh_at = 0.0
         self._tracks: list[_Track] = []
@@ -223,22 +230,16 @@ class Scheduler:
         return ShutdownHandle(self)
 
     def _request_shutdown(self, *, from_task: bool, now: bool = False) -> None:
-        # Flag first, token second; run() stores the token first and reads the flag second.
+        # Flag first, the run second; run() enters the run first and reads the flag second.
         self._shutdown_requested = True
-        token = self._token
-        if token is None:
-            return
-        try:
-            token.run_sync_soon(self._scope.cancel, idempotent=True)
-        except trio.RunFinishedError:
-            pass
+        self._run.call(self._scope.cancel, from_task=False)
 
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, *, task_status: TaskStatus[None] = TASK_STATUS_IGNORED) -> None:
         """Enqueue occurrences until `shutdown()`. A scheduler runs once."""
         if self._state is not _RunState.NEW:
             raise RuntimeError("Scheduler.run() can only be called once; create a new Scheduler")
         self._state = _RunState.RUNNING
-        self._token = trio.lowlevel.current_trio_token()
+        self._run.enter()
         if self._shutdown_requested:
             self._scope.cancel()
         started = False
@@ -252,18 +253,18 @@ class Scheduler:
                 await self._loop()
         finally:
             self._state = _RunState.DONE
-            self._token = None
+            self._run.leave()
         if not started:
             task_status.started()  # shut down before it ever started
 
     # -- the server's clock -------------------------------------------------------------------
 
     async def _read_server_clock(self) -> ServerInfo:
-        sent = trio.current_time()
+        sent = current_time()
         info = await self._client.get_server_info()
         # The server read its clock somewhere during the call: assume the middle.
-        self._clock = _ServerClock(info.server_time, (sent + trio.current_time()) / 2)
-        self._clock_refresh_at = trio.current_time() + CLOCK_REFRESH_S
+        self._clock = _ServerClock(info.server_time, (sent + current_time()) / 2)
+        self._clock_refresh_at = current_time() + CLOCK_REFRESH_S
         return info
 
     async def _first_sync(self) -> ServerInfo:
@@ -275,13 +276,13 @@ class Scheduler:
                 failures += 1
                 delay = _backoff(failures)
                 self._log_failure("cannot read the server's clock and limits", exc, delay)
-                await trio.sleep(delay)
+                await sleep(delay)
 
     async def _refresh_clock(self) -> None:
         try:
             await self._read_server_clock()
         except Exception as exc:
-            self._clock_refresh_at = trio.current_time() + CLOCK_RETRY_S
+            self._clock_refresh_at = current_time() + CLOCK_RETRY_S
             self._log_failure("cannot re-read the server's clock", exc, CLOCK_RETRY_S)
 
     def _server_now(self) -> datetime:
@@ -354,13 +355,13 @@ class Scheduler:
 
     async def _loop(self) -> None:
         while True:
-            if trio.current_time() >= self._clock_refresh_at:
+            if current_time() >= self._clock_refresh_at:
                 await self._refresh_clock()
             self._plan()
             await self._enqueue_due()
             # Never spin: a wake-up computed in the past (time passed during the enqueues, or
             # a rounding of the clock mapping) waits a millisecond.
-            await trio.sleep_until(max(self._next_wake(), trio.current_time() + MIN_SLEEP_S))
+            await sleep_until(max(self._next_wake(), current_time() + MIN_SLEEP_S))
 
     def _next_wake(self) -> float:
         assert self._clock is not None
@@ -375,7 +376,7 @@ class Scheduler:
         return wake
 
     async def _enqueue_due(self) -> None:
-        now = trio.current_time()
+        now = current_time()
         if now < self._outage_until:
             return
         for track in self._tracks:
@@ -434,7 +435,7 @@ class Scheduler:
         except (JobRejectedError, ValidationError) as exc:
             failures = track.failures[occurrence] = track.failures.get(occurrence, 0) + 1
             delay = _backoff(failures)
-            track.retry_at[occurrence] = trio.current_time() + delay
+            track.retry_at[occurrence] = current_time() + delay
             self._log_failure(
                 f"occurrence {format_occurrence(occurrence)} of {name!r} was refused",
                 exc,
@@ -445,7 +446,7 @@ class Scheduler:
         except Exception as exc:  # the loop must outlive every failure
             self._outage_failures += 1
             delay = _backoff(self._outage_failures)
-            self._outage_until = trio.current_time() + delay
+            self._outage_until = current_time() + delay
             self._log_failure(
                 f"enqueueing occurrence {format_occurrence(occurrence)} of {name!r} failed",
                 exc,

@@ -1,4 +1,5 @@
-"""A job the Worker holds a lease on, from the reserve that returned it until it settles."""
+"""A job the Worker holds a lease on, from the reserve that returned it until it settles, and
+the set of those it holds."""
 
 from __future__ import annotations
 
@@ -6,9 +7,8 @@ import enum
 from collections.abc import Callable
 from datetime import datetime
 
-import trio
-
 from .._model.types import Job
+from .concurrency import CancelScope, Event, ParkingLot, checkpoint_if_cancelled, current_time
 
 
 class Phase(enum.Enum):
@@ -40,18 +40,18 @@ class HeldJob:
         self.job = job
         self.phase = Phase.WAITING
         # Made only if the job has to wait for its slot: most get one at once.
-        self._slot_granted: trio.Event | None = None
+        self._slot_granted: Event | None = None
         # Covers the wait for a slot and the handler; lease loss and shutdown cancel it.
-        self.scope = trio.CancelScope()
+        self.scope = CancelScope()
         self.lease_lost: str | None = None
         # The lease keeper's task scope, once one runs (most jobs settle before).
-        self.keeper_scope: trio.CancelScope | None = None
+        self.keeper_scope: CancelScope | None = None
         self.watch_key = -1  # the LeaseKeeper's key while it watches this job
         self.forced = False
         # A run of the same job id still going in this worker (its lease ran out): this
         # delivery waits for it to end; `ended` is set when this one ends, if one waits.
         self.earlier: HeldJob | None = None
-        self.ended: trio.Event | None = None
+        self.ended: Event | None = None
         self._seen_expiry: datetime | None = None
         self._deadline = 0.0
         self.run_s: float | None = None  # how long its handler ran, once it has
@@ -65,10 +65,10 @@ class HeldJob:
         """Return once the job holds a slot; without yielding if it already does (a
         cancellation of `scope` still raises here)."""
         if self.phase is Phase.RUNNING:
-            await trio.lowlevel.checkpoint_if_cancelled()
+            await checkpoint_if_cancelled()
             return
         if self._slot_granted is None:
-            self._slot_granted = trio.Event()
+            self._slot_granted = Event()
         await self._slot_granted.wait()
 
     def grant_slot(self) -> None:
@@ -77,17 +77,17 @@ class HeldJob:
             self._slot_granted.set()
 
     def lease_deadline(self, now_utc: Callable[[], datetime], cap_s: float) -> float:
-        """The granted expiry as a trio deadline, re-read whenever extend (ours or the
-        handler's) moved it. Capped at `cap_s` from the conversion so a server clock running
-        ahead of ours cannot make us extend late."""
+        """The granted expiry as a deadline (on `current_time()`'s clock), re-read whenever
+        extend (ours or the handler's) moved it. Capped at `cap_s` from the conversion so a
+        server clock running ahead of ours cannot make us extend late."""
         if self.job.ctx.lease_expires_at != self._seen_expiry:
-            now = trio.current_time()
+            now = current_time()
             return self.convert_lease(now_utc(), now, now, cap_s)
         return self._deadline
 
     def convert_lease(self, wall: datetime, wall_at: float, now: float, cap_s: float) -> float:
-        """Convert the granted expiry with a wall-clock reading `wall` taken at trio time
-        `wall_at` (≤ `now`, so one reading can serve many jobs); returns `lease_deadline`."""
+        """Convert the granted expiry with a wall-clock reading `wall` taken at time `wall_at`
+        (≤ `now`, so one reading can serve many jobs); returns `lease_deadline`."""
         expiry = self.job.ctx.lease_expires_at
         self._deadline = min(wall_at + (expiry - wall).total_seconds(), now + cap_s)
         self._seen_expiry = expiry
@@ -99,3 +99,51 @@ class HeldJob:
         if self.phase is not Phase.SETTLING:
             self.forced = True
             self.scope.cancel()
+
+
+class HeldJobs:
+    """The jobs a Worker holds, each delivery once; the latest delivery of each job id (a
+    redelivery waits for the earlier run); and a wake-up for whoever waits for the set to
+    shrink (the reserve loop when it is full, the shutdown while it drains)."""
+
+    __slots__ = ("_by_delivery", "_latest", "_shrunk")
+
+    def __init__(self) -> None:
+        self._by_delivery: dict[int, HeldJob] = {}
+        self._latest: dict[str, HeldJob] = {}
+        self._shrunk = ParkingLot()
+
+    def __len__(self) -> int:
+        return len(self._by_delivery)
+
+    def add(self, held: HeldJob) -> HeldJob | None:
+        """Hold `held`; returns the earlier delivery of its job still held here, if any."""
+        self._by_delivery[id(held)] = held
+        job_id = held.job.ctx.id
+        earlier = self._latest.get(job_id)
+        self._latest[job_id] = held
+        return earlier
+
+    def remove(self, held: HeldJob) -> None:
+        """`held` has settled: let a redelivery waiting for it start, and wake the waiters."""
+        del self._by_delivery[id(held)]
+        job_id = held.job.ctx.id
+        if self._latest.get(job_id) is held:
+            del self._latest[job_id]
+        if held.ended is not None:
+            held.ended.set()
+        self.changed()
+
+    def changed(self) -> None:
+        if self._shrunk:  # anyone parked: mostly nobody, or the reserve loop alone
+            self._shrunk.unpark_all()
+
+    async def wait_for_change(self) -> None:
+        await self._shrunk.park()
+
+    def stop(self, *, waiting_only: bool) -> None:
+        """Shutdown: cancel the jobs waiting for a slot (and with `waiting_only` False, the
+        running ones too: they are nacked unless their handlers still return)."""
+        for held in list(self._by_delivery.values()):
+            if not waiting_only or held.phase is Phase.WAITING:
+                held.stop()

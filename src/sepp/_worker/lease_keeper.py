@@ -8,12 +8,11 @@ import itertools
 from collections.abc import Callable
 from datetime import datetime
 
-import trio
-
 from .._model.errors import AttemptMismatchError, JobNotFoundError
 from .._model.settlement import describe
 from .._util.log import Log
 from .client_calls import WorkerClient
+from .concurrency import CancelScope, Event, Nursery, current_time, move_on_at, sleep
 from .held_job import HeldJob, Phase
 
 # Extend once a third of what is left of the granted lease has passed (two thirds still
@@ -24,8 +23,8 @@ EXTEND_RETRY_MIN_WAIT_S = 0.25
 # Released jobs' heap entries are dropped in a rebuild once they outnumber the watched ones
 # (plus this), which bounds the heap by the jobs held, not by the rate times a third of a lease.
 REBUILD_SLACK = 64
-# Watching a job converts its expiry with a wall-clock reading up to this old (plus the trio
-# time since), rather than reading the wall clock for every job.
+# Watching a job converts its expiry with a wall-clock reading up to this old (plus the time
+# since), rather than reading the wall clock for every job.
 WALL_READING_MAX_AGE_S = 1.0
 
 
@@ -59,10 +58,10 @@ class LeaseKeeper:
         self._due: list[tuple[float, int]] = []
         self._watched: dict[int, tuple[float, HeldJob, contextvars.Context]] = {}
         self._keys = itertools.count()
-        self._wall: datetime | None = None  # a wall-clock reading, taken at trio time _wall_at
+        self._wall: datetime | None = None  # a wall-clock reading, taken at time _wall_at
         self._wall_at = 0.0
-        self._due_changed = trio.Event()
-        self._scope = trio.CancelScope()
+        self._due_changed = Event()
+        self._scope = CancelScope()
 
     def watch(self, held: HeldJob) -> None:
         """Keep `held`'s lease from its first extend on, until `release(held)`; call from the
@@ -70,7 +69,7 @@ class LeaseKeeper:
         # The context is the job's (its process span is current), so the keeper's extend
         # spans nest under sepp.process like the handler's.
         key = held.watch_key = next(self._keys)
-        now = trio.current_time()
+        now = current_time()
         if self._wall is None or now - self._wall_at >= WALL_READING_MAX_AGE_S:
             self._wall, self._wall_at = self._now_utc(), now
         left_s = held.convert_lease(self._wall, self._wall_at, now, self._lease_s) - now
@@ -104,10 +103,10 @@ class LeaseKeeper:
         self._scope.cancel()
 
     def _wake(self) -> None:
-        changed, self._due_changed = self._due_changed, trio.Event()
+        changed, self._due_changed = self._due_changed, Event()
         changed.set()
 
-    async def run(self, nursery: trio.Nursery) -> None:
+    async def run(self, nursery: Nursery) -> None:
         """Starts a job's keeper in `nursery` when its first extend falls due, if it is still
         held. Runs until `stop()`."""
         with self._scope:
@@ -120,8 +119,8 @@ class LeaseKeeper:
                 if key not in self._watched:
                     heapq.heappop(self._due)  # released
                     continue
-                if trio.current_time() < due:
-                    with trio.move_on_at(due):
+                if current_time() < due:
+                    with move_on_at(due):
                         await changed.wait()
                     continue
                 heapq.heappop(self._due)
@@ -134,7 +133,7 @@ class LeaseKeeper:
     def _cut_off(self, key: int, held: HeldJob, context: contextvars.Context) -> None:
         """Without auto-extend: the lease has ended, unless the handler extended it."""
         deadline = held.lease_deadline(self._now_utc, self._lease_s)
-        if trio.current_time() < deadline:
+        if current_time() < deadline:
             self._watch_until(key, deadline, held, context)
         else:
             self._lose_lease(held, "the lease ran out (auto_extend is off)")
@@ -143,7 +142,7 @@ class LeaseKeeper:
         """Extend the lease from the granted expiry until released or the lease is lost."""
         if held.phase is Phase.SETTLING:
             return  # released between being scheduled and starting
-        with trio.CancelScope() as held.keeper_scope:
+        with CancelScope() as held.keeper_scope:
             await self._extend_until_lost(held, first_extend_due=True)
 
     async def _extend_until_lost(self, held: HeldJob, first_extend_due: bool) -> None:
@@ -151,21 +150,21 @@ class LeaseKeeper:
         last_failure: Exception | None = None
         while True:
             deadline = held.lease_deadline(self._now_utc, self._lease_s)
-            left_s = deadline - trio.current_time()
+            left_s = deadline - current_time()
             floor_s = EXTEND_MIN_WAIT_S if last_failure is None else EXTEND_RETRY_MIN_WAIT_S
             if first_extend_due:
                 first_extend_due = False  # the scheduler already waited the first third
             else:
-                await trio.sleep(max(left_s / 3, min(floor_s, left_s), 0.0))
+                await sleep(max(left_s / 3, min(floor_s, left_s), 0.0))
             deadline = held.lease_deadline(self._now_utc, self._lease_s)
-            if trio.current_time() >= deadline:
+            if current_time() >= deadline:
                 why = "the lease expired" + (
                     f" (last extend failed: {describe(last_failure)})" if last_failure else ""
                 )
                 self._lose_lease(held, why)
                 return
             # An extend still pending at the expiry could not have saved the lease.
-            with trio.move_on_at(deadline) as attempt:
+            with move_on_at(deadline) as attempt:
                 try:
                     await self._client.extend(ctx, self._lease_s)
                 except (JobNotFoundError, AttemptMismatchError) as exc:

@@ -9,9 +9,8 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
-import trio
-
 from .._model.errors import ValidationError
+from .concurrency import TASK_STATUS_IGNORED, TaskStatus
 from .http_responder import TEXT, Responder, Response, Route
 
 if TYPE_CHECKING:
@@ -91,16 +90,7 @@ class WorkerMonitor:
     grow the output without bound."""
 
     def __init__(self) -> None:
-        self._state = _State.STARTING
-        self._reserve_failures = 0
-        self._last_reserve_error = ""
-        self._known_types: frozenset[str] | None = None  # None: every type is "known"
-        self._series: dict[tuple[str, str], _Series] = {}
-        self._in_flight = 0
-        self._reserves_ok = 0
-        self._reserves_failed = 0
-        self._reserve_duration = _Histogram(RESERVE_BUCKETS)
-        self._unknown_type: dict[str, int] = {}
+        self._feed = MonitorFeed()
 
     def __repr__(self) -> str:
         return f"<sepp.WorkerMonitor {self.status}>"
@@ -110,27 +100,28 @@ class WorkerMonitor:
     @property
     def live(self) -> bool:
         """Whether the worker has not stopped (True before it starts)."""
-        return self._state is not _State.STOPPED
+        return self._feed.state is not _State.STOPPED
 
     @property
     def ready(self) -> bool:
         """Whether the worker is reserving, its last reserve worked, and it is not shutting
         down."""
-        return self._state is _State.RESERVING and not self._reserve_failures
+        feed = self._feed
+        return feed.state is _State.RESERVING and not feed.reserve_failures
 
     @property
     def status(self) -> str:
         """One line saying what the worker is doing, and why it is not ready if it is not."""
-        if self._state is _State.RESERVING and self._reserve_failures:
-            return (
-                f"reserve failing ({self._reserve_failures} in a row): {self._last_reserve_error}"
-            )
-        return self._state.value
+        feed = self._feed
+        if feed.state is _State.RESERVING and feed.reserve_failures:
+            return f"reserve failing ({feed.reserve_failures} in a row): {feed.last_reserve_error}"
+        return feed.state.value
 
     def prometheus_text(self) -> str:
         """The metrics in the Prometheus text exposition format (version 0.0.4)."""
+        feed = self._feed
         out: list[str] = []
-        series = sorted(self._series.items())
+        series = sorted(feed.series.items())
         for name, help_text in _JOB_COUNTERS:
             metric = f"sepp_worker_jobs_{name}_total"
             out += [f"# HELP {metric} {help_text}.", f"# TYPE {metric} counter"]
@@ -141,7 +132,7 @@ class WorkerMonitor:
             f"# HELP {metric} Jobs of a type without a handler, given back.",
             f"# TYPE {metric} counter",
         ]
-        out += [f"{metric}{_labels(queue=q)} {n}" for q, n in sorted(self._unknown_type.items())]
+        out += [f"{metric}{_labels(queue=q)} {n}" for q, n in sorted(feed.unknown_type.items())]
         metric = "sepp_worker_job_duration_seconds"
         out += [
             f"# HELP {metric} Handler run time (with its middleware).",
@@ -152,15 +143,15 @@ class WorkerMonitor:
         out += [
             "# HELP sepp_worker_jobs_in_flight Handlers running now.",
             "# TYPE sepp_worker_jobs_in_flight gauge",
-            f"sepp_worker_jobs_in_flight {self._in_flight}",
+            f"sepp_worker_jobs_in_flight {feed.in_flight}",
             "# HELP sepp_worker_reserves_total Reserve calls, by result.",
             "# TYPE sepp_worker_reserves_total counter",
-            f'sepp_worker_reserves_total{{result="ok"}} {self._reserves_ok}',
-            f'sepp_worker_reserves_total{{result="error"}} {self._reserves_failed}',
+            f'sepp_worker_reserves_total{{result="ok"}} {feed.reserves_ok}',
+            f'sepp_worker_reserves_total{{result="error"}} {feed.reserves_failed}',
             "# HELP sepp_worker_reserve_duration_seconds Reserve call time (a long poll waits"
             " up to its wait_timeout).",
             "# TYPE sepp_worker_reserve_duration_seconds histogram",
-            *_histogram_lines("sepp_worker_reserve_duration_seconds", self._reserve_duration),
+            *_histogram_lines("sepp_worker_reserve_duration_seconds", feed.reserve_duration),
             "# HELP sepp_worker_ready 1 while the worker is connected, reserving and not"
             " shutting down.",
             "# TYPE sepp_worker_ready gauge",
@@ -186,7 +177,7 @@ class WorkerMonitor:
         host: str | None = None,
         health: bool = True,
         metrics: bool = True,
-        task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
+        task_status: TaskStatus[int] = TASK_STATUS_IGNORED,
     ) -> None:
         """Serve `/healthz` and `/readyz` (with `health`) and `/metrics` (with `metrics`) over
         HTTP on `host:port` (None: every interface; port 0: any free one) until cancelled.
@@ -198,49 +189,79 @@ class WorkerMonitor:
         responder = Responder(self._routes(health=health, metrics=metrics))
         await responder.serve(port, host=host, task_status=task_status)
 
-    # -- fed by the Worker (and the command line) -----------------------------------------------
 
-    def _attach(self, job_types: Iterable[str] | None) -> None:
+def feed_of(monitor: WorkerMonitor) -> MonitorFeed:
+    """What feeds `monitor`: the Worker's events, and the command line's `waiting_for_server`."""
+    return monitor._feed
+
+
+class MonitorFeed:
+    """A WorkerMonitor's state and counters, kept from the `WorkerEvents` it is told."""
+
+    __slots__ = (
+        "in_flight",
+        "known_types",
+        "last_reserve_error",
+        "reserve_duration",
+        "reserve_failures",
+        "reserves_failed",
+        "reserves_ok",
+        "series",
+        "state",
+        "unknown_type",
+    )
+
+    def __init__(self) -> None:
+        self.state = _State.STARTING
+        self.reserve_failures = 0  # in a row
+        self.last_reserve_error = ""
+        self.known_types: frozenset[str] | None = None  # None: every type is "known"
+        self.series: dict[tuple[str, str], _Series] = {}
+        self.in_flight = 0
+        self.reserves_ok = 0
+        self.reserves_failed = 0
+        self.reserve_duration = _Histogram(RESERVE_BUCKETS)
+        self.unknown_type: dict[str, int] = {}
+
+    def worker_started(self, job_types: Iterable[str] | None) -> None:
         """The job types with a handler of their own (None: label every type as it is)."""
-        self._known_types = None if job_types is None else frozenset(job_types)
+        self.known_types = None if job_types is None else frozenset(job_types)
 
-    def _waiting_for_server(self) -> None:
-        self._state = _State.WAITING
+    def waiting_for_server(self) -> None:
+        self.state = _State.WAITING
 
-    def _reserving(self) -> None:
-        if self._state in (_State.STARTING, _State.WAITING):
-            self._state = _State.RESERVING
+    def reserving(self) -> None:
+        if self.state in (_State.STARTING, _State.WAITING):
+            self.state = _State.RESERVING
 
-    def _shutting_down(self) -> None:
-        if self._state is not _State.STOPPED:
-            self._state = _State.SHUTTING_DOWN
+    def shutting_down(self) -> None:
+        if self.state is not _State.STOPPED:
+            self.state = _State.SHUTTING_DOWN
 
-    def _stopped(self) -> None:
-        self._state = _State.STOPPED
+    def stopped(self) -> None:
+        self.state = _State.STOPPED
 
-    def _reserve_done(self, duration_s: float, error: BaseException | None) -> None:
-        self._reserve_duration.observe(duration_s)
+    def reserve_done(self, duration_s: float, error: BaseException | None) -> None:
+        self.reserve_duration.observe(duration_s)
         if error is None:
-            self._reserves_ok += 1
-            self._reserve_failures = 0
+            self.reserves_ok += 1
+            self.reserve_failures = 0
         else:
-            self._reserves_failed += 1
-            self._reserve_failures += 1
-            self._last_reserve_error = f"{type(error).__name__}: {error}"[:300]
+            self.reserves_failed += 1
+            self.reserve_failures += 1
+            self.last_reserve_error = f"{type(error).__name__}: {error}"[:300]
 
-    def _job_started(self, ctx: JobContext) -> None:
-        self._in_flight += 1
+    def job_started(self, ctx: JobContext) -> None:
+        self.in_flight += 1
         self._series_for(ctx).started += 1
 
-    def _job_ended(self, ctx: JobContext, duration_s: float) -> None:
-        self._in_flight -= 1
+    def job_ended(self, ctx: JobContext, duration_s: float) -> None:
+        self.in_flight -= 1
         self._series_for(ctx).duration.observe(duration_s)
 
-    def _job_settled(self, ctx: JobContext, label: str | None, dead_lettered: bool | None) -> None:
-        """`label`: the outcome's ("ack", "error", ...; None: the lease was lost);
-        `dead_lettered`: the nack's answer (None: no nack, or it failed)."""
+    def job_settled(self, ctx: JobContext, label: str | None, dead_lettered: bool | None) -> None:
         if label == "unknown_type":
-            self._unknown_type[ctx.queue] = self._unknown_type.get(ctx.queue, 0) + 1
+            self.unknown_type[ctx.queue] = self.unknown_type.get(ctx.queue, 0) + 1
             return
         series = self._series_for(ctx)
         if label is None:
@@ -256,16 +277,16 @@ class WorkerMonitor:
 
     def _series_for(self, ctx: JobContext) -> _Series:
         job_type = ctx.job_type
-        if self._known_types is not None and job_type not in self._known_types:
+        if self.known_types is not None and job_type not in self.known_types:
             job_type = OTHER
         key = (ctx.queue, job_type)
-        series = self._series.get(key)
+        series = self.series.get(key)
         if series is None:
-            if len(self._series) >= MAX_SERIES:
+            if len(self.series) >= MAX_SERIES:
                 key = (ctx.queue, OTHER)
-                series = self._series.get(key)
+                series = self.series.get(key)
             if series is None:
-                series = self._series[key] = _Series()
+                series = self.series[key] = _Series()
         return series
 
 

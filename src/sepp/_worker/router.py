@@ -266,34 +266,12 @@ class Router:
                 "a router with a lifespan cannot be included; give the lifespan to the"
                 " router (or Worker) that includes it",
             )
-        return self._include(other)
-
-    def _include(self, other: Router) -> Router:
-        for job_type in other._handlers:
-            if job_type in self._handlers:
-                raise DuplicateHandlerError(job_type)
-        if other._catch_all is not None and self._catch_all is not None:
-            raise DuplicateHandlerError(None)
-        self._handlers.update(other._handlers)
-        for job_type in other._handlers:
-            settings = other._route_settings(job_type)
-            if settings != NO_SETTINGS:
-                self._settings[job_type] = settings
-        if other._catch_all is not None:
-            self._catch_all = other._catch_all
-            self._catch_all_settings = other._catch_all_settings.inside(other._own)
+        copy_handlers(self, other)
         return self
 
     def lookup(self, job_type: str) -> Handler | None:
         """The handler for `job_type`: its own, else the catch-all, else None."""
         return self._handlers.get(job_type, self._catch_all)
-
-    def _route_settings(self, job_type: str) -> RouteSettings:
-        """The settings `lookup(job_type)`'s handler runs with, this router's included (the
-        catch-all's for a type without a handler of its own)."""
-        if job_type in self._handlers:
-            return self._settings.get(job_type, NO_SETTINGS).inside(self._own)
-        return self._catch_all_settings.inside(self._own)
 
     @property
     def job_types(self) -> tuple[str, ...]:
@@ -308,6 +286,51 @@ class Router:
     def __repr__(self) -> str:
         catch_all = " +catch_all" if self._catch_all is not None else ""
         return f"<sepp.Router {list(self._handlers)}{catch_all}>"
+
+
+# -- how the Worker reads a Router (package-level: Router's public API has no need of it) --------
+
+
+class RegisteredHandler(NamedTuple):
+    """One of a router's handlers as the Worker runs it: `settings` are those of the router and
+    of every router it came through (a Worker adds its own)."""
+
+    job_type: str | None  # None: the catch-all
+    handler: Handler
+    settings: RouteSettings
+
+
+def registered_handlers(router: Router) -> list[RegisteredHandler]:
+    """`router`'s handlers in registration order, then its catch-all (if it has one)."""
+    own = router._own
+    found = [
+        RegisteredHandler(job_type, fn, router._settings.get(job_type, NO_SETTINGS).inside(own))
+        for job_type, fn in router._handlers.items()
+    ]
+    if router._catch_all is not None:
+        found.append(
+            RegisteredHandler(None, router._catch_all, router._catch_all_settings.inside(own))
+        )
+    return found
+
+
+def copy_handlers(into: Router, other: Router) -> None:
+    """Copy `other`'s handlers (and catch-all) into `into`, with `other`'s settings; nothing on
+    a clash (DuplicateHandlerError). `Router.include`, and the Worker with the router it is
+    given (whose lifespan it takes, which `include` refuses)."""
+    for job_type in other._handlers:
+        if job_type in into._handlers:
+            raise DuplicateHandlerError(job_type)
+    if other._catch_all is not None and into._catch_all is not None:
+        raise DuplicateHandlerError(None)
+    for entry in registered_handlers(other):
+        if entry.job_type is None:
+            into._catch_all = entry.handler
+            into._catch_all_settings = entry.settings
+            continue
+        into._handlers[entry.job_type] = entry.handler
+        if entry.settings != NO_SETTINGS:
+            into._settings[entry.job_type] = entry.settings
 
 
 def optional_timeout(timeout: float | timedelta | None) -> float | None:

@@ -1,24 +1,17 @@
 """`def` handlers: a Router or Worker runs a plain function in a worker thread, so a blocking
-handler (an ORM query, an HTTP client) does not stall trio and the other handlers."""
+handler (an ORM query, an HTTP client) does not stall the event loop and the other handlers."""
 
 from __future__ import annotations
 
 import functools
 import inspect
-import math
 from collections.abc import Awaitable, Callable
 
-import trio
-
 from .._model.types import JobContext, Payload
+from .concurrency import run_sync_in_thread
 
 SyncHandler = Callable[[Payload | None, JobContext], None]
 """A plain function `(payload, ctx) -> None` that processes one job in a worker thread."""
-
-# Threads for `def` handlers: unlimited here, as a Worker's slots already allow at most
-# max_in_flight handlers at once (trio's default limiter would cap every worker at 40 threads
-# together, shared with any other to_thread user).
-_THREADS: trio.lowlevel.RunVar[trio.CapacityLimiter] = trio.lowlevel.RunVar("sepp_handler_threads")
 
 
 def is_sync_function(fn: object) -> bool:
@@ -38,15 +31,6 @@ def run_in_thread(fn: SyncHandler) -> Callable[[Payload | None, JobContext], Awa
 
     @functools.wraps(fn)
     async def in_thread(payload: Payload | None, ctx: JobContext) -> None:
-        await trio.to_thread.run_sync(fn, payload, ctx, abandon_on_cancel=True, limiter=_limiter())
+        await run_sync_in_thread(fn, payload, ctx)
 
     return in_thread
-
-
-def _limiter() -> trio.CapacityLimiter:
-    try:
-        return _THREADS.get()
-    except LookupError:
-        limiter = trio.CapacityLimiter(math.inf)
-        _THREADS.set(limiter)
-        return limiter

@@ -1,0 +1,265 @@
+"""Running and settling the jobs a Worker reserved: each one's handler in a slot, within its
+lease and timeout, then its ack or nack."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .._client import otel as _otel
+from .._model import settlement as outcomes
+from .._model.types import Job, JobContext, Retry, set_handler_context
+from .backoff import Backoff
+from .concurrency import Event, Nursery, TooSlowError, current_time, move_on_after
+from .held_job import HeldJob, HeldJobs, Phase
+from .middleware import run_chain
+from .router import BackoffSetting, Handler, Router, RouteSettings, registered_handlers
+
+if TYPE_CHECKING:
+    from .client_calls import WorkerClient
+    from .events import WorkerEvents
+    from .lease_keeper import LeaseKeeper
+    from .reporting import WorkerReport
+    from .settings import UnknownTypes
+    from .shutdown import WorkerShutdown
+    from .slots import WorkerSlots
+
+
+class HandlerTimeoutError(TooSlowError):
+    """A handler ran past its `timeout` and was cancelled (middleware sees a TooSlowError)."""
+
+    def __init__(self, timeout_s: float) -> None:
+        super().__init__(f"the handler ran past its {timeout_s:g}s timeout and was cancelled")
+
+
+def _with_timeout(fn: Handler, timeout_s: float) -> Handler:
+    async def timed(payload: Any, ctx: JobContext) -> None:
+        with move_on_after(timeout_s) as limit:
+            await fn(payload, ctx)
+        if limit.cancelled_caught:
+            raise HandlerTimeoutError(timeout_s)
+
+    return timed
+
+
+class Route:
+    """A handler as the Worker runs it: the function (within its timeout), its middleware
+    chain, and the backoff its failures retry with."""
+
+    __slots__ = ("backoff", "fn", "middleware")
+
+    def __init__(self, fn: Handler, settings: RouteSettings) -> None:
+        timeout_s = settings.timeout_s
+        self.fn = fn if timeout_s is None else _with_timeout(fn, timeout_s)
+        self.middleware = settings.middleware
+        assert settings.backoff is not None  # the Worker's own settings always have one
+        self.backoff: BackoffSetting = settings.backoff
+
+
+class JobProcessor:
+    """Takes each job a reserve returned (`dispatch`) and sees it through in a task of its own,
+    in `nursery`: waits for a slot (or for an earlier run of the same job), runs the handler
+    under lease keeping, settles the job, and tells the report and the events."""
+
+    def __init__(
+        self,
+        client: WorkerClient,
+        *,
+        worker_id: str,
+        unknown_types: UnknownTypes,
+        held: HeldJobs,
+        slots: WorkerSlots,
+        leases: LeaseKeeper,
+        shutdown: WorkerShutdown,
+        report: WorkerReport,
+        events: WorkerEvents | None,
+        metrics: _otel.WorkerMetrics,
+    ) -> None:
+        self._client = client
+        self._worker_id = worker_id
+        self._unknown_types = unknown_types
+        self._held = held
+        self._slots = slots
+        self._leases = leases
+        self._shutdown = shutdown
+        self._report = report
+        self._events = events
+        self._metrics = metrics
+        # The handlers as they run, rebuilt at each registration (rare): a job's costs one get.
+        self._routes: dict[str, Route] = {}
+        self._catch_all: Route | None = None
+        self._handled: tuple[str, ...] = ()  # the job types with a handler of their own
+        self.nursery: Nursery | None = None  # the jobs' tasks', while the Worker runs
+        self.lifespan_state: Any = None  # every handler's ctx.state
+        self._reserving_ended = False
+
+    def use_routes(self, router: Router, own: RouteSettings) -> None:
+        """Run `router`'s handlers, with the Worker's settings `own` around theirs."""
+        routes: dict[str, Route] = {}
+        catch_all = None
+        for entry in registered_handlers(router):
+            route = Route(entry.handler, entry.settings.inside(own))
+            if entry.job_type is None:
+                catch_all = route
+            else:
+                routes[entry.job_type] = route
+        self._routes, self._catch_all, self._handled = routes, catch_all, tuple(routes)
+
+    def reserving_ended(self) -> None:
+        """No job can arrive any more: lease keeping stops once the last one settles."""
+        self._reserving_ended = True
+
+    def stop_lease_keeping_if_idle(self) -> None:
+        if self._reserving_ended and not self._held:
+            self._leases.stop()
+
+    # -- taking a job ---------------------------------------------------------------------------
+
+    def dispatch(self, job: Job) -> None:
+        nursery = self.nursery
+        assert nursery is not None
+        ctx = job.ctx
+        set_handler_context(ctx, self._client, self.lifespan_state)
+        held = HeldJob(job)
+        earlier = self._held.add(held)
+        route = self._routes.get(ctx.job_type, self._catch_all)
+        if route is not None:
+            if earlier is None:
+                self._slots.queue(held)
+            else:
+                self._wait_for_earlier_run(held, earlier)
+            if self._shutdown.begun and held.phase is Phase.WAITING:
+                held.stop()
+        # Type and id name the task well enough, and cost less than str(ctx).
+        name = f"sepp job {ctx.job_type}[{ctx.id}]"
+        nursery.start_soon(self._process, held, route, name=name)
+
+    def _wait_for_earlier_run(self, held: HeldJob, earlier: HeldJob) -> None:
+        """A redelivery of a job this worker still runs (its lease ran out, the handler has
+        not ended yet): it runs once the earlier run ended, never beside it."""
+        held.earlier = earlier
+        if earlier.ended is None:
+            earlier.ended = Event()
+        self._report.redelivered_while_running(held.job.ctx, earlier.job.ctx.attempt)
+
+    # -- one job --------------------------------------------------------------------------------
+
+    async def _process(self, held: HeldJob, route: Route | None) -> None:
+        ctx = held.job.ctx
+        try:
+            # The lease keeper, the handler and the ack/nack all run inside this span, so
+            # their own spans nest under it (tasks inherit the spawner's context).
+            with _otel.process_span(held.job, self._worker_id) as span:
+                if route is None:
+                    held.phase = Phase.SETTLING
+                    outcome: outcomes.Outcome | None = self._unknown_type(ctx)
+                else:
+                    self._leases.watch(held)
+                    try:
+                        outcome = await self._run_handler(held, route)
+                    finally:
+                        self._leases.release(held)
+                if outcome is None:
+                    span.set("sepp.outcome", "lease_lost")
+                    span.fail(held.lease_lost or "lease lost")
+                    self._finished(held, None, None)
+                else:
+                    span.set("sepp.outcome", outcome.label)
+                    if outcome.failure is not None:
+                        span.fail(outcome.failure)
+                    dead_lettered = await self._settle(ctx, outcome)
+                    self._finished(held, outcome.label, dead_lettered)
+                    if outcome.retry is not None:
+                        await self._report.nacked(ctx, outcome, dead_lettered)
+        finally:
+            self._held.remove(held)
+            self.stop_lease_keeping_if_idle()
+
+    def _finished(self, held: HeldJob, label: str | None, dead_lettered: bool | None) -> None:
+        ctx = held.job.ctx
+        if self._events is not None:
+            self._events.job_settled(ctx, label, dead_lettered)
+        self._report.finished(ctx, label, dead_lettered, held.run_s)
+
+    def _unknown_type(self, ctx: JobContext) -> outcomes.Outcome:
+        policy = self._unknown_types
+        delay_s = None if policy == "dead_letter" else policy.delay(ctx.attempt)
+        self._report.unknown_type(ctx, delay_s, self._handled)
+        return outcomes.unknown_type(ctx, delay_s)
+
+    async def _run_handler(self, held: HeldJob, route: Route) -> outcomes.Outcome | None:
+        ctx = held.job.ctx
+        returned = False
+        error: Exception | None = None
+        metrics = self._metrics
+        attributes = _job_attributes(ctx) if metrics.enabled else None
+        events = self._events
+        started: float | None = None
+        try:
+            with held.scope:
+                if held.earlier is not None:
+                    await self._after_earlier_run(held, held.earlier)
+                await held.wait_for_slot()
+                started = current_time()
+                if events is not None:
+                    events.job_started(ctx)
+                if attributes is not None:
+                    metrics.add("in_flight", 1, attributes)
+                if route.middleware:
+                    await run_chain(held.job, route.middleware, route.fn)
+                else:
+                    await route.fn(held.job.payload, ctx)
+                returned = True
+        except Exception as exc:  # the handler's failure is the job's outcome, not ours
+            error = exc
+        finally:
+            self._slots.release(held)
+            held.phase = Phase.SETTLING
+            if started is not None:
+                held.run_s = run_s = current_time() - started
+                if events is not None:
+                    events.job_ended(ctx, run_s)
+                if attributes is not None:
+                    metrics.add("in_flight", -1, attributes)
+                    metrics.record("duration", run_s, attributes)
+        if held.lease_lost is not None:
+            return None  # someone else may own the job now; logged by the lease keeper
+        if returned:
+            return outcomes.ACK
+        if held.forced or error is None:
+            return outcomes.SHUTDOWN
+        outcome = outcomes.requested(error)
+        if outcome is None:
+            label = "timeout" if isinstance(error, HandlerTimeoutError) else "error"
+            outcome = outcomes.failed(error, label)
+        if outcome.retry is not Retry.DEFAULT or route.backoff is Retry.DEFAULT:
+            return outcome
+        assert isinstance(route.backoff, Backoff)
+        delay_s = route.backoff.delay(ctx.attempt)
+        return outcomes.with_backoff(outcome, Retry.after(delay_s), delay_s)
+
+    async def _after_earlier_run(self, held: HeldJob, earlier: HeldJob) -> None:
+        assert earlier.ended is not None
+        await earlier.ended.wait()
+        held.earlier = None  # let the earlier one go
+        self._slots.queue(held)
+
+    async def _settle(self, ctx: JobContext, outcome: outcomes.Outcome) -> bool | None:
+        """Ack or nack; returns whether a nack dead-lettered the job (None: it failed)."""
+        try:
+            if outcome.retry is None:
+                await self._client.ack(ctx)
+                if self._metrics.enabled:
+                    self._metrics.add("processed", 1, _job_attributes(ctx))
+                return False
+            dead_lettered = await self._client.nack(ctx, reason=outcome.reason, retry=outcome.retry)
+            if self._metrics.enabled:
+                attributes = {**_job_attributes(ctx), "sepp.outcome": outcome.label}
+                self._metrics.add("nacked", 1, attributes)
+            return bool(dead_lettered)
+        except Exception as exc:
+            self._report.settle_failed("ack" if outcome.retry is None else "nack", ctx, exc)
+        return None
+
+
+def _job_attributes(ctx: JobContext) -> dict[str, str]:
+    return {"sepp.queue": ctx.queue, "sepp.job_type": ctx.job_type}

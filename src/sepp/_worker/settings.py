@@ -1,0 +1,146 @@
+"""The options of `sepp.Worker`, checked once (ValidationError) into one frozen value."""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import socket
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Literal
+
+from .._model import validate as v
+from .._model.errors import ValidationError
+from .._util.log import Log, LoggerLike
+from .backoff import Backoff
+from .middleware import Middleware, checked_middleware
+from .monitor import WorkerMonitor
+from .router import (
+    BackoffSetting,
+    Lifespan,
+    LifespanCall,
+    Router,
+    RouteSettings,
+    checked_backoff,
+    lifespan_call,
+    optional_timeout,
+)
+
+UnknownTypes = Backoff | Literal["dead_letter"]
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSettings:
+    queues: tuple[str, ...]
+    lease_s: float
+    wait_s: float
+    max_in_flight: int
+    max_jobs: int | None
+    shutdown_timeout_s: float
+    reserve_backoff_s: float  # the first reserve retry's delay
+    auto_extend: bool
+    worker_id: str
+    log: Log
+    now_utc: Callable[[], datetime]
+    own: RouteSettings  # the worker's middleware, timeout and backoff (always one)
+    unknown_types: UnknownTypes
+    monitor: WorkerMonitor | None
+    handlers: Router | None
+    lifespan: LifespanCall | None  # the Worker's, or its handlers' Router's, called as f(worker)
+
+    @classmethod
+    def parse(
+        cls,
+        queues: Sequence[str] | str,
+        *,
+        lease_duration: float | timedelta,
+        max_in_flight: int,
+        auto_extend: bool,
+        wait_timeout: float | timedelta,
+        max_jobs: int | None,
+        worker_id: str | None,
+        shutdown_timeout: float | timedelta,
+        reserve_error_backoff: float | timedelta,
+        logger: LoggerLike | None,
+        handlers: Router | None,
+        lifespan: Lifespan | None,
+        middleware: Iterable[Middleware],
+        timeout: float | timedelta | None,
+        backoff: BackoffSetting,
+        unknown_types: UnknownTypes,
+        monitor: WorkerMonitor | None,
+        wall_clock: Callable[[], datetime] | None,
+    ) -> WorkerSettings:
+        """Check every option, in the order the Worker's signature names them."""
+        names = [queues] if isinstance(queues, str) else list(queues)
+        if not names:
+            raise ValidationError("queues", "must name at least one queue")
+        for index, name in enumerate(names):
+            v.queue_name(f"queues[{index}]", name)
+        lease_s = v.seconds("lease_duration", lease_duration)
+        wait_s = v.seconds("wait_timeout", wait_timeout)
+        max_in_flight = v.whole_number("max_in_flight", max_in_flight, low=1, high=v.UINT32_MAX)
+        if max_jobs is not None:
+            max_jobs = v.whole_number("max_jobs", max_jobs, low=1, high=v.UINT32_MAX)
+        shutdown_timeout_s = v.seconds("shutdown_timeout", shutdown_timeout, allow_zero=True)
+        reserve_backoff_s = v.seconds("reserve_error_backoff", reserve_error_backoff)
+        if not isinstance(auto_extend, bool):
+            raise ValidationError("auto_extend", "must be a bool")
+        worker_id = (
+            _default_worker_id() if worker_id is None else v.utf8_text("worker_id", worker_id)
+        )
+        log = Log(logger if logger is not None else logging.getLogger("sepp.worker"))
+
+        own_backoff = checked_backoff("backoff", backoff)
+        if own_backoff is None:
+            raise ValidationError("backoff", "must be a sepp.Backoff or sepp.Retry.DEFAULT")
+        own = RouteSettings(
+            checked_middleware("middleware", middleware), optional_timeout(timeout), own_backoff
+        )
+        if unknown_types != "dead_letter" and not isinstance(unknown_types, Backoff):
+            raise ValidationError(
+                "unknown_types", f'must be a sepp.Backoff or "dead_letter", got {unknown_types!r}'
+            )
+        if monitor is not None and not isinstance(monitor, WorkerMonitor):
+            raise ValidationError(
+                "monitor", f"must be a sepp.WorkerMonitor, got {type(monitor).__name__}"
+            )
+        if handlers is not None:
+            if not isinstance(handlers, Router):
+                raise ValidationError(
+                    "handlers", f"must be a sepp.Router, got {type(handlers).__name__}"
+                )
+            if handlers.lifespan is not None:
+                if lifespan is not None:
+                    raise ValidationError(
+                        "lifespan", "given twice: to the Worker and to its handlers' Router"
+                    )
+                lifespan = handlers.lifespan
+        return cls(
+            queues=tuple(names),
+            lease_s=lease_s,
+            wait_s=wait_s,
+            max_in_flight=max_in_flight,
+            max_jobs=max_jobs,
+            shutdown_timeout_s=shutdown_timeout_s,
+            reserve_backoff_s=reserve_backoff_s,
+            auto_extend=auto_extend,
+            worker_id=worker_id,
+            log=log,
+            now_utc=wall_clock or _utc_now,
+            own=own,
+            unknown_types=unknown_types,
+            monitor=monitor,
+            handlers=handlers,
+            lifespan=None if lifespan is None else lifespan_call(lifespan),
+        )
+
+
+def _utc_now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def _default_worker_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
