@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import subprocess
@@ -97,6 +98,23 @@ def probe_args(spec: ClientSpec, what: str, *args: str, otel: bool) -> list[str]
     if spec.name == SEPP_TRIO:
         argv += ["--src", str(SRC)]
     return argv
+
+
+def results_header(what: str, command: str) -> str:
+    """How a results block starts: when, on what machine under what load, and the command."""
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    load = os.getloadavg()[0]
+    return (
+        f"Run {stamp} on {os.cpu_count()} CPUs, load average {load:.2f} at the end, {what}."
+        f"\n\nCommand: `{command}`\n\n"
+    )
+
+
+def replace_marked(path: Path, start: str, end: str, text: str) -> None:
+    """Put `text` between the lines `start` and `end` of the file at `path`."""
+    before, _, rest = path.read_text().partition(start)
+    _, _, after = rest.partition(end)
+    path.write_text(f"{before}{start}\n{text}{end}{after}")
 
 
 async def run_json(argv: Sequence[str], env: Mapping[str, str], timeout: float = 120) -> Any:

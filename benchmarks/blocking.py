@@ -11,7 +11,6 @@ round, and ratios are the median of per-round ratios. See benchmarks/README.md, 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import os
 import statistics
 import subprocess
@@ -20,7 +19,7 @@ from typing import Any
 
 import trio
 
-from ._drivers import BENCH_DIR, REPO, SRC, _clean_env, run_json
+from ._drivers import BENCH_DIR, REPO, SRC, _clean_env, replace_marked, results_header, run_json
 
 if str(SRC) not in sys.path:
     sys.path.insert(0, str(SRC))
@@ -103,21 +102,13 @@ def main() -> None:
     parser.add_argument("--update-readme", action="store_true")
     opts = parser.parse_args()
     rows = trio.run(measure, opts.rounds, opts.jobs)
-    load = os.getloadavg()[0]
-    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    text = (
-        f"Run {stamp} on {os.cpu_count()} CPUs, load average {load:.2f} at the end,"
-        f" {opts.rounds} rounds of {opts.jobs} calls per client and scenario,"
-        " `persist_mode=buffer`."
-        f"\n\nCommand: `python -m benchmarks.blocking --rounds {opts.rounds} --jobs {opts.jobs}"
-        " --update-readme`\n\n" + table(rows)
-    )
+    text = results_header(
+        f"{opts.rounds} rounds of {opts.jobs} calls per client and scenario, `persist_mode=buffer`",
+        f"python -m benchmarks.blocking --rounds {opts.rounds} --jobs {opts.jobs} --update-readme",
+    ) + table(rows)
     print(text)
     if opts.update_readme:
-        readme = README.read_text()
-        before, _, rest = readme.partition(START)
-        _, _, after = rest.partition(END)
-        README.write_text(f"{before}{START}\n{text}{END}{after}")
+        replace_marked(README, START, END, text)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """One blocking-client measurement in a fresh process, printed as one JSON line:
 
-    PYTHON benchmarks/blocking_driver.py CLIENT ADDRESS QUEUE JOBS THREADS
+    PYTHON benchmarks/blocking_driver.py CLIENT ADDRESS QUEUE JOBS THREADS[,THREADS...]
 
 CLIENT is `sepp-trio` (sepp.SyncClient), `grpcio` (grpcio's blocking unary call with sepp-py's
 generated stub: run it with sepp-py's python) or `trio-portal` (SyncClient's previous design,
@@ -8,11 +8,14 @@ still used with `enqueue_batching`: the trio client on a thread of its own). Eac
 JOBS/THREADS sequential
 single-job EnqueueBatch calls (256-byte payload) on one shared client; wall time from
 perf_counter, CPU from this process's process_time (all threads, grpcio's C-core ones too).
+With several thread counts (`1,8`: benchmarks/threads.py), the same client runs each in turn,
+in that order, and the line holds one result per count under "runs".
 """
 
 from __future__ import annotations
 
 import json
+import resource
 import sys
 import threading
 import time
@@ -85,14 +88,28 @@ def run(call: Callable[[], None], calls: int, threads: int) -> dict[str, Any]:
             call()
 
     workers = [threading.Thread(target=work) for _ in range(threads)]
+    switches = _context_switches()
     wall, cpu = time.perf_counter(), time.process_time()
     for worker in workers:
         worker.start()
     for worker in workers:
         worker.join()
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    switches = _context_switches() - switches
     done = per_thread * threads
-    return {"ops": done, "ops_s": done / wall, "cpu_ms_per_call": cpu / done * 1e3}
+    return {
+        "ops": done,
+        "ops_s": done / wall,
+        "cpu_ms_per_call": cpu / done * 1e3,
+        "switches_per_call": switches / done,
+    }
+
+
+def _context_switches() -> int:
+    """This process's context switches so far, voluntary (a thread blocked: a wait, a lock,
+    a poll) and not (preempted): the thread hand-offs a call costs show up here."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_nvcsw + usage.ru_nivcsw
 
 
 def main() -> None:
@@ -101,8 +118,10 @@ def main() -> None:
         sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
     call = CLIENTS[client](address, queue)
     run(call, WARMUP_CALLS, 1)
-    result = run(call, int(jobs), int(threads))
-    print(json.dumps({"client": client, "threads": int(threads), **result}), flush=True)
+    counts = [int(n) for n in threads.split(",")]
+    runs = [{"threads": n, **run(call, int(jobs), n)} for n in counts]
+    line = {"client": client, **runs[0]} if len(runs) == 1 else {"client": client, "runs": runs}
+    print(json.dumps(line), flush=True)
 
 
 if __name__ == "__main__":

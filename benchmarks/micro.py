@@ -272,6 +272,7 @@ def _api(calls: int, recorded: dict[str, bytes]) -> dict[str, float]:
     import sepp
     from sepp._client.client import Client
     from sepp._client.retry import NO_RETRY
+    from sepp._client.trio_runtime import TRIO
     from sepp._util.log import Log
 
     class FakeChannel:
@@ -287,6 +288,7 @@ def _api(calls: int, recorded: dict[str, bytes]) -> dict[str, float]:
             rpc_timeout=30.0,
             retry_policy=NO_RETRY,
             log=Log(None),
+            runtime=TRIO,
         )
         payload = sepp.Payload(b"x" * 256, "application/octet-stream")
         await client.enqueue("micro", "bench", payload=payload)  # fetches the limits once

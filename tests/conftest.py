@@ -61,6 +61,7 @@ _BOTH_ENGINES = {
     "test_client_real.py",
     "test_proxies_real.py",
     "test_sync_client_real.py",
+    "test_sync_threads_real.py",
     "test_proxies_sync_real.py",
 }
 

@@ -267,13 +267,12 @@ async def test_a_call_the_closing_portal_never_started_fails_instead_of_hanging(
     client.connect()
     portal = client._current
     assert portal is not None
-    real_token = portal._token
+    real_call_soon = portal._call_soon  # type: ignore[union-attr]
 
-    class DroppingToken:  # the run ends before it gets to the handed-over call
-        def run_sync_soon(self, *args: object) -> None:
-            pass
+    def dropping_call_soon(fn: object) -> bool:  # the run ends before it gets to the call
+        return True
 
-    portal._token = DroppingToken()  # type: ignore[assignment]
+    portal._call_soon = dropping_call_soon  # type: ignore[union-attr]
     errors: list[BaseException] = []
 
     def caller() -> None:
@@ -289,7 +288,7 @@ async def test_a_call_the_closing_portal_never_started_fails_instead_of_hanging(
             if portal._waiting:
                 break
             threading.Event().wait(0.01)
-        real_token.run_sync_soon(portal._stop.set)
+        real_call_soon(portal._stop.set)
         thread.join(FORK_WAIT_S)
         return thread.is_alive()
 
@@ -476,33 +475,77 @@ async def test_tls_verifies_and_carries_the_api_key(tmp_path: object) -> None:
     assert acked == 160
 
 
+def calls_waiting(client: sepp.SyncClient) -> int:
+    """How many calls are in flight on the client's connection now."""
+    engine = client._current
+    if engine is None:
+        return 0
+    conn = engine.client._channel._current  # type: ignore[attr-defined]
+    return len(conn.waiters) if conn is not None else 0
+
+
+def wait_until(condition: Callable[[], bool]) -> bool:
+    """Whether `condition()` came to hold (checked every 10 ms; FORK_WAIT_S bounds a hang)."""
+    for _ in range(FORK_WAIT_S * 100):
+        if condition():
+            return True
+        threading.Event().wait(0.01)
+    return False
+
+
+def interrupt_this_thread_once(condition: Callable[[], bool]) -> None:
+    """Ctrl-C (SIGINT) for the calling thread, the main one, from another once `condition()`
+    holds."""
+    import signal
+
+    main = threading.get_ident()
+
+    def interrupt() -> None:
+        if wait_until(condition):
+            signal.pthread_kill(main, signal.SIGINT)
+
+    threading.Thread(target=interrupt, daemon=True).start()
+
+
 async def test_an_interrupted_call_gives_up_its_stream(sepp_server: SeppServer) -> None:
     """Ctrl-C during a blocking long poll: the poll's stream is reset, so the server does not
     lease the next job to a caller that is gone, and the client goes on working."""
-    import signal
-
     client = sepp.SyncClient(sepp_server.address)
     try:
         client.connect()
-        engine = client._current
-        assert engine is not None
-        channel = engine.client._channel
-        main = threading.get_ident()
-
-        def interrupt_once_polling() -> None:
-            for _ in range(FORK_WAIT_S * 100):
-                conn = channel._current  # type: ignore[attr-defined]
-                if conn is not None and conn.waiters:
-                    signal.pthread_kill(main, signal.SIGINT)
-                    return
-                threading.Event().wait(0.01)
-
-        threading.Thread(target=interrupt_once_polling, daemon=True).start()
+        interrupt_this_thread_once(lambda: calls_waiting(client) > 0)
         with pytest.raises(KeyboardInterrupt):
             client.reserve("interrupted", wait_timeout=30)  # in this (the main) thread
         client.enqueue("interrupted", "t")
         jobs = await in_thread(lambda: client.reserve("interrupted", wait_timeout=10))
         assert jobs is not None and jobs[0].ctx.job_type == "t"
+    finally:
+        client.close()
+
+
+async def test_an_interrupted_follower_gives_up_its_stream_and_the_reader_goes_on(
+    sepp_server: SeppServer,
+) -> None:
+    """Ctrl-C in a thread waiting for its result while another thread reads the connection:
+    its stream is reset, and the reader's own call ends as it would have."""
+    client = sepp.SyncClient(sepp_server.address)
+    try:
+        client.connect()
+        read: list[list[sepp.Job] | None] = []
+        reader = threading.Thread(
+            target=lambda: read.append(client.reserve("reader", wait_timeout=30)), daemon=True
+        )
+        reader.start()
+        wait_until(lambda: calls_waiting(client) == 1)  # the reader's poll: it reads
+        interrupt_this_thread_once(lambda: calls_waiting(client) == 2)
+        with pytest.raises(KeyboardInterrupt):
+            client.reserve("follower", wait_timeout=30)  # in this (the main) thread
+        client.enqueue("follower", "t")
+        jobs = await in_thread(lambda: client.reserve("follower", wait_timeout=10))
+        assert jobs is not None and jobs[0].ctx.job_type == "t"
+        client.enqueue("reader", "wake")
+        await in_thread(reader.join)
+        assert read[0] is not None and read[0][0].ctx.job_type == "wake"
     finally:
         client.close()
 

@@ -13,6 +13,7 @@ from trio.testing import MockClock
 
 import sepp
 from sepp._client.batching import EnqueueBatcher
+from sepp._client.trio_runtime import TRIO
 from sepp._model.errors import error_from_status
 from sepp.wire._failure import FailureKind
 from sepp.wire._status import StatusCode
@@ -47,7 +48,7 @@ async def batcher(
     the end, then the nursery is cancelled."""
     async with trio.open_nursery() as client_nursery:
         batching = sepp.Batching(**config)  # type: ignore[arg-type]
-        b = EnqueueBatcher(batching, client_nursery, sender, lambda: server_max)
+        b = EnqueueBatcher(batching, client_nursery, sender, lambda: server_max, runtime=TRIO)
         yield b, client_nursery
         b.close()
         client_nursery.cancel_scope.cancel()
@@ -239,7 +240,9 @@ async def test_busy_producers_keep_eager_calls_in_flight_and_fill_the_batches(
         return [sepp.EnqueueAck(r.job_type) for r in requests]
 
     async with trio.open_nursery() as client_nursery:
-        b = EnqueueBatcher(sepp.Batching(max_delay=60), client_nursery, send, lambda: None)
+        b = EnqueueBatcher(
+            sepp.Batching(max_delay=60), client_nursery, send, lambda: None, runtime=TRIO
+        )
 
         async def producer(name: str) -> None:
             for i in range(3):
@@ -423,7 +426,7 @@ async def test_waiting_jobs_fail_if_the_client_nursery_goes_away_without_close(
     with trio.fail_after(30):  # on the mock clock: a caller left waiting fails the test
         async with trio.open_nursery() as callers, trio.open_nursery() as client_nursery:
             batching = sepp.Batching(max_delay=60, eager_calls=1)
-            b = EnqueueBatcher(batching, client_nursery, sender, lambda: None)
+            b = EnqueueBatcher(batching, client_nursery, sender, lambda: None, runtime=TRIO)
             submit = submitter(b, outcomes)
             callers.start_soon(submit, "in_flight")
             await trio.sleep(1)

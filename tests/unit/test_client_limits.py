@@ -14,6 +14,7 @@ from trio.testing import MockClock
 import sepp
 from sepp._client.client import Client
 from sepp._client.retry import NO_RETRY
+from sepp._client.trio_runtime import TRIO
 from sepp._util.log import Log
 from sepp.wire._status import StatusCode
 from sepp.wire.drivers._trio import RpcError
@@ -145,10 +146,14 @@ async def test_without_a_nursery_the_calling_task_fetches_within_its_budget(
 ) -> None:
     # A Client built directly (tests, benchmarks) has no nursery for the background fetch.
     channel = ScriptedChannel(job_type_limit=8)
-    client = Client(channel, address="x", rpc_timeout=30.0, retry_policy=NO_RETRY, log=Log(None))  # type: ignore[arg-type]
+    client = Client(
+        channel, address="x", rpc_timeout=30.0, retry_policy=NO_RETRY, log=Log(None), runtime=TRIO
+    )  # type: ignore[arg-type]
     assert await rejected_locally(channel, client.enqueue("q", "t" * 9))
     channel.info_delay = math.inf
-    fresh = Client(channel, address="x", rpc_timeout=30.0, retry_policy=NO_RETRY, log=Log(None))  # type: ignore[arg-type]
+    fresh = Client(
+        channel, address="x", rpc_timeout=30.0, retry_policy=NO_RETRY, log=Log(None), runtime=TRIO
+    )  # type: ignore[arg-type]
     began = trio.current_time()
     assert (await fresh.enqueue("q", "ok", timeout=4)).job_id
     assert trio.current_time() - began == 2

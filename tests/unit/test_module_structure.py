@@ -209,3 +209,39 @@ TRIO_IN_WIRE = ("sepp.wire.drivers._trio", "sepp.wire.drivers._waiters")
 def test_within_wire_only_the_trio_driver_imports_trio() -> None:
     assert [name for name in trio_importers("sepp.wire") if name not in TRIO_IN_WIRE] == []
     assert trio_importers("sepp.wire.drivers._trio") == ["sepp.wire.drivers._trio"]
+
+
+# Who may import trio at all. On the client side (`_model`, `_client`, `_payloads`, `wire`) only
+# the trio runtime and the trio driver do: the shared client code reaches trio through the
+# `Runtime` it is given (`_client/runtime.py`). Beyond them, only the Worker's and the
+# Scheduler's seam above, and the command line and `sepp.testing`, trio applications both.
+TRIO_USERS = (
+    "sepp._client.trio_runtime",
+    *TRIO_IN_WIRE,
+    *TRIO_SEAM,
+    "sepp._cli",
+    "sepp.testing",
+)
+
+
+def trio_violations(importers: list[str]) -> list[str]:
+    return [
+        f"{module} imports trio: reach it through the Runtime"
+        for module in sorted(importers)
+        if not any(_within(module, allowed) for allowed in TRIO_USERS)
+    ]
+
+
+def test_only_the_trio_runtime_imports_trio_on_the_client_side() -> None:
+    importers = trio_importers("sepp")
+    assert "sepp._client.trio_runtime" in importers  # the check sees a plain `import trio`
+    assert trio_violations(importers) == []
+
+
+def test_the_trio_check_sees_a_trio_import() -> None:
+    importers = [*trio_importers("sepp"), "sepp._client.batching", "sepp._model.types", "sepp"]
+    assert trio_violations(importers) == [
+        "sepp imports trio: reach it through the Runtime",
+        "sepp._client.batching imports trio: reach it through the Runtime",
+        "sepp._model.types imports trio: reach it through the Runtime",
+    ]

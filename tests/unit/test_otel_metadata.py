@@ -11,6 +11,7 @@ from otel_support import install
 
 import sepp
 from sepp._client.client import Client
+from sepp._client.trio_runtime import TRIO
 from sepp._pb import queue_pb2 as pb
 from sepp._util.log import Log
 from sepp.wire._status import StatusCode
@@ -43,7 +44,9 @@ class RecordingChannel:
 
 def make_client(channel: RecordingChannel, attempts: int = 1) -> Client:
     policy = sepp.RetryPolicy(max_attempts=attempts, initial_backoff=0.001)
-    return Client(channel, address="x", rpc_timeout=1, retry_policy=policy, log=Log(None))  # type: ignore[arg-type]
+    return Client(
+        channel, address="x", rpc_timeout=1, retry_policy=policy, log=Log(None), runtime=TRIO
+    )  # type: ignore[arg-type]
 
 
 async def test_active_span_is_sent_as_traceparent_metadata(spans: InMemorySpanExporter) -> None:

@@ -35,7 +35,9 @@ class Script:
 async def test_default_policy_makes_exactly_one_call() -> None:
     script = Script(S.UNAVAILABLE)
     with pytest.raises(RpcError):
-        await call_with_retry(sepp.RetryPolicy(), script, method="M", log=Log(None))
+        await call_with_retry(
+            sepp.RetryPolicy(), script, method="M", log=Log(None), sleep=trio.sleep
+        )
     assert len(script.calls) == 1
 
 
@@ -45,7 +47,7 @@ async def test_retries_with_exponential_backoff_then_gives_up(
     policy = sepp.RetryPolicy(max_attempts=4, initial_backoff=0.1, max_backoff=0.3, jitter=False)
     script = Script(S.UNAVAILABLE, S.RESOURCE_EXHAUSTED, S.DEADLINE_EXCEEDED, S.ABORTED)
     with pytest.raises(RpcError) as info:
-        await call_with_retry(policy, script, method="M", log=Log(None))
+        await call_with_retry(policy, script, method="M", log=Log(None), sleep=trio.sleep)
     assert info.value.code is S.ABORTED
     gaps = [round(b - a, 6) for a, b in zip(script.calls, script.calls[1:], strict=False)]
     assert gaps == [0.1, 0.2, 0.3]
@@ -56,7 +58,9 @@ async def test_jittered_delays_stay_in_half_to_full_range(
 ) -> None:
     policy = sepp.RetryPolicy(max_attempts=6, initial_backoff=1.0, max_backoff=1.0)
     script = Script(*[S.UNAVAILABLE] * 5)
-    assert await call_with_retry(policy, script, method="M", log=Log(None)) == "ok"
+    assert (
+        await call_with_retry(policy, script, method="M", log=Log(None), sleep=trio.sleep) == "ok"
+    )
     gaps = [b - a for a, b in zip(script.calls, script.calls[1:], strict=False)]
     assert len(gaps) == 5 and all(0.5 <= g < 1.0 + 1e-9 for g in gaps)
 
@@ -69,7 +73,7 @@ async def test_non_retryable_codes_are_called_once(code: StatusCode) -> None:
     policy = sepp.RetryPolicy(max_attempts=3, initial_backoff=0.001)
     script = Script(code)
     with pytest.raises(RpcError):
-        await call_with_retry(policy, script, method="M", log=Log(None))
+        await call_with_retry(policy, script, method="M", log=Log(None), sleep=trio.sleep)
     assert len(script.calls) == 1
 
 
@@ -93,7 +97,9 @@ async def test_keyless_enqueue_retries_only_failures_that_precede_the_server(
 ) -> None:
     policy = sepp.RetryPolicy(max_attempts=3, initial_backoff=0.001)
     script = Script(code, kind=kind)
-    attempt = call_with_retry(policy, script, method="M", log=Log(None), ambiguous_retry_safe=False)
+    attempt = call_with_retry(
+        policy, script, method="M", log=Log(None), ambiguous_retry_safe=False, sleep=trio.sleep
+    )
     if expected_calls == 1:
         with pytest.raises(RpcError):
             await attempt
@@ -106,7 +112,7 @@ async def test_local_too_large_verdict_is_never_retried() -> None:
     policy = sepp.RetryPolicy(max_attempts=3, initial_backoff=0.001)
     script = Script(S.RESOURCE_EXHAUSTED, kind=FailureKind.TOO_LARGE)
     with pytest.raises(RpcError):
-        await call_with_retry(policy, script, method="M", log=Log(None))
+        await call_with_retry(policy, script, method="M", log=Log(None), sleep=trio.sleep)
     assert len(script.calls) == 1
 
 
@@ -114,7 +120,7 @@ async def test_backoff_sleep_honours_cancellation(autojump_clock: trio.testing.M
     policy = sepp.RetryPolicy(max_attempts=3, initial_backoff=100, max_backoff=100, jitter=False)
     script = Script(S.UNAVAILABLE, S.UNAVAILABLE)
     with trio.move_on_after(5) as scope:
-        await call_with_retry(policy, script, method="M", log=Log(None))
+        await call_with_retry(policy, script, method="M", log=Log(None), sleep=trio.sleep)
     assert scope.cancelled_caught and len(script.calls) == 1
 
 

@@ -11,6 +11,7 @@ import trio
 import sepp
 from sepp._client.client import Client
 from sepp._client.retry import NO_RETRY
+from sepp._client.trio_runtime import TRIO
 from sepp._util.log import Log
 from sepp.testing import job_context
 from sepp.wire._status import StatusCode
@@ -32,6 +33,7 @@ def unreachable_client() -> Client:
         rpc_timeout=1,
         retry_policy=NO_RETRY,
         log=Log(None),
+        runtime=TRIO,
         validate_locally=False,
     )
 

@@ -255,9 +255,12 @@ def exploding_client() -> sepp.Client:
     """A client whose channel would fail any call: validation must raise first."""
     from sepp._client.client import Client
     from sepp._client.retry import NO_RETRY
+    from sepp._client.trio_runtime import TRIO
     from sepp._util.log import Log
 
-    return Client(Exploding(), address="x", rpc_timeout=1, retry_policy=NO_RETRY, log=Log(None))  # type: ignore[arg-type]
+    return Client(
+        Exploding(), address="x", rpc_timeout=1, retry_policy=NO_RETRY, log=Log(None), runtime=TRIO
+    )  # type: ignore[arg-type]
 
 
 async def test_client_calls_validate_before_io() -> None:

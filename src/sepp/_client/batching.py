@@ -12,9 +12,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
-import trio
-from trio.lowlevel import Abort, Task, current_task, reschedule, wait_task_rescheduled
-
 from .._model import validate as v
 from .._model.errors import SeppError, error_from_status
 from .._model.rejections import JobRejection
@@ -22,6 +19,7 @@ from .._model.types import EnqueueAck, EnqueueRequest
 from ..wire._failure import FailureKind
 from ..wire._status import StatusCode
 from .chunking import SERVER_MAX_MESSAGE_BYTES, estimated_bytes
+from .runtime import Runtime, TaskGroup, Waiter
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,17 +62,18 @@ SendBatch = Callable[[list[EnqueueRequest]], Awaitable[list[Result]]]
 
 
 class _Batch:
-    __slots__ = ("deadline", "dispatcher", "limit", "sealed", "size_bytes", "slots")
+    __slots__ = ("aborted", "deadline", "dispatcher", "limit", "sealed", "size_bytes", "slots")
 
-    def __init__(self, limit: int, deadline: float) -> None:
+    def __init__(self, limit: int, deadline: float, aborted: object) -> None:
         self.slots: list[_Slot] = []
         self.size_bytes = 0
         self.limit = limit
         self.deadline = deadline
         # Full (or over max_batch_bytes): takes no more jobs and goes out at once.
         self.sealed = False
-        # The batch's dispatcher task while it waits for a call to finish.
-        self.dispatcher: Task | None = None
+        # The batch's dispatcher task, parked while it waits for a call to finish.
+        self.dispatcher: Waiter | None = None
+        self.aborted = aborted  # what a parked task's abort returns to the runtime
 
 
 class _Slot:
@@ -82,23 +81,23 @@ class _Slot:
 
     __slots__ = ("batch", "error", "request", "result", "sent", "size", "task")
 
-    def __init__(self, request: EnqueueRequest, size: int, batch: _Batch, task: Task) -> None:
+    def __init__(self, request: EnqueueRequest, size: int, batch: _Batch, task: Waiter) -> None:
         self.request = request
         self.size = size
         self.batch = batch
-        self.task: Task | None = task
+        self.task: Waiter | None = task
         self.sent = False
         self.result: Result | None = None
         self.error: SeppError | None = None
 
-    def abort(self, _raise_cancel: object) -> Abort:
+    def abort(self, _raise_cancel: object) -> object:
         """The caller is cancelled: nothing is delivered to it, and a job not yet sent is
         withdrawn so that it is never enqueued."""
         self.task = None
         if not self.sent:
             self.batch.slots.remove(self)
             self.batch.size_bytes -= self.size
-        return Abort.SUCCEEDED
+        return self.batch.aborted
 
 
 class EnqueueBatcher:
@@ -108,15 +107,22 @@ class EnqueueBatcher:
     def __init__(
         self,
         config: Batching,
-        nursery: trio.Nursery,
+        nursery: TaskGroup,
         send: SendBatch,
         server_max_batch: Callable[[], int | None],
+        *,
+        runtime: Runtime,
     ) -> None:
         self._max_batch = config.max_batch
         self._max_bytes = config.max_batch_bytes
         self._delay_s = v.seconds("max_delay", config.max_delay, allow_zero=True)
         self._eager_calls = config.eager_calls
         self._nursery = nursery
+        self._rt = runtime
+        # Bound once: the parking is on every caller's path.
+        self._waiter = runtime.waiter
+        self._park = runtime.park
+        self._unpark = runtime.unpark
         self._send = send
         self._server_max_batch = server_max_batch
         # The batch taking new jobs; the only one that can be waiting for a call to finish.
@@ -135,12 +141,12 @@ class EnqueueBatcher:
             batch = None
         if batch is None:
             batch = self._open = self._new_batch()
-        slot = _Slot(request, size, batch, current_task())
+        slot = _Slot(request, size, batch, self._waiter())
         batch.slots.append(slot)
         batch.size_bytes += size
         if len(batch.slots) >= batch.limit:
             self._seal(batch)
-        await wait_task_rescheduled(slot.abort)
+        await self._park(slot.abort)
         if slot.error is not None:
             raise _clone(slot.error)
         assert slot.result is not None
@@ -149,7 +155,7 @@ class EnqueueBatcher:
     def _new_batch(self) -> _Batch:
         server = self._server_max_batch()
         limit = min(self._max_batch, server) if server else self._max_batch
-        batch = _Batch(limit, trio.current_time() + self._delay_s)
+        batch = _Batch(limit, self._rt.now() + self._delay_s, self._rt.park_aborted)
         self._unsent.add(batch)
         self._nursery.start_soon(self._dispatch, batch)
         return batch
@@ -158,7 +164,7 @@ class EnqueueBatcher:
         if self._open is batch:
             self._open = None
         batch.sealed = True
-        _wake(batch)
+        self._wake(batch)
 
     def _retire(self, batch: _Batch) -> None:
         """All of the batch's jobs are sent (or withdrawn): new jobs need a new batch."""
@@ -194,34 +200,35 @@ class EnqueueBatcher:
         try:
             results = await self._send(requests)
         except SeppError as exc:
-            _fail(live, exc)
+            self._fail(live, exc)
             return
         except BaseException:
-            _fail(live, _client_closed())
+            self._fail(live, _client_closed())
             raise
         finally:
             self._in_flight -= 1
             if self._open is not None and self._in_flight < self._eager_calls:
-                _wake(self._open)  # a call finished: the collected jobs go now
+                self._wake(self._open)  # a call finished: the collected jobs go now
+        unpark = self._unpark
         for slot, result in zip(live, results, strict=True):
             if slot.task is not None:
                 slot.result = result
-                reschedule(slot.task)
+                unpark(slot.task)
 
     async def _wait_for_turn(self, batch: _Batch) -> None:
         """Until a call finishes, the batch is sealed, or max_delay after its first job."""
 
-        def abort(_raise_cancel: object) -> Abort:
+        def abort(_raise_cancel: object) -> object:
             batch.dispatcher = None
-            return Abort.SUCCEEDED
+            return batch.aborted
 
-        batch.dispatcher = current_task()
+        batch.dispatcher = self._waiter()
         try:
-            with trio.move_on_at(batch.deadline):
-                await wait_task_rescheduled(abort)
+            with self._rt.move_on_at(batch.deadline):
+                await self._park(abort)
         except BaseException:
             # The client's nursery is going away: nobody else will answer these callers.
-            _fail(batch.slots, _client_closed())
+            self._fail(batch.slots, _client_closed())
             batch.slots.clear()
             self._retire(batch)
             raise
@@ -231,26 +238,24 @@ class EnqueueBatcher:
         self._closed = True
         error = _client_closed()
         for batch in self._unsent:
-            _fail(batch.slots, error)
+            self._fail(batch.slots, error)
             batch.slots.clear()
-            _wake(batch)
+            self._wake(batch)
         self._unsent.clear()
         self._open = None
 
+    def _wake(self, batch: _Batch) -> None:
+        task = batch.dispatcher
+        if task is not None:
+            batch.dispatcher = None
+            self._unpark(task)
 
-def _wake(batch: _Batch) -> None:
-    task = batch.dispatcher
-    if task is not None:
-        batch.dispatcher = None
-        reschedule(task)
-
-
-def _fail(slots: list[_Slot], error: SeppError) -> None:
-    for slot in slots:
-        if slot.task is not None:
-            slot.error = error
-            reschedule(slot.task)
-            slot.task = None
+    def _fail(self, slots: list[_Slot], error: SeppError) -> None:
+        for slot in slots:
+            if slot.task is not None:
+                slot.error = error
+                self._unpark(slot.task)
+                slot.task = None
 
 
 def _client_closed() -> SeppError:

@@ -11,8 +11,6 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, overload
 
-import trio
-
 from .._model import validate as v
 from .._model.errors import (
     BatchValidationError,
@@ -38,8 +36,7 @@ from .._model.types import (
 from .._util.log import Log, LoggerLike
 from ..wire._engine import WireEngine
 from ..wire._status import StatusCode
-from ..wire.drivers._base import ChannelBase
-from ..wire.drivers._trio import RpcError
+from ..wire.drivers._base import ChannelBase, RpcError
 from . import fork
 from . import operations as ops
 from . import otel as _otel
@@ -50,7 +47,8 @@ from .opening import Opening
 from .options import DEFAULT_MAX_RECEIVE_MESSAGE_BYTES as DEFAULT_MAX_RECEIVE_MESSAGE_BYTES
 from .options import ConnectOptions
 from .retry import RetryPolicy, call_with_retry
-from .runtime import TRIO, Runtime
+from .runtime import Runtime, TaskGroup
+from .trio_runtime import TRIO
 
 if TYPE_CHECKING:
     from .._pb import queue_pb2 as pb
@@ -76,10 +74,10 @@ class Client:
         rpc_timeout: float | None,
         retry_policy: RetryPolicy,
         log: Log,
-        nursery: trio.Nursery | None = None,
+        runtime: Runtime,
+        nursery: TaskGroup | None = None,
         enqueue_batching: Batching | None = None,
         validate_locally: bool = True,
-        runtime: Runtime = TRIO,
     ) -> None:
         self._channel = channel
         self._rt = runtime
@@ -98,6 +96,7 @@ class Client:
                 nursery,
                 self._enqueue_batch_rpc,
                 self._max_enqueue_batch,
+                runtime=runtime,
             )
         self._nursery = nursery
         self._validate_locally = validate_locally
@@ -242,7 +241,7 @@ class Client:
                 # would cost more than the rest of the enqueue.
                 result = await self._batcher.submit(request)
             else:
-                with trio.move_on_at(deadline) as scope:
+                with self._rt.move_on_at(deadline) as scope:
                     result = await self._batcher.submit(request)
                 if scope.cancelled_caught:
                     raise TransportError(
@@ -345,7 +344,7 @@ class Client:
                 if failures:
                     return
 
-        await self._rt.run_senders(sender, min(MAX_CONCURRENT_CHUNKS, len(chunks)))
+        await self._rt.run_concurrently(sender, at_most=min(MAX_CONCURRENT_CHUNKS, len(chunks)))
         if failures:
             raise failures[min(failures)]
         return [result for chunk_results in results for result in chunk_results]
@@ -366,7 +365,7 @@ class Client:
             return results
 
     def _deadline(self, timeout: float | timedelta | None) -> float:
-        """The trio time by which a call given `timeout` (None: rpc_timeout) must be done."""
+        """The runtime's time by which a call given `timeout` (None: rpc_timeout) must be done."""
         timeout_s = self._rpc_timeout if timeout is None else v.seconds("timeout", timeout)
         return math.inf if timeout_s is None else self._rt.now() + timeout_s
 
@@ -636,15 +635,15 @@ def open(
         validate_locally=validate_locally,
         wire_engine=wire_engine,
     )
-    return Opening(_open_client(options))
+    return Opening(_open_client(options, TRIO), TRIO)
 
 
 def client_for(
     options: ConnectOptions,
     channel: ChannelBase,
     *,
-    nursery: trio.Nursery | None = None,
-    runtime: Runtime = TRIO,
+    runtime: Runtime,
+    nursery: TaskGroup | None = None,
 ) -> Client:
     """The Client `options` describe, over `channel` (its background tasks in `nursery`)."""
     return Client(
@@ -653,18 +652,19 @@ def client_for(
         rpc_timeout=options.rpc_timeout_s,
         retry_policy=options.retry_policy,
         log=options.log,
+        runtime=runtime,
         nursery=nursery,
         enqueue_batching=options.enqueue_batching,
         validate_locally=options.validate_locally,
-        runtime=runtime,
     )
 
 
 @asynccontextmanager
-async def _open_client(options: ConnectOptions) -> AsyncIterator[Client]:
+async def _open_client(options: ConnectOptions, runtime: Runtime) -> AsyncIterator[Client]:
     user_exc: BaseException | None = None
-    async with trio.open_nursery() as nursery:
-        client = client_for(options, options.channel(nursery), nursery=nursery)
+    async with runtime.open_task_group() as nursery:
+        channel = runtime.channel(options.endpoint, options.channel_options(), nursery)
+        client = client_for(options, channel, runtime=runtime, nursery=nursery)
         try:
             await client._connect()
             yield client

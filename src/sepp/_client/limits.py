@@ -9,12 +9,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING
 
-import trio
-
 from .._model.types import EnqueueRequest, ServerInfo
 from .._util.lazy import lazy_module
 from .._util.log import Log
-from .runtime import TRIO, EventLike, Runtime
+from .runtime import EventLike, Runtime, TaskGroup
 
 if TYPE_CHECKING:
     from .._model import rejection_reasons as rj
@@ -119,7 +117,7 @@ class LimitsCache:
         self,
         fetch: Callable[[float | None], Awaitable[ServerInfo]],
         log: Log,
-        runtime: Runtime = TRIO,
+        runtime: Runtime,
     ) -> None:
         self._fetch_info = fetch  # given a timeout in seconds (None: the client's own)
         self._log = log
@@ -128,9 +126,9 @@ class LimitsCache:
         self._fetched_at = -math.inf
         self._stale_at = -math.inf  # the runtime's time from which the cache is refetched
         self._fetching: EventLike | None = None  # set when the fetch in flight ends
-        self._nursery: trio.Nursery | None = None
+        self._nursery: TaskGroup | None = None
 
-    def start(self, nursery: trio.Nursery) -> None:
+    def start(self, nursery: TaskGroup) -> None:
         """Fetch now, in the background; later fetches also run in `nursery`."""
         self._nursery = nursery
         self._begin_fetch()

@@ -1,14 +1,13 @@
 """What `sepp.open()` returns: an async context manager that says how to use it when it is
-mistaken for a client, awaited, or entered outside trio."""
+mistaken for a client, awaited, or entered outside its runtime (trio)."""
 
 from __future__ import annotations
 
-import sys
 from contextlib import AbstractAsyncContextManager
 from types import TracebackType
 from typing import Any, NoReturn, TypeVar
 
-import trio
+from .runtime import Runtime
 
 T = TypeVar("T")
 
@@ -18,13 +17,14 @@ USE = "use `async with sepp.open(...) as client:`"
 class Opening(AbstractAsyncContextManager[T]):
     """`async with` it to get a connected Client; the connection closes when the block exits."""
 
-    __slots__ = ("_cm",)
+    __slots__ = ("_cm", "_runtime")
 
-    def __init__(self, cm: AbstractAsyncContextManager[T]) -> None:
+    def __init__(self, cm: AbstractAsyncContextManager[T], runtime: Runtime) -> None:
         self._cm = cm
+        self._runtime = runtime
 
     async def __aenter__(self) -> T:
-        require_trio("sepp.open()")
+        self._runtime.check_running("sepp.open()")
         return await self._cm.__aenter__()
 
     async def __aexit__(
@@ -53,32 +53,3 @@ class Opening(AbstractAsyncContextManager[T]):
 
     def __repr__(self) -> str:
         return "<sepp.open() context manager; " + USE + ">"
-
-
-def require_trio(what: str) -> None:
-    """Raise a RuntimeError saying what to do when not running under trio (under asyncio,
-    trio's own error is an AttributeError about its internals)."""
-    try:
-        trio.lowlevel.current_task()
-    except RuntimeError:
-        pass
-    else:
-        return
-    if _asyncio_running():
-        raise RuntimeError(
-            f"{what} was called under asyncio, but sepp-trio runs on trio: run the code with"
-            " trio.run(), call it from asyncio through trio-asyncio, or use the blocking client"
-            " sepp.SyncClient (from a thread)"
-        )
-    raise RuntimeError(f"{what} must be called from trio (inside trio.run())")
-
-
-def _asyncio_running() -> bool:
-    asyncio = sys.modules.get("asyncio")  # never imported here: if absent, it is not running
-    if asyncio is None:
-        return False
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return False
-    return True

@@ -7,24 +7,17 @@ import os
 import ssl
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING
-
-import trio
 
 from .._model import validate as v
 from .._model.errors import ValidationError
 from .._util.log import Log, LoggerLike
 from .._version import __version__
 from ..wire._engine import WIRE_ENGINES, WireEngine
-from ..wire.drivers._base import ChannelOptions
-from ..wire.drivers._trio import Channel, Endpoint
+from ..wire.drivers._base import ChannelOptions, Endpoint
 from . import otel as _otel
 from .address import parse_address
 from .batching import Batching
 from .retry import NO_RETRY, RetryPolicy
-
-if TYPE_CHECKING:
-    from ..wire.drivers._blocking import BlockingChannel
 
 DEFAULT_MAX_RECEIVE_MESSAGE_BYTES = 272 * 1024 * 1024
 """The default `max_receive_message_bytes` of `sepp.open()`, 272 MiB: it fits the largest
@@ -129,17 +122,8 @@ class ConnectOptions:
             log=log,
         )
 
-    def channel(self, nursery: trio.Nursery) -> Channel:
-        """The Channel these options describe, its connection tasks in `nursery`."""
-        return Channel(self.endpoint, nursery, **self._channel_options())
-
-    def blocking_channel(self) -> BlockingChannel:
-        """The blocking channel these options describe (SyncClient's)."""
-        from ..wire.drivers._blocking import BlockingChannel
-
-        return BlockingChannel(self.endpoint, **self._channel_options())
-
-    def _channel_options(self) -> ChannelOptions:
+    def channel_options(self) -> ChannelOptions:
+        """What a channel for `endpoint` is built with (each runtime builds its own)."""
         return {
             "user_agent": USER_AGENT,
             "secret_metadata": self.secret_metadata,

@@ -8,13 +8,11 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TypeVar
 
-import trio
-
 from .._model import validate as v
 from .._model.errors import ValidationError
 from .._util.log import Log
 from ..wire._status import StatusCode
-from ..wire.drivers._trio import RpcError
+from ..wire.drivers._base import RpcError
 
 T = TypeVar("T")
 
@@ -76,9 +74,10 @@ async def call_with_retry(
     log: Log,
     retryable: frozenset[StatusCode] = RETRYABLE,
     ambiguous_retry_safe: bool = True,
-    sleep: Callable[[float], Awaitable[None]] = trio.sleep,
+    sleep: Callable[[float], Awaitable[None]],
 ) -> T:
-    """Run `attempt` until it succeeds, fails for good, or the policy is used up.
+    """Run `attempt` until it succeeds, fails for good, or the policy is used up; `sleep` is
+    the caller's runtime's.
 
     With `ambiguous_retry_safe=False` (an enqueue with un-keyed jobs), failures that may hide
     a commit are not retried: DEADLINE_EXCEEDED, ABORTED and connections lost mid-call.

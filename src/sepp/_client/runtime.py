@@ -1,23 +1,29 @@
-"""What the shared client code needs from the world it runs in, for each front end.
+"""What the shared client code needs from the world it runs in: the `Runtime` protocol.
 
-The operations of `Client` are coroutines written once. Under trio (`TRIO`) they are awaited as
-usual. Under `BLOCKING` every await completes without suspending (the blocking channel reads
-its socket in the calling thread, sleeps are `time.sleep`), so `SyncClient` runs each
-operation to its end with one `coroutine.send(None)` (`run_blocking`). An asyncio front end
-is one more of these.
+The operations of `Client` are coroutines written once, and every suspension, clock reading,
+task, cancel scope and wake-up they need goes through the runtime they were given (never a
+default: a forgotten runtime is a type error). One module per runtime implements it:
+`trio_runtime` (`TRIO`: awaited as usual) and `blocking_runtime` (`BLOCKING`: every await
+completes without suspending, so `SyncClient` runs each operation to its end with one
+`coroutine.send(None)`). An asyncio front end is one more such module.
+
+The vocabulary is trio's (task groups with a cancel scope, parking a task until something wakes
+it); the blocking runtime has no event loop, and what needs one (tasks, cancel scopes, parking,
+calls from other threads) is never reached under it: those members raise `ClientInternalError`.
 """
 
 from __future__ import annotations
 
-import math
-import threading
-import time
-from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, Protocol, TypeVar
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
+from typing import TYPE_CHECKING, Any, Protocol
 
-import trio
+if TYPE_CHECKING:
+    from typing_extensions import TypeVarTuple, Unpack
 
-T = TypeVar("T")
+    from ..wire.drivers._base import ChannelBase, ChannelOptions, Endpoint
+
+    PosArgs = TypeVarTuple("PosArgs")
 
 
 class EventLike(Protocol):
@@ -25,7 +31,41 @@ class EventLike(Protocol):
     def is_set(self) -> bool: ...
 
 
+class CancelScope(Protocol):
+    """A scope whose body `cancel()` (from the scope's own run) ends at its next suspension."""
+
+    @property
+    def cancelled_caught(self) -> bool:
+        """Whether the scope ended its body by cancelling it."""
+
+    def cancel(self) -> None: ...
+
+
+class TaskGroup(Protocol):
+    """Where background tasks run (a trio nursery is one): every task in it ends before it
+    closes."""
+
+    @property
+    def cancel_scope(self) -> CancelScope: ...
+
+    def start_soon(
+        self,
+        async_fn: Callable[[Unpack[PosArgs]], Awaitable[object]],
+        *args: Unpack[PosArgs],
+        name: object = None,
+    ) -> None:
+        """Start `async_fn(*args)` in the group; RuntimeError once the group is closing."""
+
+
+Waiter = Any
+"""What `park` suspends and `unpark` wakes (trio: the task itself)."""
+
+CallSoon = Callable[[Callable[[], object]], bool]
+"""Run a function soon in a run, from any thread; False if that run has finished."""
+
+
 class Runtime(Protocol):
+    # -- time ----------------------------------------------------------------------------
     def now(self) -> float:
         """The clock deadlines are kept in, in seconds."""
 
@@ -34,97 +74,65 @@ class Runtime(Protocol):
 
     async def sleep(self, seconds: float) -> None: ...
 
-    async def run_senders(self, sender: Callable[[], Awaitable[None]], count: int) -> None:
-        """Run `count` copies of `sender` concurrently (one after another where there is no
-        concurrency: the copies share their work, so one does it all)."""
-
-    def event(self) -> EventLike: ...
-
-    async def wait_event(self, event: EventLike, until: float) -> None:
-        """Wait until `event` is set, or the clock reaches `until`."""
+    def move_on_at(self, deadline: float) -> AbstractContextManager[CancelScope]:
+        """A cancel scope that cancels its body when the clock reaches `deadline` (inf:
+        only when cancelled), swallowing that cancellation."""
 
     async def bounded(self, work: Callable[[float | None], Awaitable[None]], until: float) -> None:
         """Run `work(timeout_s)` until the clock reaches `until`: trio cancels it there, and a
         blocking front end passes the time left as its timeout (None: no limit)."""
 
+    # -- tasks ---------------------------------------------------------------------------
+    def open_task_group(self) -> AbstractAsyncContextManager[TaskGroup]:
+        """A new task group: its block ends when every task in it has ended."""
+
+    async def run_concurrently(
+        self, worker: Callable[[], Awaitable[None]], *, at_most: int
+    ) -> None:
+        """Run up to `at_most` copies of `worker` at once, which share one source of work, and
+        return when all have ended: trio runs `at_most` copies, the blocking runtime one, which
+        then does all of the work."""
+
     def owner(self) -> object | None:
         """What a client opened here serves (trio: its run's root task); None: any caller."""
 
-
-class _Trio:
-    def now(self) -> float:
-        return trio.current_time()
-
-    def effective_deadline(self) -> float:
-        return trio.current_effective_deadline()
-
-    async def sleep(self, seconds: float) -> None:
-        await trio.sleep(seconds)
-
-    async def run_senders(self, sender: Callable[[], Awaitable[None]], count: int) -> None:
-        async with trio.open_nursery() as nursery:
-            for _ in range(count):
-                nursery.start_soon(sender)
-
-    def event(self) -> EventLike:
-        return trio.Event()
+    # -- wake-ups ------------------------------------------------------------------------
+    def event(self) -> EventLike: ...
 
     async def wait_event(self, event: EventLike, until: float) -> None:
-        assert isinstance(event, trio.Event)
-        with trio.move_on_at(until):
-            await event.wait()
+        """Wait until `event` is set, or the clock reaches `until`."""
 
-    async def bounded(self, work: Callable[[float | None], Awaitable[None]], until: float) -> None:
-        with trio.move_on_at(until):
-            await work(None)
+    def waiter(self) -> Waiter:
+        """The current task, as `unpark` wakes it once it is parked."""
 
-    def owner(self) -> object | None:
-        try:
-            return trio.lowlevel.current_root_task()
-        except RuntimeError:  # not in a trio run: a client built by hand, outside one (tests)
-            return None
+    @property
+    def park_aborted(self) -> object:
+        """What the `abort` callback given to `park` returns."""
 
+    def park(self, abort: Callable[[Any], Any]) -> Awaitable[None]:
+        """Suspend the current task until `unpark(waiter)` with its waiter: no Event, one
+        wake-up (the shape of trio's `wait_task_rescheduled`, so trio parks with no wrapper
+        on every caller's path). If it is cancelled first, `abort(raise_cancel)` runs and
+        returns `park_aborted`, the waiter is never to be unparked, and the cancellation goes
+        on."""
 
-class _Blocking:
-    def now(self) -> float:
-        return time.monotonic()
+    def unpark(self, waiter: Waiter) -> None:
+        """Resume a parked waiter (once, from the waiter's own run)."""
 
-    def effective_deadline(self) -> float:
-        return math.inf
+    # -- the run itself, and other threads -------------------------------------------------
+    def run(self, main: Callable[..., Awaitable[object]], *args: Any) -> object:
+        """Run `main(*args)` to its end in a new run of this runtime (in the calling thread)."""
 
-    async def sleep(self, seconds: float) -> None:
-        time.sleep(seconds)  # noqa: ASYNC251 - this runtime blocks by design
+    def call_soon_handle(self) -> CallSoon:
+        """How other threads have a function run soon in the current run."""
 
-    async def run_senders(self, sender: Callable[[], Awaitable[None]], count: int) -> None:
-        await sender()
+    def is_cancellation(self, error: BaseException) -> bool:
+        """Whether `error` is this runtime cancelling a task (not a failure of the task)."""
 
-    def event(self) -> EventLike:
-        return threading.Event()
+    def check_running(self, what: str) -> None:
+        """Raise a RuntimeError saying what to do when `what` is called outside this runtime."""
 
-    async def wait_event(self, event: EventLike, until: float) -> None:
-        assert isinstance(event, threading.Event)
-        left = until - time.monotonic()
-        if left > 0:
-            event.wait(None if left == math.inf else left)
-
-    async def bounded(self, work: Callable[[float | None], Awaitable[None]], until: float) -> None:
-        left = until - time.monotonic()
-        if left > 0:
-            await work(None if left == math.inf else left)
-
-    def owner(self) -> object | None:
-        return None
-
-
-TRIO: Runtime = _Trio()
-BLOCKING: Runtime = _Blocking()
-
-
-def run_blocking(coro: Coroutine[Any, Any, T]) -> T:
-    """Run a coroutine of the shared client code under BLOCKING to its end, here and now."""
-    try:
-        coro.send(None)
-    except StopIteration as done:
-        return done.value  # type: ignore[no-any-return]
-    coro.close()
-    raise RuntimeError("sepp internal error: a blocking operation tried to suspend")
+    def channel(
+        self, endpoint: Endpoint, options: ChannelOptions, tasks: TaskGroup | None
+    ) -> ChannelBase:
+        """A channel to `endpoint` for this runtime (its connection tasks in `tasks`)."""

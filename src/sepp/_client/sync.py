@@ -7,7 +7,8 @@ threads taking turns as the connection's reader, so calls from many threads are 
 on one connection and a lone caller never hands over to another thread.
 
 With `enqueue_batching`, whose linger timer needs a task of its own, the trio `Client` runs
-instead in its own `trio.run` on a daemon thread (a "portal"), and each call is handed to it.
+instead in its own `trio.run` on a daemon thread (a "portal", written against the `Runtime`
+protocol), and each call is handed to it.
 Why: docs/sync.md, "How it works".
 """
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 import os
 import ssl
 import threading
@@ -26,22 +28,24 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypedDict, TypeVar
 
 import outcome
-import trio
 
 from .._model.errors import ClientError
 from .._util.log import LoggerLike
 from ..wire._engine import WireEngine
-from ..wire.drivers._blocking import BlockingChannel
 from . import fork
 from .batching import Batching
+from .blocking_runtime import BLOCKING, run_blocking
 from .client import Client, client_for
 from .client import open as open_client
 from .options import ConnectOptions
 from .retry import RetryPolicy
-from .runtime import BLOCKING, run_blocking
+from .runtime import CallSoon, CancelScope, EventLike, Runtime, TaskGroup
+from .trio_runtime import TRIO
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
+
+    from ..wire.drivers._blocking import BlockingChannel
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -205,7 +209,7 @@ class _Direct:
     @classmethod
     def start(cls, options: ConnectOptions) -> _Direct:
         """Ready to connect: the first call connects, within its own deadline."""
-        channel = options.blocking_channel()
+        channel = BLOCKING.channel(options.endpoint, options.channel_options(), None)
         return cls(client_for(options, channel, runtime=BLOCKING), channel)
 
     def connect(self) -> None:
@@ -237,21 +241,22 @@ class _Pending:
         self.done = threading.Lock()
         self.done.acquire()
         self.result: outcome.Outcome[Any] | None = None
-        self.scope: trio.CancelScope | None = None
+        self.scope: CancelScope | None = None
 
 
 class _Portal:
     """A trio.run in a daemon thread holding one open trio Client, and a nursery in which the
     calls of blocking threads run."""
 
-    def __init__(self) -> None:
+    def __init__(self, runtime: Runtime) -> None:
+        self._rt = runtime
         self._started = threading.Event()
         self._failure: BaseException | None = None
         self._thread: threading.Thread | None = None
         self.client: Client
-        self._nursery: trio.Nursery
-        self._token: trio.lowlevel.TrioToken
-        self._stop: trio.Event
+        self._nursery: TaskGroup
+        self._call_soon: CallSoon
+        self._stop: EventLike
         self._origin = fork.here()
         # Calls handed over and not yet finished; when the run ends, any left (a call that
         # arrived as the client closed) is released, so no caller waits forever.
@@ -261,9 +266,9 @@ class _Portal:
     @classmethod
     def start(cls, address: str, options: dict[str, Any]) -> _Portal:
         """Start the thread and connect; raises what open() raises."""
-        portal = cls()
+        portal = cls(TRIO)  # the Client that `open_client` opens runs on trio
         portal._thread = threading.Thread(
-            target=trio.run,
+            target=portal._rt.run,
             args=(portal._main, address, options),
             name=f"sepp.SyncClient {address}",
             daemon=True,
@@ -277,14 +282,15 @@ class _Portal:
         return portal
 
     async def _main(self, address: str, options: dict[str, Any]) -> None:
+        rt = self._rt
         try:
-            async with open_client(address, **options) as client, trio.open_nursery() as nursery:
+            async with open_client(address, **options) as client, rt.open_task_group() as nursery:
                 self.client = client
                 self._nursery = nursery
-                self._token = trio.lowlevel.current_trio_token()
-                self._stop = trio.Event()
+                self._call_soon = rt.call_soon_handle()
+                self._stop = rt.event()
                 self._started.set()
-                await self._stop.wait()
+                await rt.wait_event(self._stop, math.inf)
                 nursery.cancel_scope.cancel()  # calls still running fail as closed
         except BaseException as exc:
             if self._started.is_set():
@@ -309,7 +315,7 @@ class _Portal:
 
         async def call() -> None:
             try:
-                with trio.CancelScope() as pending.scope:
+                with self._rt.move_on_at(math.inf) as pending.scope:
                     pending.result = await outcome.acapture(method, self.client, *args, **kwargs)
             finally:
                 finish()
@@ -329,18 +335,18 @@ class _Portal:
         if self._finished:
             waiting.discard(pending)
             raise ClientError("this sepp.SyncClient is closed")
-        try:
-            self._token.run_sync_soon(start)
-        except trio.RunFinishedError:
+        if not self._call_soon(start):
             waiting.discard(pending)
-            raise ClientError("this sepp.SyncClient is closed") from None
+            raise ClientError("this sepp.SyncClient is closed")
         try:
             pending.done.acquire()
         except BaseException:  # KeyboardInterrupt in the caller: stop the call too
             self._cancel(pending)
             raise
         result = pending.result
-        if result is None or (isinstance(result, outcome.Error) and _cancelled(result.error)):
+        if result is None or (
+            isinstance(result, outcome.Error) and self._rt.is_cancellation(result.error)
+        ):
             raise ClientError("this sepp.SyncClient was closed during the call")
         return result.unwrap()  # type: ignore[no-any-return]
 
@@ -349,10 +355,7 @@ class _Portal:
             if pending.scope is not None:
                 pending.scope.cancel()
 
-        try:
-            self._token.run_sync_soon(cancel)
-        except trio.RunFinishedError:
-            pass
+        self._call_soon(cancel)
 
     def connect(self) -> None:
         """Connected already: the portal connects as it starts."""
@@ -362,20 +365,13 @@ class _Portal:
         Never in a fork() child: the thread and the connection are the parent's."""
         if self._origin.forked:
             return
-        try:
-            self._token.run_sync_soon(self._stop.set)
-        except trio.RunFinishedError:
-            pass
+        self._call_soon(self._stop.set)
 
     def stop(self) -> None:
         """Close the connection and wait for the thread to end."""
         self.stop_soon()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join()
-
-
-def _cancelled(error: BaseException) -> bool:
-    return isinstance(error, trio.Cancelled)
 
 
 _LIVE: weakref.WeakSet[SyncClient] = weakref.WeakSet()

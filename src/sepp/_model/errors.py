@@ -77,6 +77,14 @@ class MessageTooLargeError(ClientError):
     """A response message exceeded `max_receive_message_bytes`; it was refused unread."""
 
 
+class ClientInternalError(ClientError):
+    """A bug in sepp-trio itself, never in the calling code (private: users see a
+    ClientError whose message begins "sepp internal error")."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(f"sepp internal error: {what}")
+
+
 class JobRejectedError(SeppError):
     """`enqueue` of one job was rejected; `rejection` says why."""
 

@@ -119,8 +119,9 @@ class StatelessEncoder:
                 parts.append(encode_field(name, value, sensitive=True))
                 continue
             key = (name, value)
-            encoded = cache.get(key)
-            if encoded is None:
+            if key in cache:  # not .get(): see CallTable._calls
+                encoded = cache[key]
+            else:
                 encoded = encode_field(name, value, sensitive=False)
                 if len(cache) < _MAX_CACHED_FIELDS:
                     cache[key] = encoded

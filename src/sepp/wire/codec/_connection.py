@@ -165,9 +165,8 @@ class _HeaderBlocks:
     def decode(self, block: bytes) -> tuple[Header, ...]:
         """The fields we read from a block (:status, content-type, grpc-status,
         grpc-message), in order; raises _ConnectionError if it cannot be decoded."""
-        fields = self._cache.get(block)
-        if fields is not None:
-            return fields
+        if block in self._cache:  # not .get(): see CallTable._calls
+            return self._cache[block]
         table = self._decoder.header_table
         entries = table.dynamic_entries
         count = len(entries)
@@ -497,7 +496,7 @@ class CodecGrpcConnection(CallTable[_Call]):
             self._out.append(frame(WINDOW_UPDATE, 0, 0, _U32.pack(consumed)))
             window = self._connection_window
         self._recv_window = window
-        call = self._calls.get(stream_id)
+        call = self._calls[stream_id] if stream_id in self._calls else None
         if call is None:
             self._untracked_stream(stream_id, "DATA")
             return
@@ -579,7 +578,7 @@ class CodecGrpcConnection(CallTable[_Call]):
     ) -> None:
         # Decoded even for a call we forgot: the HPACK table must follow every block.
         fields = self._blocks.decode(block)
-        call = self._calls.get(stream_id)
+        call = self._calls[stream_id] if stream_id in self._calls else None
         if call is None:
             self._untracked_stream(stream_id, "HEADERS")
             return
@@ -617,7 +616,7 @@ class CodecGrpcConnection(CallTable[_Call]):
             raise _ConnectionError(PROTOCOL_ERROR, "RST_STREAM frame on stream 0")
         if stop - start != 4:
             raise _ConnectionError(FRAME_SIZE_ERROR, "RST_STREAM frame is not 4 bytes")
-        call = self._calls.get(stream_id)
+        call = self._calls[stream_id] if stream_id in self._calls else None
         if call is None:
             return  # nothing to reset (like h2, even for a stream never opened)
         self._forget(stream_id)
@@ -724,7 +723,7 @@ class CodecGrpcConnection(CallTable[_Call]):
                 raise _ConnectionError(FLOW_CONTROL_ERROR, "the connection window overflowed")
             self._flush_blocked()
             return
-        call = self._calls.get(stream_id)
+        call = self._calls[stream_id] if stream_id in self._calls else None
         if call is None:
             self._untracked_stream(stream_id, "WINDOW_UPDATE")
             return

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import os
+import queue
 import select
 import socket
 import ssl
@@ -58,16 +59,19 @@ def _poll_ms(seconds: float) -> int:
 
 
 class _Waiter:
-    """One call in flight and the thread waiting for it. `wake` is held until the reader
-    hands this caller its result or the reader's role."""
+    """One call in flight and the thread waiting for it. `wake` gets one item when the reader
+    hands this caller its result or the reader's role (`done` or `lead`, set first).
+
+    A SimpleQueue rather than a held Lock: on free-threaded CPython a blocked Lock.acquire()
+    first spins (sched_yield, 40 times) while SimpleQueue.get() sleeps at once, and a
+    follower waits for a round trip, far longer than any spin pays for."""
 
     __slots__ = ("deadline", "done", "lead", "result", "signalled", "stream_id", "wake")
 
     def __init__(self, stream_id: int, deadline: float) -> None:
         self.stream_id = stream_id
         self.deadline = deadline
-        self.wake = threading.Lock()
-        self.wake.acquire()
+        self.wake: queue.SimpleQueue[None] = queue.SimpleQueue()
         self.signalled = False
         self.lead = False  # this caller is (to become) the connection's reader
         self.done = False
@@ -76,7 +80,7 @@ class _Waiter:
     def signal(self) -> None:  # under the connection's lock
         if not self.signalled:
             self.signalled = True
-            self.wake.release()
+            self.wake.put(None)
 
     def finish(self, result: CallFinished) -> None:  # under the connection's lock
         if not self.done:
@@ -244,21 +248,23 @@ class _BlockingConnection(ConnectionCore[_Waiter]):
         socket whenever this caller holds the reader's role. Sends the request first."""
         try:
             self.flush(me.deadline)
-            while not me.lead:
-                left = max(me.deadline - time.monotonic(), 0)  # < 0 is an error to acquire()
-                woken = me.wake.acquire(timeout=left) if left != math.inf else me.wake.acquire()
-                with self.lock:
-                    if woken:
-                        me.signalled = False
-                    # Handed the reader's role: _lead returns at once if the result is here too.
-                    if me.done and not me.lead:
-                        return me.result
-                    expired = not (woken or me.lead or me.done)
+            if not me.lead:
+                left = me.deadline - time.monotonic()
+                try:
+                    me.wake.get(timeout=None if left == math.inf else max(left, 0))
+                except queue.Empty:  # the deadline passed, unless a signal came just then
+                    with self.lock:
+                        expired = not (me.lead or me.done)
+                        if expired:
+                            self._abandon(me)
                     if expired:
-                        self._abandon(me)
-                if expired:
-                    self.flush(me.deadline)  # the stream's reset
-                    return None
+                        self.flush(me.deadline)  # the stream's reset
+                        return None
+                # Signalled, so no lock needed: a waiter is signalled once, after `done` or
+                # `lead` is set, and a done waiter has left the table, so `lead` stays as
+                # read. Handed the reader's role: _lead returns at once if the result is here.
+                if not me.lead:
+                    return me.result
             return self._lead(me)
         except BaseException:  # KeyboardInterrupt in the caller: give the call up
             self._interrupted(me)

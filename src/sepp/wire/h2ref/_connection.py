@@ -209,7 +209,7 @@ class H2GrpcConnection(CallTable[_Call]):
         self, event: h2.events.InformationalResponseReceived, out: list[Event]
     ) -> None:
         stream_id = event.stream_id
-        call = self._calls.get(stream_id)
+        call = self._calls[stream_id] if stream_id in self._calls else None
         if call is None:
             return
         call.informational += 1
@@ -223,13 +223,13 @@ class H2GrpcConnection(CallTable[_Call]):
             out.append(StreamCapacityChanged())
 
     def _on_response(self, event: h2.events.ResponseReceived, out: list[Event]) -> None:
-        call = self._calls.get(event.stream_id)
+        call = self._calls[event.stream_id] if event.stream_id in self._calls else None
         if call is not None:
             call.read_headers(event.headers)
             call.response_started()
 
     def _on_trailers(self, event: h2.events.TrailersReceived, out: list[Event]) -> None:
-        call = self._calls.get(event.stream_id)
+        call = self._calls[event.stream_id] if event.stream_id in self._calls else None
         if call is not None:
             call.read_headers(event.headers)
 
@@ -238,7 +238,7 @@ class H2GrpcConnection(CallTable[_Call]):
         # Unary responses are buffered (and size-capped) anyway, so credit the window at once.
         if event.flow_controlled_length:
             self._h2.acknowledge_received_data(event.flow_controlled_length, stream_id)
-        call = self._calls.get(stream_id)
+        call = self._calls[stream_id] if stream_id in self._calls else None
         if call is None or not call.grpc_body:
             # Not a gRPC body (say a proxy's HTML error page): drop it unread; finish() maps
             # the response by its :status or content-type, not by a framing error.
