@@ -200,13 +200,24 @@ def test_the_trio_check_sees_every_form_of_import() -> None:
     assert not imports_trio("from .concurrency import sleep\nimport triolet")
 
 
+# Within `wire`, only the trio driver imports trio: the engines and the drivers' shared core
+# (`_base`, `_core`, `_tls`, `_sending`) have no event loop, so the blocking driver, and a
+# driver for another loop, build on them without it.
+TRIO_IN_WIRE = ("sepp.wire.drivers._trio", "sepp.wire.drivers._waiters")
+
+
+def test_within_wire_only_the_trio_driver_imports_trio() -> None:
+    assert [name for name in trio_importers("sepp.wire") if name not in TRIO_IN_WIRE] == []
+    assert trio_importers("sepp.wire.drivers._trio") == ["sepp.wire.drivers._trio"]
+
+
 # Who may import trio at all. On the client side (`_model`, `_client`, `_payloads`, `wire`) only
 # the trio runtime and the trio driver do: the shared client code reaches trio through the
 # `Runtime` it is given (`_client/runtime.py`). Beyond them, only the Worker's and the
 # Scheduler's seam above, and the command line and `sepp.testing`, trio applications both.
 TRIO_USERS = (
     "sepp._client.trio_runtime",
-    "sepp.wire.drivers",
+    *TRIO_IN_WIRE,
     *TRIO_SEAM,
     "sepp._cli",
     "sepp.testing",

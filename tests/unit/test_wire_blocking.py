@@ -467,7 +467,7 @@ async def test_a_connect_reached_after_the_deadline_is_deadline_exceeded() -> No
 
         def connect_late() -> Outcome:
             try:
-                channel._ready_connection(passed, 0.3)
+                run_blocking(channel._ready_connection(passed, 0.3))
             except RpcError as exc:
                 return exc
             return b"connected"

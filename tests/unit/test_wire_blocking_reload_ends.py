@@ -129,7 +129,9 @@ async def test_calls_answered_before_a_reset_succeed_and_those_above_its_goaway_
             server = await H2Server(answer_then_reset).start(nursery)
             channel = BlockingChannel(Endpoint("127.0.0.1", server.port), user_agent="t")
             try:
-                conn = await trio.to_thread.run_sync(channel._ready_connection, math.inf, None)
+                conn = await trio.to_thread.run_sync(
+                    run_blocking, channel._ready_connection(math.inf, None)
+                )
                 # The first call's thread holds the reader's role but has not read yet.
                 first = await trio.to_thread.run_sync(send, conn, b"a")
                 await server.wait_until(lambda: server.connections[0].closed)

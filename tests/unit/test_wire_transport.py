@@ -583,21 +583,21 @@ async def test_aclose_fails_in_flight_calls_and_refuses_new_ones() -> None:
         assert info.value.kind is FailureKind.CLOSED
 
 
+async def failing_call(channel: Channel, failures: list[RpcError]) -> None:
+    try:
+        await channel.call("Ack", b"x", timeout=5)
+    except RpcError as exc:
+        failures.append(exc)
+
+
 async def test_failed_connect_is_shared_by_the_calls_queued_behind_it() -> None:
     kwargs = {"connect_timeout": 0.3}
     async with serving(echo, silent=True, channel_kwargs=kwargs) as (server, channel):
         failures: list[RpcError] = []
-
-        async def one() -> None:
-            try:
-                await channel.call("Ack", b"x", timeout=5)
-            except RpcError as exc:
-                failures.append(exc)
-
         start = trio.current_time()
         async with trio.open_nursery() as calls:
             for _ in range(5):
-                calls.start_soon(one)
+                calls.start_soon(failing_call, channel, failures)
         assert [(f.code, f.kind) for f in failures] == [
             (StatusCode.UNAVAILABLE, FailureKind.CONNECT)
         ] * 5
@@ -607,6 +607,21 @@ async def test_failed_connect_is_shared_by_the_calls_queued_behind_it() -> None:
         with pytest.raises(RpcError):
             await channel.call("Ack", b"x", timeout=5)
         assert len(server.connections) == 2
+
+
+async def test_a_call_that_comes_while_a_connect_is_under_way_shares_its_failure() -> None:
+    # Not only the calls queued before the attempt began: one connect gate for both drivers.
+    kwargs = {"connect_timeout": 0.3}
+    async with serving(echo, silent=True, channel_kwargs=kwargs) as (server, channel):
+        failures: list[RpcError] = []
+        async with trio.open_nursery() as calls:
+            calls.start_soon(failing_call, channel, failures)
+            await server.wait_until(lambda: len(server.connections) == 1)  # connecting
+            calls.start_soon(failing_call, channel, failures)
+        assert [(f.code, f.kind) for f in failures] == [
+            (StatusCode.UNAVAILABLE, FailureKind.CONNECT)
+        ] * 2
+        assert len(server.connections) == 1  # the second call paid no connect timeout of its own
 
 
 # -- TLS ------------------------------------------------------------------------------------------

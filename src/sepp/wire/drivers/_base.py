@@ -1,7 +1,8 @@
 """What every driver of a GrpcConnection shares: the endpoint, the error a call raises, and one
-unary call's loop: deadline, transparent retry of calls the server never processed, and the
-GOAWAY verdicts. A driver (the trio `Channel`, the blocking `BlockingChannel`) supplies the
-clock and one attempt on a connection.
+unary call's loop: deadline and transparent retry of calls the server never processed. A
+driver (the trio `Channel`, the blocking `BlockingChannel`) supplies the clock and one attempt
+on a connection; the connections themselves are `_core`'s. No event loop here: a driver hands
+these helpers the OS or TLS error itself, unwrapped from its library's own exceptions.
 """
 
 from __future__ import annotations
@@ -14,20 +15,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypedDict
 
-import trio
-
 from .. import _engine
 from .._constants import Header
 from .._engine import GrpcConnection, WireEngine, connection_class
-from .._events import CallFinished, GoAwayReceived
+from .._events import CallFinished
 from .._failure import FailureKind
 from .._status import StatusCode
 
 # How many times in all a call the server provably never processed (FailureKind.unprocessed)
 # is sent; a peer that refuses every stream must not keep a caller busy until its deadline.
 MAX_TRANSPARENT_ATTEMPTS = 8
-_ENHANCE_YOUR_CALM = 0xB
-_TOO_MANY_PINGS = b"too_many_pings"
+CLOSED_REASON = "the client is closed"
 
 
 class Logger(Protocol):
@@ -77,15 +75,6 @@ class Attempt:
     unprocessed: CallFinished | None = None
 
 
-class _StreamHost(Protocol):
-    """What open_stream needs of a driver's connection."""
-
-    proto: GrpcConnection
-    last_started: int
-
-    def die(self, reason: str) -> None: ...
-
-
 class ChannelOptions(TypedDict, total=False):
     """What every channel is built with, besides its endpoint (`user_agent` is required)."""
 
@@ -133,7 +122,6 @@ class ChannelBase:
         self.connections_opened = 0
         self._log: Logger = log if log is not None else logging.getLogger("sepp.wire")
         self._on_transparent_retry = on_transparent_retry
-        self._warned_too_many_pings = False
 
     # -- what a driver supplies -----------------------------------------------------------------
 
@@ -145,10 +133,6 @@ class ChannelBase:
         """Send the call once on a usable connection and return how it finished (None: its own
         deadline passed). When it is a transparent retry, running out of time before it is sent
         fails it as `call.unprocessed`."""
-        raise NotImplementedError
-
-    def _retire(self, conn: object) -> None:
-        """`conn` takes no new calls; the next call opens a new connection."""
         raise NotImplementedError
 
     async def connect(self) -> None:
@@ -247,56 +231,14 @@ class ChannelBase:
         if self._on_transparent_retry is not None:
             self._on_transparent_retry(method, kind)
 
-    def open_stream(self, conn: _StreamHost, call: Attempt, deadline: float, now: float) -> int:
-        """Start `call` on `conn`'s protocol, its grpc-timeout what is left until `deadline`;
-        returns the stream id. A connection that cannot start one is ended (RpcError)."""
-        try:
-            stream_id = conn.proto.start_call(
-                call.method,
-                call.request,
-                timeout=deadline - now if deadline != math.inf else None,
-                metadata=call.metadata,
-            )
-        except Exception as exc:
-            conn.die(f"cannot start a call: {exc!r}")
-            raise RpcError(
-                StatusCode.UNAVAILABLE, conn_reason(exc), FailureKind.CONNECTION
-            ) from exc
-        conn.last_started = stream_id
-        if conn.proto.draining:  # its stream ids ran out: later calls go elsewhere
-            self._retire(conn)
-        return stream_id
-
-    def goaway_received(self, conn: object, event: GoAwayReceived) -> None:
-        self._log.debug(
-            "sepp: server sent GOAWAY (last stream %d, error code %d); draining its connection",
-            event.last_stream_id,
-            event.error_code,
-        )
-        self._retire(conn)
-        interval = self.keepalive_interval
-        if (
-            event.error_code == _ENHANCE_YOUR_CALM
-            and event.debug_data == _TOO_MANY_PINGS
-            and interval is not None
-        ):
-            # gRFC A8: the server thinks we ping too often; back off on later connections.
-            self.keepalive_interval = interval * 2
-            if self._warned_too_many_pings:
-                log = self._log.debug
-            else:
-                self._warned_too_many_pings = True
-                log = self._log.warning
-            log(
-                "sepp: the server ended a connection for too many pings (GOAWAY "
-                "too_many_pings); keepalive interval doubled to %gs",
-                interval * 2,
-            )
-
-    def _connect_timeout_reason(self, connected: bool) -> str:
+    def _connect_timed_out(self, connected: bool) -> RpcError:
+        """The error of a connect that ran out of its connect timeout (`connected`: the
+        socket, and TLS, were up; the server's SETTINGS never came)."""
         if not connected:
-            return f"could not connect within {self._connect_timeout:g}s"
-        return f"the server sent no HTTP/2 SETTINGS within {self._connect_timeout:g}s"
+            reason = f"could not connect within {self._connect_timeout:g}s"
+        else:
+            reason = f"the server sent no HTTP/2 SETTINGS within {self._connect_timeout:g}s"
+        return RpcError(StatusCode.UNAVAILABLE, reason, FailureKind.CONNECT)
 
 
 class EndedBeforeUse(RpcError):
@@ -308,11 +250,16 @@ def ended_before_use(exc: BaseException, *, connected: bool) -> bool:
     """Whether a connect that failed with `exc` met a server ending the connection (reset,
     even as connect() returns; closed once TCP was up, as in a TLS handshake), rather than
     one refusing it or not being there."""
-    if isinstance(exc, trio.BrokenResourceError) and exc.__cause__ is not None:
-        exc = exc.__cause__
     return isinstance(exc, ConnectionResetError) or (
         connected and isinstance(exc, (ConnectionError, ssl.SSLEOFError))
     )
+
+
+def connect_error(exc: BaseException, *, connected: bool) -> RpcError:
+    """What a connect that failed with `exc` (an OSError or ssl.SSLError) raises:
+    EndedBeforeUse when the server ended the connection (it is dialled again), else RpcError."""
+    failure = EndedBeforeUse if ended_before_use(exc, connected=connected) else RpcError
+    return failure(StatusCode.UNAVAILABLE, conn_reason(exc), FailureKind.CONNECT)
 
 
 def unprocessed_error(result: CallFinished) -> RpcError:
@@ -328,7 +275,7 @@ def deadline_exceeded(timeout: float | None) -> RpcError:
 
 
 def closed_error() -> RpcError:
-    return RpcError(StatusCode.UNAVAILABLE, "the client is closed", FailureKind.CLOSED)
+    return RpcError(StatusCode.UNAVAILABLE, CLOSED_REASON, FailureKind.CLOSED)
 
 
 def no_alpn_h2_error() -> RpcError:
@@ -343,8 +290,6 @@ def conn_reason(exc: BaseException) -> str:
     """`Type: message` of what broke, worded the same by both clients: a refused connection
     is `ConnectionRefusedError: [Errno 111] Connection refused` from trio's sockets as from
     the blocking ones."""
-    if isinstance(exc, trio.BrokenResourceError) and exc.__cause__ is not None:
-        exc = exc.__cause__  # trio's wrapper: name what broke
     attempt = _first_attempt(exc)
     if attempt is not None:
         if isinstance(attempt.errno, int) and attempt.errno > 0:
@@ -370,6 +315,4 @@ def _first_attempt(exc: BaseException) -> OSError | None:
 
 
 def describe_io_error(exc: BaseException) -> str:
-    if isinstance(exc, trio.BrokenResourceError) and exc.__cause__ is not None:
-        exc = exc.__cause__
     return f"connection lost: {type(exc).__name__}: {exc}"

@@ -7,8 +7,10 @@ is done it passes the reader's role to another waiting caller. A lone caller thu
 reads its answer itself, with no thread hop. Deadlines are each caller's own (a timed wait);
 keepalive pings go out while a reader waits on a silent connection.
 
-`call`, `connect` and `aclose` are coroutine functions that never suspend: the shared client
-code awaits them, and the blocking front end steps each operation to its end in one go.
+What a connection does with what it reads, and how the channel connects, is the core's
+(`_core`). `call`, `connect` and `aclose` are coroutine functions that never suspend (nor do
+the core's coroutines here, `_connect` and `_connect_turn`): the shared client code awaits
+them, and the blocking front end steps each operation to its end in one go.
 """
 
 from __future__ import annotations
@@ -21,35 +23,27 @@ import socket
 import ssl
 import threading
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
 from .._engine import GrpcConnection
-from .._events import (
-    CallFinished,
-    ConnectionBroken,
-    GoAwayReceived,
-    PingAcknowledged,
-    StreamCapacityChanged,
-)
+from .._events import CallFinished
 from .._failure import FailureKind
-from .._status import StatusCode
 from ._base import (
-    MAX_TRANSPARENT_ATTEMPTS,
+    CLOSED_REASON,
     Attempt,
-    ChannelBase,
     ChannelOptions,
-    EndedBeforeUse,
     Endpoint,
     RpcError,
-    closed_error,
-    conn_reason,
+    connect_error,
     deadline_exceeded,
     describe_io_error,
-    ended_before_use,
     no_alpn_h2_error,
     unprocessed_error,
 )
-from ._sending import Buffers, advance, send_some, take_output
+from ._core import ChannelCore, ConnectionCore
+from ._sending import Buffers, advance, send_some
 from ._tls import HANDSHAKE_EOF, Tls
 
 if TYPE_CHECKING:
@@ -88,10 +82,17 @@ class _Waiter:
             self.signalled = True
             self.wake.put(None)
 
+    def finish(self, result: CallFinished) -> None:  # under the connection's lock
+        if not self.done:
+            self.result = result
+            self.done = True
+            self.signal()
 
-class _BlockingConnection:
+
+class _BlockingConnection(ConnectionCore[_Waiter]):
     """One HTTP/2 connection over a non-blocking socket. `lock` guards the sans-IO connection,
-    the TLS object and the call table; `write_lock` keeps the socket's bytes in order."""
+    the TLS object and the call table (the core's methods run under it); `write_lock` keeps
+    the socket's bytes in order."""
 
     def __init__(
         self,
@@ -100,23 +101,12 @@ class _BlockingConnection:
         proto: GrpcConnection,
         channel: BlockingChannel,
     ) -> None:
+        super().__init__(proto, channel, tls)
         self.sock = sock
-        self.proto = proto
         self.lock = threading.Lock()
         self.write_lock = threading.Lock()
         self.slots = threading.Condition(self.lock)  # callers waiting for a stream slot
-        self.waiters: dict[int, _Waiter] = {}
         self.reading = False
-        self.dead = False
-        self.reason = ""
-        # The socket refused our bytes (reset by the server); the reader empties the receive
-        # buffer before the connection dies (see _send_failed).
-        self.write_failed: str | None = None
-        self.broke_protocol = False  # the server's bytes were not HTTP/2 as it must speak it
-        self.last_started = 0
-        self.written_through = 0  # as in the trio driver: above it, provably never sent
-        self._channel = channel
-        self._tls = tls
         self._poll = select.poll()
         self._poll.register(sock, _POLL_IN)
         self._in_io = 0  # threads inside a socket call: the socket closes when none is
@@ -124,10 +114,6 @@ class _BlockingConnection:
         self._heard_at = time.monotonic()  # when the server last sent anything
         self._ping: bytes | None = None  # an unanswered keepalive ping's payload
         self._ping_sent_at = 0.0
-
-    @property
-    def usable(self) -> bool:
-        return not self.dead and self.write_failed is None and self.proto.usable
 
     # -- sending --------------------------------------------------------------------------------
 
@@ -144,9 +130,9 @@ class _BlockingConnection:
                     return None
                 left = own_deadline - time.monotonic()
                 if left <= 0:
-                    raise deadline_exceeded(None)
+                    raise deadline_exceeded(call.timeout)
                 self.slots.wait(None if left == math.inf else left)
-            stream_id = self._channel.open_stream(self, call, own_deadline, time.monotonic())
+            stream_id = self.open_stream(call, own_deadline, time.monotonic())
             waiter = _Waiter(stream_id, own_deadline)
             self.waiters[stream_id] = waiter
             if not self.reading:
@@ -198,7 +184,7 @@ class _BlockingConnection:
                 if failure is not None:
                     if not sent:  # its requests never left: may go out again
                         self.written_through = written_before
-                    self._send_failed(failure)
+                    self._write_failed(failure)
                     output: Buffers = []
                 else:
                     written_before = self.written_through
@@ -210,26 +196,19 @@ class _BlockingConnection:
                     return
             data = output
 
-    def _send_failed(self, exc: OSError) -> None:
-        """Under the lock: a send failed. A server that resets the connection (nginx ending
-        a TLS connection on reload) may have sent responses and a GOAWAY naming the calls it
-        never processed just before: they wait in the receive buffer, so read them before the
-        calls fail (those answered succeed, those above the GOAWAY go out again)."""
-        failure = describe_io_error(exc)
-        if not isinstance(exc, ConnectionError) or self.write_failed is not None:
-            self.die(failure)  # a stalled server: nothing more will come either
-            return
-        self.write_failed = failure
-        self._channel._retire(self)
-        if not self.reading:  # else the reader reads it all, and meets the end
+    def _read_before_dying(self, reason: str) -> None:
+        """Under the lock, after a failed send: what the server sent before its reset waits in
+        the receive buffer; read it now unless a reader is at it (it reads it all, and meets
+        the end)."""
+        if not self.reading:
             self._read_what_arrived()
-            self.die(failure)
+            self.die(reason)
 
     def _take_output(self) -> Buffers:
         """Under the lock: the bytes for the socket (encrypted with TLS), as buffers to send."""
         if self.dead or self.write_failed is not None:
             return []
-        data = take_output(self.proto, self._tls)
+        data = self._output()
         if data:
             self.written_through = self.last_started
         return data
@@ -378,48 +357,27 @@ class _BlockingConnection:
         if len(data) == _RECEIVE_BYTES and not self.dead:
             self._read_what_arrived()
 
-    def _received(self, data: bytes) -> None:
-        """Under the lock: feed bytes from the socket, deliver what finished."""
+    def _received(self, data: bytes | bytearray) -> bool:
+        """Under the lock: feed bytes from the socket (see ConnectionCore._received)."""
         self._heard_at = time.monotonic()
-        if self._tls is not None:
-            try:
-                data = self._tls.decrypt(data)
-            except ssl.SSLError as exc:  # a broken record: the connection is unusable
-                self.die(describe_io_error(exc))
-                return
-            if not data:
-                return
-        freed = 0
-        for event in self.proto.receive_data(data):
-            if type(event) is CallFinished:
-                waiter = self.waiters.pop(event.stream_id, None)
-                freed += 1
-                if waiter is not None:
-                    waiter.result = event
-                    waiter.done = True
-                    waiter.signal()
-            elif type(event) is StreamCapacityChanged:
-                self.slots.notify_all()
-            elif type(event) is PingAcknowledged:
-                if event.opaque == self._ping:
-                    self._ping = None
-            elif type(event) is GoAwayReceived:
-                self._channel.goaway_received(self, event)
-                self.slots.notify_all()
-            elif type(event) is ConnectionBroken:
-                self.broke_protocol = True
-                self.die(event.reason)
-                return
-        if freed:
-            self.slots.notify(freed)
-        if self.proto.draining and self.proto.active_calls == 0:
-            self.die("connection drained after GOAWAY", goodbye=True)
+        return super()._received(data)
+
+    def _streams_freed(self, capacity_changed: bool, finished: int) -> None:
+        if capacity_changed:
+            self.slots.notify_all()
+        else:
+            self.slots.notify(finished)
+
+    def unpark_all(self) -> None:  # under the lock
+        self.slots.notify_all()
+
+    def _ping_acknowledged(self, opaque: bytes) -> None:
+        if opaque == self._ping:
+            self._ping = None
 
     def _abandon(self, waiter: _Waiter) -> None:
         """Under the lock: the caller gave up (its deadline passed): reset the stream."""
-        waiter.done = True
-        if self.waiters.pop(waiter.stream_id, None) is not None and not self.dead:
-            self.proto.cancel_call(waiter.stream_id)
+        if self._reset_call(waiter):
             self.slots.notify()
 
     # -- keepalive ------------------------------------------------------------------------------
@@ -449,40 +407,10 @@ class _BlockingConnection:
 
     # -- ending ---------------------------------------------------------------------------------
 
-    def die(self, reason: str, *, goodbye: bool = False) -> None:
-        """Under the lock: fail every waiting call with UNAVAILABLE and shut the socket (with a
-        GOAWAY first when `goodbye`)."""
-        if self.dead:
-            return
-        self.dead = True
-        self.reason = reason
-        # Requests still queued are dropped unsent, so their calls may be sent again.
-        self.proto.data_to_send()
-        written = self.written_through
-        for finished in self.proto.connection_lost(reason):
-            if finished.stream_id > written and finished.error_kind is FailureKind.CONNECTION:
-                finished = CallFinished(
-                    finished.stream_id,
-                    StatusCode.UNAVAILABLE,
-                    f"{reason} (before the request was sent)",
-                    None,
-                    FailureKind.UNSENT,
-                )
-            waiter = self.waiters.pop(finished.stream_id, None)
-            if waiter is not None:
-                waiter.result = finished
-                waiter.done = True
-                waiter.signal()
-        for waiter in self.waiters.values():  # defensive: nothing should be left
-            waiter.result = CallFinished(
-                waiter.stream_id, StatusCode.UNAVAILABLE, reason, None, FailureKind.CONNECTION
-            )
-            waiter.done = True
-            waiter.signal()
-        self.waiters.clear()
+    def _ended(self, goodbye: bool) -> None:
+        """Under the lock, from die(): shut the socket (with a GOAWAY first when `goodbye`)."""
         self.slots.notify_all()
-        self._channel.forget(self)
-        if goodbye or reason == _CLOSED:
+        if goodbye or self.reason == CLOSED_REASON:
             self._say_goodbye()
         try:
             self.sock.shutdown(socket.SHUT_RDWR)  # wakes a reader blocked on this socket
@@ -494,9 +422,7 @@ class _BlockingConnection:
         """Best effort: a GOAWAY, if the socket takes it at once."""
         try:
             self.proto.close()
-            data = self.proto.data_to_send()
-            if self._tls is not None:
-                data = self._tls.encrypt(data)
+            data = b"".join(self._output())
             if data and not self._in_io:
                 self.sock.send(data)
         except Exception:
@@ -510,9 +436,6 @@ class _BlockingConnection:
     def close(self, reason: str) -> None:
         with self.lock:
             self.die(reason)
-
-
-_CLOSED = "the client is closed"
 
 
 def _handshake(tls: Tls, sock: socket.socket, deadline: float) -> None:
@@ -535,99 +458,45 @@ def _handshake(tls: Tls, sock: socket.socket, deadline: float) -> None:
         done, data = tls.handshake_step(received)
 
 
-class BlockingChannel(ChannelBase):
+class BlockingChannel(ChannelCore[_BlockingConnection]):
     """Places unary calls from any number of threads on one shared HTTP/2 connection, opening
     a new one when needed."""
 
     def __init__(self, endpoint: Endpoint, **options: Unpack[ChannelOptions]) -> None:
         super().__init__(endpoint, **options)
-        self._current: _BlockingConnection | None = None
-        self._all: set[_BlockingConnection] = set()
         self._connect_lock = threading.Lock()
-        self._connects_ended = 0  # connect attempts that have ended, either way
-        self._connect_failure: RpcError | None = None
 
     def _now(self) -> float:
         return time.monotonic()
 
-    def forget(self, conn: _BlockingConnection) -> None:
-        if self._current is conn:
-            self._current = None
-        if conn.dead:
-            self._all.discard(conn)
-
-    def _retire(self, conn: object) -> None:
-        assert isinstance(conn, _BlockingConnection)
-        self.forget(conn)
+    @asynccontextmanager
+    async def _connect_turn(
+        self, own_deadline: float, timeout: float | None
+    ) -> AsyncIterator[None]:
+        left = max(own_deadline - time.monotonic(), 0)
+        if not self._connect_lock.acquire(timeout=left if left != math.inf else -1):
+            raise deadline_exceeded(timeout)
+        try:
+            yield
+        finally:
+            self._connect_lock.release()
 
     async def _attempt(self, call: Attempt) -> CallFinished | None:
         while True:
             conn = self._current
             try:
                 if conn is None or not conn.usable:
-                    conn = self._ready_connection(call.own_deadline, call.timeout)
+                    conn = await self._ready_connection(call.own_deadline, call.timeout)
                 waiter = conn.start(call)
             except RpcError as exc:
-                if exc.kind is FailureKind.DEADLINE:
-                    if call.unprocessed is not None:
-                        # Nothing of this call was ever processed: say so, not "deadline".
-                        raise unprocessed_error(call.unprocessed) from None
-                    raise deadline_exceeded(call.timeout) from None
+                if exc.kind is FailureKind.DEADLINE and call.unprocessed is not None:
+                    # Nothing of this call was ever processed: say so, not "deadline".
+                    raise unprocessed_error(call.unprocessed) from None
                 raise
             if waiter is not None:
                 return conn.wait(waiter)
 
-    async def connect(self) -> None:
-        """Open a connection now (calls otherwise connect on first use); raises RpcError."""
-        self._ready_connection(math.inf, None)
-
-    def _ready_connection(self, own_deadline: float, timeout: float | None) -> _BlockingConnection:
-        conn = self._current
-        if conn is not None and conn.usable:
-            return conn
-        ended = self._connects_ended
-        left = max(own_deadline - time.monotonic(), 0)
-        if not self._connect_lock.acquire(timeout=left if left != math.inf else -1):
-            raise deadline_exceeded(timeout)
-        try:
-            conn = self._current
-            if conn is not None and conn.usable:
-                return conn
-            failure = self._connect_failure
-            if failure is not None and self._connects_ended != ended:
-                # An attempt under way (or queued) when we came just failed: share its verdict.
-                raise RpcError(failure.code, failure.details, failure.kind)
-            self._connect_failure = None
-            try:
-                conn = self._dial(own_deadline, timeout)
-            except RpcError as exc:
-                if exc.kind is not FailureKind.DEADLINE:
-                    self._connect_failure = exc
-                raise
-            finally:
-                self._connects_ended += 1
-            self._all.add(conn)  # before the check: a close() from now on closes it too
-            if self._closed:  # close() ran while we were connecting
-                conn.close(_CLOSED)
-                raise closed_error()
-            self._current = conn
-            return conn
-        finally:
-            self._connect_lock.release()
-
-    def _dial(self, own_deadline: float, timeout: float | None) -> _BlockingConnection:
-        """`_connect`, again if the server ends the new connection before any call went on it
-        (an nginx worker exiting on reload took it): nothing was sent, so dialing is safe."""
-        for _ in range(MAX_TRANSPARENT_ATTEMPTS - 1):
-            try:
-                return self._connect(own_deadline, timeout)
-            except EndedBeforeUse:
-                pass
-        return self._connect(own_deadline, timeout)
-
-    def _connect(self, own_deadline: float, timeout: float | None) -> _BlockingConnection:
-        if self._closed:
-            raise closed_error()
+    async def _connect(self, own_deadline: float, timeout: float | None) -> _BlockingConnection:
         ep = self.endpoint
         limit = time.monotonic() + self._connect_timeout
         deadline = min(limit, own_deadline)
@@ -653,49 +522,29 @@ class BlockingChannel(ChannelBase):
             # limit is unknown, and a peer that never sends it is not an HTTP/2 server.
             while not proto.remote_settings_received:
                 if conn.dead:
-                    raise _connect_failure(conn)
+                    raise conn.died_connecting()
                 if not _wait_for(sock, _POLL_IN, deadline):
                     raise TimeoutError
                 with conn.lock:
                     conn._read_what_arrived()
                 conn.flush()
             if conn.dead:
-                raise _connect_failure(conn)
+                raise conn.died_connecting()
         except RpcError:
             _close_quietly(sock)
             raise
         except TimeoutError:
             _close_quietly(sock)
             if time.monotonic() >= limit or own_deadline > limit:
-                reason = self._connect_timeout_reason(connected)
-                raise RpcError(StatusCode.UNAVAILABLE, reason, FailureKind.CONNECT) from None
+                raise self._connect_timed_out(connected) from None
             raise deadline_exceeded(timeout) from None
         except (OSError, ssl.SSLError) as exc:
             _close_quietly(sock)
-            ended = ended_before_use(exc, connected=connected)
-            failure = EndedBeforeUse if ended else RpcError
-            raise failure(StatusCode.UNAVAILABLE, conn_reason(exc), FailureKind.CONNECT) from exc
+            raise connect_error(exc, connected=connected) from exc
         except BaseException:
             _close_quietly(sock)
             raise
-        self.connections_opened += 1
         return conn
-
-    async def aclose(self) -> None:
-        self.close()
-
-    def close(self) -> None:
-        """Fail in-flight calls, close every connection, refuse new calls."""
-        self._closed = True
-        for conn in list(self._all):
-            conn.close(_CLOSED)
-        self._all.clear()
-        self._current = None
-
-
-def _connect_failure(conn: _BlockingConnection) -> RpcError:
-    kind = RpcError if conn.broke_protocol else EndedBeforeUse
-    return kind(StatusCode.UNAVAILABLE, conn.reason, FailureKind.CONNECT)
 
 
 def _wait_for(sock: socket.socket, events: int, deadline: float) -> bool:

@@ -1,7 +1,8 @@
 """The trio driver for GrpcConnection: TCP/TLS, one reader, direct writes with a writer task
-for what the socket cannot take at once, keepalive, call deadlines, and reconnect-on-next-call.
-Every socket, ssl, h2 and trio failure is mapped here, once, to `RpcError`; background tasks
-never raise into the caller's code.
+for what the socket cannot take at once, keepalive and call deadlines; what a connection does
+with what it reads, and how the channel connects, is the core's (`_core`). Every socket, ssl,
+h2 and trio failure is mapped to `RpcError`; background tasks never raise into the caller's
+code.
 """
 
 from __future__ import annotations
@@ -14,32 +15,24 @@ from typing import TYPE_CHECKING
 import trio
 
 from .._engine import GrpcConnection
-from .._events import (
-    CallFinished,
-    ConnectionBroken,
-    GoAwayReceived,
-    PingAcknowledged,
-    StreamCapacityChanged,
-)
+from .._events import CallFinished
 from .._failure import FailureKind
-from .._status import StatusCode
 from ._base import MAX_TRANSPARENT_ATTEMPTS as MAX_TRANSPARENT_ATTEMPTS
 from ._base import (
     Attempt,
-    ChannelBase,
     ChannelOptions,
-    EndedBeforeUse,
     Endpoint,
     RpcError,
     closed_error,
     conn_reason,
+    connect_error,
     deadline_exceeded,
-    ended_before_use,
     no_alpn_h2_error,
 )
 from ._base import describe_io_error as _describe_io_error
 from ._base import unprocessed_error as _unprocessed_error
-from ._sending import Buffers, advance, send_some, take_output
+from ._core import ChannelCore, ConnectionCore
+from ._sending import Buffers, advance, send_some
 from ._tls import HANDSHAKE_EOF, Tls
 
 if TYPE_CHECKING:
@@ -55,7 +48,7 @@ _GOAWAY_FLUSH_S = 0.25
 _READ_AFTER_WRITE_FAILURE_S = 1.0
 
 
-class _Connection:
+class _Connection(ConnectionCore[Waiter]):
     """One live HTTP/2 connection and the tasks that drive it."""
 
     def __init__(
@@ -65,37 +58,19 @@ class _Connection:
         channel: Channel,
         tls: Tls | None = None,
     ) -> None:
+        super().__init__(proto, channel, tls)
         self.stream = stream
-        self.proto = proto
-        self._tls = tls
-        self.waiters: dict[int, Waiter] = {}
         self.deadlines = Deadlines(self._expire)
         self.slots = trio.lowlevel.ParkingLot()
         self.cancel_scope = trio.CancelScope()
-        self.dead = False
-        self.reason = ""
-        # The socket refused our bytes (reset by the server): no new calls, and the reader
-        # takes in what is left to read before the connection dies (see _write_failed).
-        self.write_failed: str | None = None
-        self.broke_protocol = False  # the server's bytes were not HTTP/2 as it must speak it
         # Set once the server's SETTINGS arrived (or the connection died before that).
         self.ready = trio.Event()
-        self._channel = channel
         self._wake = trio.Event()
         # Bytes the socket did not take at once; while any wait, only the writer task sends.
         self._backlog: Buffers = []
         self._writing = False
         self._raw = _raw_socket(stream)
         self._ping_acks: dict[bytes, trio.Event] = {}
-        # The newest stream started, and the newest whose request bytes went (at least in part)
-        # to the socket: when the connection dies, the calls above `written_through` provably
-        # never left this client, and may go out again on another connection.
-        self.last_started = 0
-        self.written_through = 0
-
-    @property
-    def usable(self) -> bool:
-        return not self.dead and self.write_failed is None and self.proto.usable
 
     def flush(self, *, direct: bool = True) -> None:
         """Send what the connection has queued: straight from the calling task when the socket
@@ -138,10 +113,6 @@ class _Connection:
             with trio.CancelScope(shield=True):
                 await self._close_stream()
 
-    def _output(self) -> Buffers:
-        """What the engine queued for the socket (encrypted with TLS), as buffers to send."""
-        return take_output(self.proto, self._tls)
-
     async def _send_all(self, data: Buffers) -> None:
         """Send every buffer, waiting while the socket is full (the writer task's write)."""
         raw = self._raw
@@ -170,48 +141,34 @@ class _Connection:
             self._raw.close()
         await trio.aclose_forcefully(self.stream)
 
-    def die(self, reason: str) -> None:
-        """Fail every waiting call with UNAVAILABLE and stop this connection's tasks."""
-        if self.dead:
-            return
-        self.dead = True
-        self.reason = reason
+    def _ended(self, goodbye: bool) -> None:
+        # run() sends a GOAWAY and closes the stream as its tasks end.
         self.ready.set()
-        # Requests still queued in the engine are dropped unsent (only the GOAWAY that
-        # _close_stream queues goes out), so the calls they belong to may be sent again.
-        self.proto.data_to_send()
-        written = self.written_through
-        for finished in self.proto.connection_lost(reason):
-            if finished.stream_id > written and finished.error_kind is FailureKind.CONNECTION:
-                finished = CallFinished(
-                    finished.stream_id,
-                    StatusCode.UNAVAILABLE,
-                    f"{reason} (before the request was sent)",
-                    None,
-                    FailureKind.UNSENT,
-                )
-            self._deliver(finished)
-        for waiter in self.waiters.values():  # defensive: nothing should be left
-            waiter.finish(
-                CallFinished(
-                    waiter.stream_id, StatusCode.UNAVAILABLE, reason, None, FailureKind.CONNECTION
-                )
-            )
-        self.waiters.clear()
         self.slots.unpark_all()
         self.cancel_scope.cancel()
-        self._channel.forget(self)
 
-    def _deliver(self, finished: CallFinished) -> None:
-        waiter = self.waiters.pop(finished.stream_id, None)
-        if waiter is not None:
-            waiter.finish(finished)
+    def unpark_all(self) -> None:
+        self.slots.unpark_all()
+
+    def _streams_freed(self, capacity_changed: bool, finished: int) -> None:
+        if capacity_changed:
+            if self.proto.remote_settings_received:
+                self.ready.set()
+            self.wake_parked()
+
+    def _ping_acknowledged(self, opaque: bytes) -> None:
+        ack = self._ping_acks.pop(opaque, None)
+        if ack is not None:
+            ack.set()
+
+    def _read_before_dying(self, reason: str) -> None:
+        # The reader takes in what is left until it meets the reset; the writer stops writing
+        # and ends the connection after _READ_AFTER_WRITE_FAILURE_S.
+        self._wake.set()
 
     def abandon(self, waiter: Waiter) -> None:
         """The caller gave up (cancelled, or its deadline passed): reset the stream."""
-        waiter.done = True
-        if self.waiters.pop(waiter.stream_id, None) is not None and not self.dead:
-            self.proto.cancel_call(waiter.stream_id)
+        if self._reset_call(waiter):
             self.flush()
             self.wake_parked()
 
@@ -257,36 +214,11 @@ class _Connection:
                 if not data:
                     self.die("connection closed by the server")
                     return
-                if self._tls is not None:
-                    data = self._tls.decrypt(data)  # ssl.SSLError: a broken record
-                    if not data:
-                        continue
-                capacity_changed = False
-                for event in self.proto.receive_data(bytes(data)):
-                    if type(event) is CallFinished:
-                        self._deliver(event)
-                    elif type(event) is StreamCapacityChanged:
-                        capacity_changed = True
-                        if self.proto.remote_settings_received:
-                            self.ready.set()
-                    elif type(event) is PingAcknowledged:
-                        ack = self._ping_acks.pop(event.opaque, None)
-                        if ack is not None:
-                            ack.set()
-                    elif type(event) is GoAwayReceived:
-                        self._channel.goaway_received(self, event)
-                    elif type(event) is ConnectionBroken:
-                        self.broke_protocol = True
-                        self.die(event.reason)
-                        return
-                if capacity_changed:
-                    self.wake_parked()
-                if self.proto.draining and self.proto.active_calls == 0:
-                    self.die("connection drained after GOAWAY")
+                if not self._received(data):
                     return
                 self.flush()
         except Exception as exc:
-            self.die(_describe_io_error(exc))
+            self.die(_describe_io_error(_cause(exc)))
 
     async def _writer(self) -> None:
         try:
@@ -303,25 +235,10 @@ class _Connection:
                     await self._send_all(data)
                 self._writing = False
         except Exception as exc:
-            self._write_failed(exc)
+            self._write_failed(_cause(exc))
         if self.write_failed is not None:
             await trio.sleep(_READ_AFTER_WRITE_FAILURE_S)
             self.die(self.write_failed)
-
-    def _write_failed(self, exc: BaseException) -> None:
-        """A write failed. A server that reset the connection (nginx ending a TLS connection
-        on reload) may have sent answers and a GOAWAY naming the calls it never processed just
-        before: the connection takes no new calls, and the reader takes those in (the answered
-        calls succeed, those above the GOAWAY go out again) until it meets the reset, or the
-        writer ends the connection after _READ_AFTER_WRITE_FAILURE_S."""
-        reason = _describe_io_error(exc)
-        cause = exc.__cause__ if isinstance(exc, trio.BrokenResourceError) else exc
-        if not isinstance(cause, ConnectionError) or self.write_failed is not None:
-            self.die(reason)  # a stalled or broken socket: nothing more will come either
-            return
-        self.write_failed = reason
-        self._channel._retire(self)
-        self._wake.set()  # the writer stops writing and keeps the time
 
     async def _keepalive(self) -> None:
         interval = self._channel.keepalive_interval
@@ -345,6 +262,13 @@ class _Connection:
                 return
 
 
+def _cause(exc: BaseException) -> BaseException:
+    """What broke under trio's BrokenResourceError wrapper (the OSError or ssl.SSLError)."""
+    if isinstance(exc, trio.BrokenResourceError) and exc.__cause__ is not None:
+        return exc.__cause__
+    return exc
+
+
 def _raw_socket(stream: trio.abc.Stream) -> socket.socket | None:
     """A non-blocking stdlib twin of a TCP stream's socket, for sending without a task switch
     (TLS too: its records are encrypted before they reach the socket)."""
@@ -359,7 +283,7 @@ def _raw_socket(stream: trio.abc.Stream) -> socket.socket | None:
     return raw
 
 
-class Channel(ChannelBase):
+class Channel(ChannelCore[_Connection]):
     """Places unary calls on one shared HTTP/2 connection, opening a new one when needed;
     its connections' tasks run in `nursery`."""
 
@@ -368,29 +292,13 @@ class Channel(ChannelBase):
     ) -> None:
         super().__init__(endpoint, **options)
         self._nursery = nursery
-        self._current: _Connection | None = None
-        self._all: set[_Connection] = set()
         self._connect_lock = trio.Lock()
-        self._connect_attempts = 0
-        # (code, details, kind) of the latest connect attempt, if it failed
-        self._connect_failure: tuple[StatusCode, str, FailureKind | None] | None = None
 
     def _now(self) -> float:
         return trio.current_time()
 
-    def forget(self, conn: _Connection) -> None:
-        """Stop placing new calls on `conn` (GOAWAY or death)."""
-        if self._current is conn:
-            self._current = None
-        if conn.dead:
-            self._all.discard(conn)
-
-    def _retire(self, conn: object) -> None:
-        """`conn` takes no new calls: the next call opens one new connection, and the callers
-        parked for a stream on `conn` move to it; `conn`'s own calls finish where they are."""
-        assert isinstance(conn, _Connection)
-        self.forget(conn)
-        conn.slots.unpark_all()
+    def _connect_turn(self, own_deadline: float, timeout: float | None) -> trio.Lock:
+        return self._connect_lock  # the caller's cancel scope bounds the wait
 
     async def _attempt(self, call: Attempt) -> CallFinished | None:
         conn = self._current
@@ -407,7 +315,7 @@ class Channel(ChannelBase):
             await trio.lowlevel.checkpoint_if_cancelled()
         own_deadline = call.own_deadline
         deadline = min(own_deadline, trio.current_effective_deadline())
-        stream_id = self.open_stream(conn, call, deadline, trio.current_time())
+        stream_id = conn.open_stream(call, deadline, trio.current_time())
         waiter = Waiter(stream_id, own_deadline)
         waiters = conn.waiters
         waiters[stream_id] = waiter
@@ -429,51 +337,8 @@ class Channel(ChannelBase):
             return conn
         raise deadline_exceeded(timeout)
 
-    async def connect(self) -> None:
-        """Open a connection now (calls otherwise connect on first use); raises RpcError."""
-        await self._ready_connection()
-
-    async def _ready_connection(self) -> _Connection:
-        conn = self._current
-        if conn is not None and conn.usable:
-            return conn
-        attempt = self._connect_attempts
-        async with self._connect_lock:
-            conn = self._current
-            if conn is not None and conn.usable:
-                return conn
-            failure = self._connect_failure
-            if failure is not None and self._connect_attempts != attempt:
-                # An attempt made while we queued for the lock just failed: share its verdict
-                # instead of queueing up one more full connect timeout per waiting call.
-                raise RpcError(*failure)
-            self._connect_attempts += 1
-            self._connect_failure = None
-            try:
-                conn = await self._dial()
-            except RpcError as exc:
-                self._connect_failure = (exc.code, exc.details, exc.kind)
-                raise
-            if self._closed:  # aclose() ran while we were connecting
-                conn.die("the client is closed")
-                raise closed_error()
-            self._current = conn
-            self._all.add(conn)
-            return conn
-
-    async def _dial(self) -> _Connection:
-        """`_connect`, again if the server ends the new connection before any call went on it
-        (an nginx worker exiting on reload took it): nothing was sent, so dialling is safe."""
-        for _ in range(MAX_TRANSPARENT_ATTEMPTS - 1):
-            try:
-                return await self._connect()
-            except EndedBeforeUse:
-                pass
-        return await self._connect()
-
-    async def _connect(self) -> _Connection:
-        if self._closed:
-            raise closed_error()
+    async def _connect(self, own_deadline: float, timeout: float | None) -> _Connection:
+        # The call's own deadline reaches this through the caller's cancel scope.
         ep = self.endpoint
         stream: trio.abc.Stream | None = None
         conn: _Connection | None = None
@@ -500,34 +365,22 @@ class Channel(ChannelBase):
                 # not an HTTP/2 server. (grpc-go also waits for it before using a connection.)
                 await conn.ready.wait()
                 if conn.dead:
-                    failure = RpcError if conn.broke_protocol else EndedBeforeUse
-                    raise failure(StatusCode.UNAVAILABLE, conn.reason, FailureKind.CONNECT)
+                    raise conn.died_connecting()
         except trio.TooSlowError:
-            reason = self._connect_timeout_reason(connected=conn is not None)
-            await _abandon_connect(stream, conn, reason)
-            raise RpcError(StatusCode.UNAVAILABLE, reason, FailureKind.CONNECT) from None
+            failure = self._connect_timed_out(connected=conn is not None)
+            await _abandon_connect(stream, conn, failure.details)
+            raise failure from None
         except RpcError as exc:
             await _abandon_connect(stream, conn, exc.details)
             raise
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError, ssl.SSLError) as exc:
-            await _abandon_connect(stream, conn, conn_reason(exc))
-            ended = ended_before_use(exc, connected=stream is not None)
-            failure = EndedBeforeUse if ended else RpcError
-            raise failure(StatusCode.UNAVAILABLE, conn_reason(exc), FailureKind.CONNECT) from exc
+            await _abandon_connect(stream, conn, conn_reason(_cause(exc)))
+            raise connect_error(_cause(exc), connected=stream is not None) from exc
         except BaseException:
             # Cancelled mid-connect (the caller's deadline or scope): do not leak the socket.
             await _abandon_connect(stream, conn, "connect cancelled")
             raise
-        self.connections_opened += 1
         return conn
-
-    async def aclose(self) -> None:
-        """Fail in-flight calls, close every connection, refuse new calls."""
-        self._closed = True
-        for conn in list(self._all):
-            conn.die("the client is closed")
-        self._all.clear()
-        self._current = None
 
 
 async def _handshake(tls: Tls, stream: trio.abc.Stream) -> None:
