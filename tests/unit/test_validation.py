@@ -6,7 +6,7 @@ import string
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 import sepp
@@ -222,6 +222,7 @@ def test_garbage_in_a_host_is_refused_and_never_gets_a_port_appended(
     assert parse_address(host).port == 50051  # the host alone is fine
     cut = at % (len(host) + 1)
     text = host[:cut] + junk + host[cut:]
+    assume(text.rstrip("/") != host)  # a trailing slash (`host/`, as in a URL) is allowed
     if port is not None:
         text += f":{port}"
     with pytest.raises(sepp.ValidationError) as info:
