@@ -9,8 +9,9 @@ import ssl
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, overload
+from typing import overload
 
+from .._model import message_codec
 from .._model import validate as v
 from .._model.errors import (
     BatchValidationError,
@@ -49,13 +50,6 @@ from .options import ConnectOptions
 from .retry import RetryPolicy, call_with_retry
 from .runtime import Runtime, TaskGroup
 from .trio_runtime import TRIO
-
-if TYPE_CHECKING:
-    from .._pb import queue_pb2 as pb
-else:  # protobuf loads when a client connects, not with `import sepp`
-    from .._util.lazy import lazy_module
-
-    pb = lazy_module("sepp._pb.queue_pb2")
 
 _FORKED_HINT = (
     "Open a new client in the child, in its own trio.run (the parent's trio.run and the"
@@ -113,9 +107,9 @@ class Client:
             raise error_from_status(
                 exc.code, exc.details, kind=exc.kind, addr=self._address
             ) from None
-        # The message classes are needed by every call: load them now rather than in the
-        # first one (about 25 ms), while the application is still starting up.
-        pb.DESCRIPTOR  # noqa: B018
+        # What the message codec needs (protobuf's classes: about 25 ms) loads now rather
+        # than in the first call, while the application is still starting up.
+        message_codec.preload()
         if self._validate_locally and self._nursery is not None:
             self._limits.start(self._nursery)  # so the first enqueue need not wait for them
 

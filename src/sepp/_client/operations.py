@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .._model import convert as cv
+from .._model import message_codec as mc
 from .._model import validate as v
-from .._model.errors import BatchValidationError, MalformedResponseError, SeppError, ValidationError
-from .._model.rejections import BatchRejection, JobRejection
+from .._model.errors import MalformedResponseError, SeppError, ValidationError
+from .._model.rejections import JobRejection
 from .._model.types import (
     CustomValue,
     DeadLetterRecord,
@@ -28,6 +28,7 @@ from .._model.types import (
     TraceContext,
     record_lease_expiry,
 )
+from .._model.wire_format import DecodeError
 from .._util.log import Log
 from ..wire._status import StatusCode
 from .chunking import SERVER_MAX_MESSAGE_BYTES
@@ -35,14 +36,8 @@ from .retry import RETRYABLE
 
 if TYPE_CHECKING:
     from .._model.errors import CallKind
-    from .._pb import queue_pb2 as pb
-else:  # protobuf loads when a client connects, not with `import sepp`
-    from .._util.lazy import lazy_module
-
-    pb = lazy_module("sepp._pb.queue_pb2")
 
 T = TypeVar("T")
-M = TypeVar("M")
 
 # A Reserve's deadline is its long-poll wait plus this much slack.
 RESERVE_DEADLINE_SLACK_S = 10.0
@@ -138,27 +133,24 @@ def enqueue_batch_call(
 ) -> Call:
     return Call(
         "EnqueueBatch",
-        cv.enqueue_batch_to_pb(requests, trace_context),
+        mc.REQUESTS.enqueue_batch(requests, trace_context),
         ambiguous_retry_safe=all_keyed(requests),
         label=label,
     )
 
 
 def read_enqueue_batch(body: bytes, count: int) -> list[EnqueueAck | JobRejection]:
-    try:
-        return cv.batch_results_from_pb(body, count)
-    except Exception as exc:
-        raise MalformedResponseError(f"EnqueueBatch: {exc}") from exc
+    return read(lambda b: mc.RESPONSES.batch_results(b, count), body, "EnqueueBatch")
 
 
 def read_enqueue_one(body: bytes) -> EnqueueAck | JobRejection:
-    return convert(cv.single_result_from_pb, body, "EnqueueBatch")
+    return read(mc.RESPONSES.single_result, body, "EnqueueBatch")
 
 
 def enqueue_atomic_call(
     requests: Sequence[EnqueueRequest], trace_context: TraceContext | None = None
 ) -> Call:
-    request = cv.enqueue_batch_to_pb(requests, trace_context)
+    request = mc.REQUESTS.enqueue_batch(requests, trace_context)
     if len(request) > SERVER_MAX_MESSAGE_BYTES:
         raise ValidationError(
             "jobs",
@@ -171,22 +163,7 @@ def enqueue_atomic_call(
 
 def read_enqueue_atomic(body: bytes, count: int) -> list[EnqueueAck]:
     """Every job's ack, or BatchValidationError naming the jobs the server refused."""
-    msg = parse(pb.EnqueueAtomicResponse, body, "EnqueueAtomic")
-    which = msg.WhichOneof("outcome")
-    if which == "rejection":
-        raise BatchValidationError(
-            [
-                BatchRejection(e.index, cv.rejection_from_pb(e.rejection))
-                for e in msg.rejection.errors
-            ]
-        )
-    if which != "success":
-        raise MalformedResponseError("EnqueueAtomic: response has no outcome")
-    if len(msg.success.responses) != count:
-        raise MalformedResponseError(
-            f"EnqueueAtomic: expected {count} results, got {len(msg.success.responses)}"
-        )
-    return [convert(cv.ack_from_pb, r, "EnqueueAtomic") for r in msg.success.responses]
+    return read(lambda b: mc.RESPONSES.atomic_acks(b, count), body, "EnqueueAtomic")
 
 
 def all_keyed(requests: Sequence[EnqueueRequest]) -> bool:
@@ -217,22 +194,15 @@ def reserve_call(
     if max_jobs is not None:
         v.whole_number("max_jobs", max_jobs, low=1, high=v.UINT32_MAX)
     v.optional_text("worker_id", worker_id)
-    msg = pb.ReserveRequest(queues=names)
-    cv.duration_to_pb(wait_s, msg.wait_timeout)
-    cv.duration_to_pb(lease_s, msg.lease_duration)
-    if worker_id is not None:
-        msg.worker_id = worker_id
-    if max_jobs is not None:
-        msg.max_jobs = max_jobs
+    encode = mc.REQUESTS.reserve
 
     def remaining_wait(elapsed_s: float) -> bytes:
         # The server never saw the first attempt (GOAWAY, refused): wait only what is left.
-        cv.duration_to_pb(max(0.0, wait_s - elapsed_s), msg.wait_timeout)
-        return msg.SerializeToString()
+        return encode(names, max(0.0, wait_s - elapsed_s), lease_s, worker_id, max_jobs)
 
     call = Call(
         "Reserve",
-        msg.SerializeToString(),
+        encode(names, wait_s, lease_s, worker_id, max_jobs),
         retryable=NEVER_RETRIED,
         kind="reserve",
         timeout_s=wait_s + RESERVE_DEADLINE_SLACK_S,
@@ -244,64 +214,50 @@ def reserve_call(
 def read_reserve(body: bytes, worker_id: str | None, log: Log, client: Any = None) -> list[Job]:
     """The jobs reserved; `client` is what their contexts give handlers as `ctx.client`."""
     jobs: list[Job] = []
-    for job_msg in parse(pb.ReserveResponse, body, "Reserve").jobs:
+    codec = mc.RESPONSES
+    for fields in read(codec.reserved_jobs, body, "Reserve"):
         try:
-            jobs.append(cv.job_from_pb(job_msg, worker_id, client))
+            jobs.append(codec.job(fields, worker_id, client))
         except Exception as exc:  # one bad job must not cost the others
             log.warning("sepp: skipping a malformed job from Reserve: %s", exc)
     return jobs
 
 
 def ack_call(ctx: JobContext) -> Call:
-    msg = pb.AckRequest(job_id=job_context(ctx).id, attempt=ctx.attempt)
-    if ctx.worker_id is not None:
-        msg.worker_id = ctx.worker_id
-    return Call("Ack", msg.SerializeToString(), kind="lease")
+    request = mc.REQUESTS.ack(job_context(ctx).id, ctx.attempt, ctx.worker_id)
+    return Call("Ack", request, kind="lease")
 
 
 def read_ack(body: bytes) -> None:
-    parse(pb.AckResponse, body, "Ack")
+    read(mc.RESPONSES.ack_response, body, "Ack")
 
 
 def nack_call(ctx: JobContext, reason: str | None, retry: Retry) -> Call:
-    msg = pb.NackRequest(job_id=job_context(ctx).id, attempt=ctx.attempt)
+    job_id = job_context(ctx).id
     if not isinstance(retry, Retry):
         raise ValidationError(
             "retry", "must be Retry.DEFAULT, Retry.after(...) or Retry.DEAD_LETTER"
         )
     if reason:
-        msg.reason = v.utf8_text("reason", reason)
-    if retry.kind == "delay" and retry.delay is not None:
-        cv.duration_to_pb(retry.delay.total_seconds(), msg.retry.delay)
-    elif retry.kind == "dead_letter":
-        msg.retry.dead_letter.SetInParent()
-    else:
-        msg.retry.default.SetInParent()
-    if ctx.worker_id is not None:
-        msg.worker_id = ctx.worker_id
-    return Call("Nack", msg.SerializeToString(), kind="lease")
+        v.utf8_text("reason", reason)
+    request = mc.REQUESTS.nack(job_id, ctx.attempt, reason, retry, ctx.worker_id)
+    return Call("Nack", request, kind="lease")
 
 
 def read_nack(body: bytes) -> bool:
     """Whether the server dead-lettered the job."""
-    return parse(pb.NackResponse, body, "Nack").dead_lettered
+    return read(mc.RESPONSES.nack_dead_lettered, body, "Nack")
 
 
 def extend_call(ctx: JobContext, lease_duration: float | timedelta) -> Call:
     lease_s = v.seconds("lease_duration", lease_duration)
-    msg = pb.ExtendRequest(job_id=job_context(ctx).id, attempt=ctx.attempt)
-    cv.duration_to_pb(lease_s, msg.lease_duration)
-    if ctx.worker_id is not None:
-        msg.worker_id = ctx.worker_id
-    return Call("Extend", msg.SerializeToString(), kind="lease")
+    request = mc.REQUESTS.extend(job_context(ctx).id, ctx.attempt, lease_s, ctx.worker_id)
+    return Call("Extend", request, kind="lease")
 
 
 def read_extend(body: bytes, ctx: JobContext) -> datetime:
     """The new lease expiry, also recorded on `ctx`."""
-    response = parse(pb.ExtendResponse, body, "Extend")
-    if not response.HasField("lease_expires_at"):
-        raise MalformedResponseError("Extend: response has no lease_expires_at")
-    expires = convert(cv.timestamp_from_pb, response.lease_expires_at, "Extend")
+    expires = read(mc.RESPONSES.extended_until, body, "Extend")
     record_lease_expiry(ctx, expires)
     return expires
 
@@ -320,17 +276,18 @@ def drain_dead_letters_call(queue: str | None, max: int) -> Call | None:
     v.whole_number("max", max, low=0, high=v.UINT32_MAX)
     if max == 0:
         return None
-    msg = pb.DrainDeadLettersRequest(max=max)
     if queue is not None:
-        msg.queue = v.queue_name("queue", queue)
-    return Call("DrainDeadLetters", msg.SerializeToString(), retryable=NEVER_RETRIED)
+        v.queue_name("queue", queue)
+    request = mc.REQUESTS.drain_dead_letters(queue, max)
+    return Call("DrainDeadLetters", request, retryable=NEVER_RETRIED)
 
 
 def read_drain_dead_letters(body: bytes, log: Log) -> list[DeadLetterRecord]:
     records: list[DeadLetterRecord] = []
-    for record in parse(pb.DrainDeadLettersResponse, body, "DrainDeadLetters").records:
+    codec = mc.RESPONSES
+    for record in read(codec.dead_letter_records, body, "DrainDeadLetters"):
         try:
-            records.append(cv.dead_letter_from_pb(record))
+            records.append(codec.dead_letter(record))
         except Exception as exc:
             log.warning("sepp: skipping a malformed dead-letter record: %s", exc)
     return records
@@ -340,24 +297,19 @@ SERVER_INFO_CALL = Call("GetServerInfo", b"")
 
 
 def read_server_info(body: bytes) -> ServerInfo:
-    msg = parse(pb.GetServerInfoResponse, body, "GetServerInfo")
-    return convert(cv.server_info_from_pb, msg, "GetServerInfo")
+    return read(mc.RESPONSES.server_info, body, "GetServerInfo")
 
 
 # -- reading --------------------------------------------------------------------------------
 
 
-def parse(cls: type[M], body: bytes, method: str) -> M:
+def read(reader: Callable[[bytes], T], body: bytes, method: str) -> T:
+    """`reader(body)`, its failures as MalformedResponseError naming the call."""
     try:
-        return cls.FromString(body)  # type: ignore[attr-defined,no-any-return]
-    except Exception as exc:
-        raise MalformedResponseError(f"{method}: response does not parse: {exc}") from exc
-
-
-def convert(fn: Callable[[Any], T], value: object, method: str) -> T:
-    try:
-        return fn(value)
+        return reader(body)
     except SeppError:
         raise
+    except DecodeError as exc:
+        raise MalformedResponseError(f"{method}: response does not parse: {exc}") from exc
     except Exception as exc:
         raise MalformedResponseError(f"{method}: {exc}") from exc

@@ -40,34 +40,50 @@ class Malformed(Exception):
 
 
 def timestamp_to_pb(when: datetime, out: timestamp_pb2.Timestamp) -> None:
-    delta = when - _EPOCH
-    total_us = (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
-    seconds, micros = divmod(total_us, 1_000_000)
-    out.seconds = seconds
-    out.nanos = micros * 1000
+    out.seconds, out.nanos = timestamp_parts(when)
 
 
 def timestamp_from_pb(ts: timestamp_pb2.Timestamp) -> datetime:
+    return timestamp_from_parts(ts.seconds, ts.nanos)
+
+
+def timestamp_from_parts(seconds: int, nanos: int) -> datetime:
     try:
-        return _EPOCH + timedelta(seconds=ts.seconds, microseconds=ts.nanos // 1000)
+        return _EPOCH + timedelta(seconds=seconds, microseconds=nanos // 1000)
     except OverflowError:
-        raise Malformed(f"timestamp out of range: {ts.seconds}s") from None
+        raise Malformed(f"timestamp out of range: {seconds}s") from None
+
+
+def timestamp_parts(when: datetime) -> tuple[int, int]:
+    """A datetime as a Timestamp's (seconds, nanos)."""
+    delta = when - _EPOCH
+    total_us = (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+    seconds, micros = divmod(total_us, 1_000_000)
+    return seconds, micros * 1000
 
 
 def duration_to_pb(seconds: float, out: duration_pb2.Duration) -> None:
+    out.seconds, out.nanos = duration_parts(seconds)
+
+
+def duration_parts(seconds: float) -> tuple[int, int]:
+    """Float seconds as a Duration's (seconds, nanos)."""
     whole = int(seconds)
-    out.seconds = whole
-    out.nanos = round((seconds - whole) * 1e9)
-    if out.nanos >= 1_000_000_000:
-        out.seconds += 1
-        out.nanos -= 1_000_000_000
+    nanos = round((seconds - whole) * 1e9)
+    if nanos >= 1_000_000_000:
+        return whole + 1, nanos - 1_000_000_000
+    return whole, nanos
 
 
 def duration_from_pb(d: duration_pb2.Duration) -> timedelta:
+    return duration_from_parts(d.seconds, d.nanos)
+
+
+def duration_from_parts(seconds: int, nanos: int) -> timedelta:
     try:
-        return timedelta(seconds=d.seconds, microseconds=d.nanos // 1000)
+        return timedelta(seconds=seconds, microseconds=nanos // 1000)
     except OverflowError:
-        raise Malformed(f"duration out of range: {d.seconds}s") from None
+        raise Malformed(f"duration out of range: {seconds}s") from None
 
 
 def _custom_to_pb(custom: Mapping[str, CustomValue], out: Mapping[str, pb.PrimitiveValue]) -> None:
@@ -203,7 +219,7 @@ def batch_results_from_pb(body: bytes, expected: int) -> list[EnqueueAck | rj.Jo
     msg = pb.EnqueueBatchResponse.FromString(body)
     if len(msg.results) != expected:
         raise Malformed(f"expected {expected} results, got {len(msg.results)}")
-    return [_job_result(result) for result in msg.results]
+    return [job_result_from_pb(result) for result in msg.results]
 
 
 def single_result_from_pb(body: bytes) -> EnqueueAck | rj.JobRejection:
@@ -211,10 +227,10 @@ def single_result_from_pb(body: bytes) -> EnqueueAck | rj.JobRejection:
     results = pb.EnqueueBatchResponse.FromString(body).results
     if len(results) != 1:
         raise Malformed(f"expected 1 results, got {len(results)}")
-    return _job_result(results[0])
+    return job_result_from_pb(results[0])
 
 
-def _job_result(result: pb.JobResult) -> EnqueueAck | rj.JobRejection:
+def job_result_from_pb(result: pb.JobResult) -> EnqueueAck | rj.JobRejection:
     which = result.WhichOneof("outcome")
     if which == "success":
         return ack_from_pb(result.success)

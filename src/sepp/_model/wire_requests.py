@@ -1,0 +1,174 @@
+"""sepp's requests encoded straight from our types to bytes, with no message objects: the
+bytes protobuf's SerializeToString gives for the same message (fields in number order, proto3
+defaults left out, optional fields written whenever set), checked against it in
+tests/unit/test_message_codec.py. Values were validated by our types: this only encodes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+
+from .convert import duration_parts, timestamp_parts
+from .types import CustomValue, EnqueueRequest, Retry, TraceContext
+from .wire_format import double, utf8, varint
+
+_INT64_MASK = (1 << 64) - 1
+
+
+def _text(tag: bytes, field: str, text: str) -> bytes:
+    if text.isascii():
+        data = text.encode("ascii")
+    else:
+        data = utf8(field, text)
+    return tag + varint(len(data)) + data
+
+
+def _nested(tag: bytes, body: bytes) -> bytes:
+    return tag + varint(len(body)) + body
+
+
+def _time(tag: bytes, seconds: int, nanos: int) -> bytes:
+    body = b""
+    if seconds:
+        body = b"\x08" + varint(seconds & _INT64_MASK)
+    if nanos:
+        body += b"\x10" + varint(nanos)
+    return tag + varint(len(body)) + body
+
+
+def _duration(tag: bytes, seconds: float) -> bytes:
+    return _time(tag, *duration_parts(seconds))
+
+
+def _timestamp(tag: bytes, when: datetime) -> bytes:
+    return _time(tag, *timestamp_parts(when))
+
+
+def _trace(trace: TraceContext, *, empty_state: bool) -> bytes:
+    """A TraceContext field (7); `empty_state`: an empty tracestate is written, not dropped."""
+    body = _text(b"\x0a", "traceparent", trace.traceparent) if trace.traceparent else b""
+    state = trace.tracestate
+    if state is not None and (state or empty_state):
+        body += _text(b"\x12", "tracestate", state)
+    return _nested(b"\x3a", body)
+
+
+def _primitive(value: CustomValue) -> bytes:
+    # bool before int: True must never travel as 1.
+    if isinstance(value, bool):
+        return b"\x20\x01" if value else b"\x20\x00"
+    if isinstance(value, int):
+        return b"\x18" + varint(value & _INT64_MASK)
+    if isinstance(value, float):
+        return b"\x11" + double(value)
+    return _text(b"\x0a", "custom value", value)
+
+
+def _custom(custom: Mapping[str, CustomValue]) -> bytes:
+    out = []
+    for name, value in custom.items():
+        entry = _text(b"\x0a", "custom key", name) + _nested(b"\x12", _primitive(value))
+        out.append(_nested(b"\x42", entry))
+    return b"".join(out)
+
+
+def enqueue_request(req: EnqueueRequest, trace: TraceContext | None = None) -> list[bytes]:
+    """One EnqueueRequest's fields, in parts (a payload travels uncopied until the join);
+    `trace` is the batch's trace context, for a job without its own."""
+    parts = [_text(b"\x0a", "queue", req.queue), _text(b"\x12", "job_type", req.job_type)]
+    if req.payload is not None:
+        payload = req.payload
+        data = payload.data
+        encoding = _text(b"\x12", "encoding", payload.encoding) if payload.encoding else b""
+        if data:
+            size = 1 + len(varint(len(data))) + len(data) + len(encoding)
+            parts += [b"\x1a" + varint(size) + b"\x0a" + varint(len(data)), data, encoding]
+        else:
+            parts.append(b"\x1a" + varint(len(encoding)) + encoding)
+    if req.idempotency_key is not None:
+        parts.append(_text(b"\x22", "idempotency_key", req.idempotency_key))
+    if req.priority is not None:
+        parts.append(b"\x28" + varint(req.priority))
+    if req.max_attempts is not None:
+        parts.append(b"\x30" + varint(req.max_attempts))
+    if req.trace_context is not None:
+        parts.append(_trace(req.trace_context, empty_state=True))
+    elif trace is not None:
+        parts.append(_trace(trace, empty_state=False))
+    if req.custom:
+        parts.append(_custom(req.custom))
+    if req.scheduled_at is not None:
+        parts.append(_timestamp(b"\x4a", req.scheduled_at))
+    return parts
+
+
+def enqueue_batch(jobs: Iterable[EnqueueRequest], trace: TraceContext | None = None) -> bytes:
+    out: list[bytes] = []
+    for job in jobs:
+        parts = enqueue_request(job, trace)
+        out.append(b"\x0a" + varint(sum(len(part) for part in parts)))
+        out += parts
+    return b"".join(out)
+
+
+def reserve(
+    queues: Sequence[str],
+    wait_s: float,
+    lease_s: float,
+    worker_id: str | None,
+    max_jobs: int | None,
+) -> bytes:
+    parts = [_text(b"\x0a", "queues", name) for name in queues]
+    parts.append(_duration(b"\x12", wait_s))
+    parts.append(_duration(b"\x1a", lease_s))
+    if worker_id is not None:
+        parts.append(_text(b"\x22", "worker_id", worker_id))
+    if max_jobs is not None:
+        parts.append(b"\x28" + varint(max_jobs))
+    return b"".join(parts)
+
+
+def _lease(job_id: str, attempt: int) -> bytes:
+    head = _text(b"\x0a", "job_id", job_id) if job_id else b""
+    return head + b"\x10" + varint(attempt) if attempt else head
+
+
+def ack(job_id: str, attempt: int, worker_id: str | None) -> bytes:
+    out = _lease(job_id, attempt)
+    if worker_id is not None:
+        out += _text(b"\x1a", "worker_id", worker_id)
+    return out
+
+
+def nack(
+    job_id: str, attempt: int, reason: str | None, retry: Retry, worker_id: str | None
+) -> bytes:
+    out = _lease(job_id, attempt)
+    if reason:
+        out += _text(b"\x1a", "reason", reason)
+    if retry.kind == "delay" and retry.delay is not None:
+        out += b"\x22" + _nested_len(_duration(b"\x12", retry.delay.total_seconds()))
+    elif retry.kind == "dead_letter":
+        out += b"\x22\x02\x1a\x00"
+    else:
+        out += b"\x22\x02\x0a\x00"
+    if worker_id is not None:
+        out += _text(b"\x2a", "worker_id", worker_id)
+    return out
+
+
+def _nested_len(body: bytes) -> bytes:
+    return varint(len(body)) + body
+
+
+def extend(job_id: str, attempt: int, lease_s: float, worker_id: str | None) -> bytes:
+    out = _lease(job_id, attempt) + _duration(b"\x1a", lease_s)
+    if worker_id is not None:
+        out += _text(b"\x22", "worker_id", worker_id)
+    return out
+
+
+def drain_dead_letters(queue: str | None, max: int) -> bytes:
+    out = _text(b"\x0a", "queue", queue) if queue is not None else b""
+    return out + b"\x10" + varint(max)
