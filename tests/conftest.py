@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import sys
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -18,6 +18,7 @@ from fixtures.interpreters import FREE_THREADED, MISSING_TOOLS
 from hypothesis import settings
 
 import sepp
+from sepp._model import message_codec as message_codec_module
 from sepp.testing import ExternalSeppServer, SeppServer
 from sepp.wire import WIRE_ENGINES, _engine
 
@@ -92,9 +93,33 @@ def _category(item: pytest.Item) -> str:
     return _CATEGORY_BY_DIR.get(rel.parts[0], "unit")
 
 
+# The hostile-server tests of response bodies run once per message codec (ours and the
+# generated protobuf classes): those whose names say what they feed the client.
+_BOTH_CODECS = ("test_hostile_server.py", ("malformed", "protobuf", "unknown", "rejection"))
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if Path(str(metafunc.definition.fspath)).name in _BOTH_ENGINES:
+    name = Path(str(metafunc.definition.fspath)).name
+    if name in _BOTH_ENGINES:
         metafunc.parametrize("wire_engine", WIRE_ENGINES, indirect=True)
+    if name == _BOTH_CODECS[0] and any(w in metafunc.function.__name__ for w in _BOTH_CODECS[1]):
+        metafunc.parametrize("message_codec", message_codec_module.NAMES, indirect=True)
+
+
+@pytest.fixture
+def message_codec(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The message codec this test runs on: both, in the tests above; else the selected one
+    (SEPP_MESSAGE_CODEC)."""
+    before = message_codec_module.NAME
+    name = str(getattr(request, "param", before))
+    message_codec_module.select(name)
+    yield name
+    message_codec_module.select(before)
+
+
+@pytest.fixture(autouse=True)
+def _run_on_message_codec(message_codec: str) -> None:
+    pass
 
 
 @pytest.fixture

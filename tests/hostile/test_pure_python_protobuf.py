@@ -15,7 +15,11 @@ import sys
 from pathlib import Path
 
 TESTS = Path(__file__).resolve().parents[1]
-PURE = os.environ | {"PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION": "python"}
+# The generated classes as the message codec: ours (the default) does not use protobuf.
+PURE = os.environ | {
+    "PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION": "python",
+    "SEPP_MESSAGE_CODEC": "protobuf",
+}
 
 
 def test_malformed_responses_name_their_rpc_on_the_pure_python_protobuf(tmp_path: Path) -> None:

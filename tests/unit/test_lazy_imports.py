@@ -79,7 +79,8 @@ def test_first_use_loads_what_was_deferred() -> None:
         "sepp.Worker, sepp.Scheduler, sepp.QueueFull",
         "sepp.Payload.json(1)",
         "sepp._client.otel.AVAILABLE",
-        "sepp._model.convert.pb.ReserveRequest",
+        "sepp._model.message_codec.select('protobuf')",
+        "sepp._model.message_codec.preload()",
     )
     for name in (
         "sepp._worker.worker",
@@ -90,6 +91,19 @@ def test_first_use_loads_what_was_deferred() -> None:
         "sepp._pb.queue_pb2",
     ):
         assert loaded(modules, name), name
+
+
+def test_the_default_message_codec_never_imports_protobuf() -> None:
+    modules = imported(
+        "import sepp",
+        "from sepp._client import operations as ops",
+        "ops.read_ack(b'\\x0a\\x01j')",
+        "ops.drain_dead_letters_call('q', 3)",
+        "ops.reserve_call('q', lease_duration=30, wait_timeout=1, max_jobs=2, worker_id=None)",
+        "sepp._model.message_codec.preload()",
+    )
+    assert "sepp._model.wire_responses" in modules
+    assert not loaded(modules, "google.protobuf") and not loaded(modules, "sepp._pb")
 
 
 def test_every_public_name_resolves_in_a_fresh_interpreter() -> None:

@@ -76,8 +76,8 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
 def test_the_import_graph_is_read_from_the_sources() -> None:
     graph = import_graph()
     assert "sepp._model.errors" in graph["sepp._model.validate"]  # a plain relative import
-    # `from .._model import convert as cv`
-    assert "sepp._model.convert" in graph["sepp._client.operations"]
+    # `from .._model import message_codec as mc`
+    assert "sepp._model.message_codec" in graph["sepp._client.operations"]
     assert "sepp.wire._status" in graph["sepp._model.errors"]  # a relative import of a subpackage
 
 

@@ -5,7 +5,7 @@ The reader follows upb (protobuf's C implementation, the one CPython's wheels ca
 protobuf's implementations disagree: a tag or a length takes at most 5 bytes, field numbers stop
 at 2**29 - 1, groups nest at most 100 deep. Everything else is what every implementation does:
 unknown fields (every wire type, groups included) are skipped, a field with the wrong wire type
-is an unknown field, the last of a repeated singular scalar wins, repeated occurrences of a
+is an unknown field (and a map entry with one is dropped), the last of a repeated singular scalar wins, repeated occurrences of a
 message field merge (which is parsing their concatenation), and strings must be valid UTF-8.
 """
 
@@ -114,9 +114,7 @@ def _skip_group(buf: bytes, pos: int, end: int, number: int, depth: int) -> int:
             raise DecodeError("group without its end tag")
         tag, pos = _read_short_varint(buf, pos, end, "tag")
         field, wire = tag >> 3, tag & 7
-        if field == 0 and wire != EGROUP:
-            raise DecodeError("field number 0")
-        if field > MAX_FIELD_NUMBER:
+        if field > MAX_FIELD_NUMBER:  # (upb lets field number 0 pass inside a group)
             raise DecodeError("field number too large")
         if wire == EGROUP:
             if stack.pop() != field:
@@ -163,6 +161,8 @@ MESSAGES: Final = 10  # repeated message: a list of dicts
 _WIRE_OF_KIND: Final = (LEN, LEN, VARINT, VARINT, VARINT, VARINT, VARINT, I64, LEN, LEN, LEN)
 
 Field = tuple[str, int, "Schema | None", "str | None"]
+# Set in a decoded message that had unknown fields: upb drops such a map entry.
+UNKNOWN: Final = "(unknown fields)"
 Schema = dict[int, Field]
 
 
@@ -201,6 +201,7 @@ def decode(buf: bytes, schema: Schema, depth: int = 0) -> dict[str, Any]:
             raise DecodeError("field number too large")
         field = schema.get(number)
         if field is None or _WIRE_OF_KIND[field[1]] != wire:
+            out[UNKNOWN] = True
             if wire == SGROUP:
                 pos = _skip_group(buf, pos, end, number, depth)
             elif wire == EGROUP:

@@ -37,6 +37,7 @@ from .wire_format import (
     STRINGS,
     UINT32,
     UINT64,
+    UNKNOWN,
     Schema,
     decode,
 )
@@ -257,7 +258,8 @@ _PRIMITIVES = ("string_value", "int_value", "double_value", "bool_value")
 def _custom(entries: list[Fields]) -> dict[str, CustomValue]:
     custom: dict[str, Fields] = {}
     for entry in entries:  # a repeated key: the last entry wins, as in protobuf's maps
-        custom[entry.get("key", "")] = entry.get("value", {})
+        if UNKNOWN not in entry:  # upb drops an entry with unknown fields
+            custom[entry.get("key", "")] = entry.get("value", {})
     out: dict[str, CustomValue] = {}
     for key, value in custom.items():
         for name in _PRIMITIVES:
