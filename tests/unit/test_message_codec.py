@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from google.protobuf import __version__ as protobuf_version
 from google.protobuf.internal import api_implementation
-from hypothesis import HealthCheck, assume, given, note, settings
+from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
 import sepp
@@ -31,7 +31,9 @@ pytestmark = pytest.mark.unit
 # -- strategies ------------------------------------------------------------------------------
 
 texts = st.text(max_size=12)
-names = st.text(min_size=1, max_size=12).filter(lambda s: not s[0].isspace() and not s[-1].isspace())
+names = st.text(min_size=1, max_size=12).filter(
+    lambda s: not s[0].isspace() and not s[-1].isspace()
+)
 uint32 = st.integers(0, 2**32 - 1)
 custom_values = st.one_of(
     st.booleans(), st.integers(-(2**63), 2**63 - 1), st.floats(allow_nan=False), texts
@@ -370,9 +372,9 @@ def test_mutated_bytes_are_refused_exactly_when_protobuf_refuses(
     both(READERS[which], bytes(body))
 
 
+@pytest.mark.skipif(not UPB, reason="our codec reads as upb does; python protobuf: the table")
 @given(st.binary(max_size=40))
 def test_random_bytes_are_refused_exactly_when_protobuf_refuses(body: bytes) -> None:
-    assume(UPB)
     for read in READERS.values():
         both(read, body)
 
@@ -436,14 +438,12 @@ def test_edge_cases_are_read_as_upb_reads_them(
         (lambda b: ops.read_drain_dead_letters(b, sepp_log()), "DrainDeadLetters"),
     ],
 )
-@pytest.mark.parametrize("body", [e[1] for e in EDGES if e[2]][:8] + [b"\x0a\x01\xff"])
+@pytest.mark.parametrize("body", [e[1] for e in EDGES if e[2] and e[3]][:8] + [b"\x0a\x01\xff"])
 def test_malformed_responses_raise_malformed_response_error_naming_the_call(
     codec: str, read: Callable[[bytes], Any], method: str, body: bytes
 ) -> None:
     mc.select(codec)
     try:
-        if body == b"\x0a\x01\xff" and method in ("Ack", "Nack", "EnqueueBatch"):
-            pass  # field 1 is a string there: invalid UTF-8; elsewhere a message: also refused
         with pytest.raises(sepp.MalformedResponseError, match=f"^{method}: "):
             read(body)
     finally:
@@ -471,7 +471,7 @@ def test_map_entries_without_key_or_value_read_as_protobuf_does() -> None:
     entries = b"\x52\x00" + b"\x52\x03\x0a\x01k"  # an empty entry, then one with only a key
     body = pb.ReserveResponse(jobs=[pb.Job(id="j")]).SerializeToString()
     job = pb.Job.FromString(pb.Job(id="j").SerializeToString() + entries)
-    assert dict(job.custom) .keys() == {"", "k"}
+    assert dict(job.custom).keys() == {"", "k"}
     ours = decode(pb.Job(id="j").SerializeToString() + entries, wire_responses.JOB)
     assert [e.get("key", "") for e in ours["custom"]] == ["", "k"]
     assert body  # the whole response is covered by the differential tests above
