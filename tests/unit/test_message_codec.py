@@ -181,7 +181,6 @@ def pb_jobs(draw: st.DrawFn) -> Any:
 def _rejections() -> st.SearchStrategy[Any]:
     reasons = [st.builds(pb.JobRejection)]
     for field in pb.JobRejection.DESCRIPTOR.oneofs_by_name["reason"].fields:
-        cls = field.message_type._concrete_class
         kwargs: dict[str, st.SearchStrategy[Any]] = {}
         for sub in field.message_type.fields:
             if sub.message_type is not None:
@@ -438,7 +437,7 @@ def test_edge_cases_are_read_as_upb_reads_them(
         (lambda b: ops.read_drain_dead_letters(b, sepp_log()), "DrainDeadLetters"),
     ],
 )
-@pytest.mark.parametrize("body", [e[1] for e in EDGES if e[2] and e[3]][:8] + [b"\x0a\x01\xff"])
+@pytest.mark.parametrize("body", [*[e[1] for e in EDGES if e[2] and e[3]][:8], b"\x0a\x01\xff"])
 def test_malformed_responses_raise_malformed_response_error_naming_the_call(
     codec: str, read: Callable[[bytes], Any], method: str, body: bytes
 ) -> None:
@@ -494,6 +493,13 @@ def test_a_map_entry_with_unknown_fields_is_dropped_as_upb_drops_it(
     assert bool(ours) is kept
     reference = dict(pb.Job.FromString(body).custom)
     assert bool(reference) is (kept or not UPB)  # python protobuf keeps every entry
+
+
+def test_a_rejection_of_a_reason_we_cannot_read_is_an_unknown_rejection() -> None:
+    # Field 2 (payload_too_large) as a varint: an unknown field, so no reason is set.
+    body = b"\x0a\x06\x12\x00\x12\x02\x10\x01"
+    assert wire_responses.single_result(body) == sepp.UnknownRejection()
+    assert protobuf_codec.single_result(body) == sepp.UnknownRejection()
 
 
 def test_doubles_keep_their_bits() -> None:

@@ -3,11 +3,11 @@ schema-driven reader that decodes one message into a dict of its fields by name.
 
 The reader follows upb (protobuf's C implementation, the one CPython's wheels carry) wherever
 protobuf's implementations disagree: a tag or a length takes at most 5 bytes, field numbers stop
-at 2**29 - 1, groups nest at most 100 deep. Everything else is what every implementation does:
-unknown fields (every wire type, groups included) are skipped, a field with the wrong wire type
-is an unknown field (and a map entry with one is dropped), the last of a repeated singular scalar wins, repeated occurrences of a
-message field merge (which is parsing their concatenation), and strings must be valid UTF-8.
-"""
+at 2**29 - 1, groups nest at most 100 deep, a map entry with an unknown field is dropped.
+Everything else is what every implementation does: unknown fields (every wire type, groups
+included) are skipped, a field with the wrong wire type is an unknown field, the last of a
+repeated singular scalar wins, repeated occurrences of a message field merge (which is parsing
+their concatenation), and strings must be valid UTF-8."""
 
 from __future__ import annotations
 

@@ -24,6 +24,32 @@ def _text(tag: bytes, field: str, text: str) -> bytes:
     return tag + varint(len(data)) + data
 
 
+# The encoded head of recent (queue, job_type) pairs and payload encodings: producers repeat
+# them, and encoding one costs more than the dict lookup. Bounded: cleared when full.
+_HEADS: dict[tuple[str, str], bytes] = {}
+_ENCODINGS: dict[str, bytes] = {}
+_CACHED = 256
+
+
+def _head(queue: str, job_type: str) -> bytes:
+    key = (queue, job_type)
+    head = _HEADS.get(key)
+    if head is None:
+        if len(_HEADS) >= _CACHED:
+            _HEADS.clear()
+        head = _HEADS[key] = _text(b"\x0a", "queue", queue) + _text(b"\x12", "job_type", job_type)
+    return head
+
+
+def _encoding(encoding: str) -> bytes:
+    field = _ENCODINGS.get(encoding)
+    if field is None:
+        if len(_ENCODINGS) >= _CACHED:
+            _ENCODINGS.clear()
+        field = _ENCODINGS[encoding] = _text(b"\x12", "encoding", encoding) if encoding else b""
+    return field
+
+
 def _nested(tag: bytes, body: bytes) -> bytes:
     return tag + varint(len(body)) + body
 
@@ -76,14 +102,15 @@ def _custom(custom: Mapping[str, CustomValue]) -> bytes:
 def enqueue_request(req: EnqueueRequest, trace: TraceContext | None = None) -> list[bytes]:
     """One EnqueueRequest's fields, in parts (a payload travels uncopied until the join);
     `trace` is the batch's trace context, for a job without its own."""
-    parts = [_text(b"\x0a", "queue", req.queue), _text(b"\x12", "job_type", req.job_type)]
-    if req.payload is not None:
-        payload = req.payload
+    parts = [_head(req.queue, req.job_type)]
+    payload = req.payload
+    if payload is not None:
         data = payload.data
-        encoding = _text(b"\x12", "encoding", payload.encoding) if payload.encoding else b""
+        encoding = _encoding(payload.encoding)
         if data:
-            size = 1 + len(varint(len(data))) + len(data) + len(encoding)
-            parts += [b"\x1a" + varint(size) + b"\x0a" + varint(len(data)), data, encoding]
+            data_size = varint(len(data))
+            size = 1 + len(data_size) + len(data) + len(encoding)
+            parts += [b"\x1a" + varint(size) + b"\x0a" + data_size, data, encoding]
         else:
             parts.append(b"\x1a" + varint(len(encoding)) + encoding)
     if req.idempotency_key is not None:
@@ -107,7 +134,10 @@ def enqueue_batch(jobs: Iterable[EnqueueRequest], trace: TraceContext | None = N
     out: list[bytes] = []
     for job in jobs:
         parts = enqueue_request(job, trace)
-        out.append(b"\x0a" + varint(sum(len(part) for part in parts)))
+        size = 0
+        for part in parts:
+            size += len(part)
+        out.append(b"\x0a" + varint(size))
         out += parts
     return b"".join(out)
 

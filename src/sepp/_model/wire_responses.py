@@ -300,7 +300,8 @@ def _ack(response: Fields) -> EnqueueAck:
 
 def rejection(fields: Fields) -> rj.JobRejection:
     for name, value in fields.items():  # the oneof keeps at most one member
-        return _BUILD_REASON[name](value)
+        if name != UNKNOWN:
+            return _BUILD_REASON[name](value)
     return rj.UnknownRejection()
 
 
@@ -322,7 +323,21 @@ def batch_results(body: bytes, expected: int) -> list[EnqueueAck | rj.JobRejecti
 
 
 def single_result(body: bytes) -> EnqueueAck | rj.JobRejection:
+    # The common answer, one success with a short ASCII job id and protobuf's own layout,
+    # read in place; anything else (or anything unexpected) through the schema.
+    size = len(body)
+    if 6 <= size < 130 and body[0] == 0x0A and body[1] == size - 2 and body[2] == 0x0A:
+        if body[3] == size - 4 and body[4] == 0x0A:
+            end = 6 + body[5]
+            dedup = body[end:]
+            if 6 < end < 128 and (end == size or dedup in _DEDUP_FLAGS):
+                job_id = body[6:end]
+                if job_id.isascii():
+                    return EnqueueAck(job_id.decode("ascii"), dedup == b"\x10\x01")
     return batch_results(body, 1)[0]
+
+
+_DEDUP_FLAGS = (b"\x10\x00", b"\x10\x01")
 
 
 def atomic_acks(body: bytes, expected: int) -> list[EnqueueAck]:
