@@ -37,8 +37,8 @@ from ._drivers import REPO, SRC, TRIO_DRIVER, ClientSpec, DriverProcess, _clean_
 if str(SRC) not in sys.path:
     sys.path.insert(0, str(SRC))
 
-import sepp  # noqa: E402
-import sepp.testing  # noqa: E402
+import sepp
+import sepp.testing
 
 CACHE = Path(os.environ.get("SEPP_TRIO_CACHE", Path.home() / ".cache" / "sepp-trio"))
 # Interpreter -> (its binary in the cache, the matrix part's virtualenv python).
