@@ -246,6 +246,7 @@ class Options:
     seppy_python: str | None
     size_factor: float
     command: str
+    platform: bool = True
 
 
 def parse_args(argv: Sequence[str]) -> Options:
@@ -326,6 +327,12 @@ def parse_args(argv: Sequence[str]) -> Options:
         help="replace the results table in benchmarks/README.md with this run's",
     )
     p.add_argument("--seppy-python", default=None, help="sepp-py venv python (default: ensured)")
+    p.add_argument(
+        "--no-platform",
+        action="store_true",
+        help="leave out the platform section (benchmarks/platforms.py: each message codec"
+        " with and without upb, PyPy and 3.13t when cached)",
+    )
     a = p.parse_args(argv)
     names: list[str] = []
     for item in a.scenarios or list(ALL_SCENARIOS):
@@ -357,6 +364,7 @@ def parse_args(argv: Sequence[str]) -> Options:
         seppy_python=a.seppy_python,
         size_factor=a.size if a.size is not None else (0.35 if a.quick else 1.0),
         command=" ".join(["python -m benchmarks", *map(shlex.quote, argv)]),
+        platform=not a.no_platform,
     )
 
 
@@ -822,6 +830,15 @@ def _f(value: float | None, spec: str) -> str:
 
 
 def render_markdown(results: dict[str, Any]) -> str:
+    tables = _render_tables(results)
+    if "platform" not in results:
+        return tables
+    from . import platforms
+
+    return f"{tables}\n\n{platforms.render(results['platform'])}"
+
+
+def _render_tables(results: dict[str, Any]) -> str:
     meta = results["meta"]
     clients: list[str] = meta["client_names"]
     others = [c for c in clients if c != SEPP_TRIO]
@@ -1076,6 +1093,12 @@ async def amain(opts: Options) -> dict[str, Any]:
     results: dict[str, Any] = {"meta": meta, "modes": {}, "static": {}}
     for mode in opts.modes:
         results["modes"][mode] = await run_mode(mode, opts, specs, log_dir, meta, results["static"])
+    if opts.platform:
+        from . import platforms
+
+        log("platform section (benchmarks/platforms.py)")
+        jobs, big_jobs = (1000, 30) if opts.quick else (2000, 60)
+        results["platform"] = await platforms.measure(opts.rounds, jobs, big_jobs, log_dir)
     meta["machine"]["loadavg_end"] = list(os.getloadavg())
     meta["duration_s"] = time.monotonic() - started
     meta["driver_logs"] = str(log_dir.relative_to(REPO))
