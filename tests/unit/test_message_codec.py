@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from google.protobuf import __version__ as protobuf_version
 from google.protobuf.internal import api_implementation
-from hypothesis import HealthCheck, given, note, settings
+from hypothesis import HealthCheck, example, given, note, settings
 from hypothesis import strategies as st
 
 import sepp
@@ -73,6 +73,8 @@ def same_bytes_or_message(ours: bytes, reference: bytes, cls: Any, ordered: bool
 
 
 @given(st.lists(requests, min_size=1, max_size=4), st.none() | traces)
+@example([sepp.EnqueueRequest("q", "t")], sepp.TraceContext("tp", ""))  # empty state: dropped
+@example([sepp.EnqueueRequest("q", "t", trace_context=sepp.TraceContext("tp", ""))], None)
 def test_enqueue_batches_encode_as_protobuf_does(
     jobs: list[sepp.EnqueueRequest], trace: sepp.TraceContext | None
 ) -> None:
