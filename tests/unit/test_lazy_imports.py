@@ -95,6 +95,7 @@ def test_first_use_loads_what_was_deferred() -> None:
 
 def test_the_default_message_codec_never_imports_protobuf() -> None:
     modules = imported(
+        "import os; os.environ.pop('SEPP_MESSAGE_CODEC', None)",  # the default, whatever ours
         "import sepp",
         "from sepp._client import operations as ops",
         "ops.read_ack(b'\\x0a\\x01j')",
