@@ -184,42 +184,61 @@ _VARINT_OF_KIND: dict[int, Callable[[int], Any]] = {
 }
 
 
+# A schema by tag (field number and wire type in one varint, as they arrive): a known field
+# is one dict lookup. Built once per schema; schemas are module constants.
+_BY_TAG: dict[int, dict[int, tuple[int, str, int, Schema | None, str | None]]] = {}
+
+
+def _by_tag(schema: Schema) -> dict[int, tuple[int, str, int, Schema | None, str | None]]:
+    tags = _BY_TAG.get(id(schema))
+    if tags is None:
+        tags = _BY_TAG[id(schema)] = {
+            number << 3 | _WIRE_OF_KIND[kind]: (number, name, kind, sub, oneof)
+            for number, (name, kind, sub, oneof) in schema.items()
+        }
+    return tags
+
+
 def decode(buf: bytes, schema: Schema, depth: int = 0) -> dict[str, Any]:
     """The fields of one message, by name; nested messages decoded too (dicts and lists of
     dicts). Fields absent from `buf` are absent from the dict: defaults are the caller's."""
+    tags = _BY_TAG.get(id(schema)) or _by_tag(schema)
     out: dict[str, Any] = {}
-    chosen: dict[str, int] = {}  # oneof name -> the member set last
-    messages: dict[int, bytes] = {}  # singular message fields: their occurrences joined
+    chosen: dict[str, int] | None = None  # oneof name -> the member set last
+    messages: dict[int, bytes] | None = None  # singular message fields: occurrences joined
     pos = 0
     end = len(buf)
     while pos < end:
-        tag, pos = _read_short_varint(buf, pos, end, "tag")
-        number, wire = tag >> 3, tag & 7
-        if number == 0:
-            raise DecodeError("field number 0")
-        if number > MAX_FIELD_NUMBER:
-            raise DecodeError("field number too large")
-        field = schema.get(number)
-        if field is None or _WIRE_OF_KIND[field[1]] != wire:
+        tag = buf[pos]
+        if tag < 0x80:
+            pos += 1
+        else:
+            tag, pos = _read_short_varint(buf, pos, end, "tag")
+        known = tags.get(tag)
+        if known is None:
+            pos = _skip_unknown(buf, pos, end, tag, depth)
             out[UNKNOWN] = True
-            if wire == SGROUP:
-                pos = _skip_group(buf, pos, end, number, depth)
-            elif wire == EGROUP:
-                raise DecodeError("end-group tag outside a group")
-            else:
-                pos = _skip_value(buf, pos, end, wire)
             continue
-        name, kind, sub, oneof = field
+        number, name, kind, sub, oneof = known
         if oneof is not None:
+            if chosen is None:
+                chosen = {}
             before = chosen.get(oneof)
             if before != number:
                 if before is not None:
                     out.pop(schema[before][0], None)
-                    messages.pop(before, None)
+                    if messages is not None:
+                        messages.pop(before, None)
                 chosen[oneof] = number
+        wire = tag & 7
         if wire == VARINT:
-            value, pos = read_varint(buf, pos, end)
-            out[name] = _VARINT_OF_KIND[kind](value)
+            if pos < end and buf[pos] < 0x80:
+                value = buf[pos]
+                pos += 1
+                out[name] = value != 0 if kind == BOOL else value
+            else:
+                value, pos = read_varint(buf, pos, end)
+                out[name] = _VARINT_OF_KIND[kind](value)
             continue
         if wire == I64:
             if pos + 8 > end:
@@ -227,8 +246,12 @@ def decode(buf: bytes, schema: Schema, depth: int = 0) -> dict[str, Any]:
             out[name] = _DOUBLE.unpack_from(buf, pos)[0]
             pos += 8
             continue
-        size, pos = _read_short_varint(buf, pos, end, "length")
-        stop = pos + size
+        if pos < end and buf[pos] < 0x80:
+            stop = pos + 1 + buf[pos]
+            pos += 1
+        else:
+            size, pos = _read_short_varint(buf, pos, end, "length")
+            stop = pos + size
         if stop > end:
             raise DecodeError("field runs past the end of the message")
         raw = buf[pos:stop]
@@ -245,12 +268,49 @@ def decode(buf: bytes, schema: Schema, depth: int = 0) -> dict[str, Any]:
         elif kind == BYTES:
             out[name] = raw
         elif kind == MESSAGE:
-            messages[number] = messages[number] + raw if number in messages else raw
+            if messages is None:
+                messages = {number: raw}
+            else:
+                messages[number] = messages[number] + raw if number in messages else raw
         else:
             assert sub is not None
             out.setdefault(name, []).append(decode(raw, sub, depth + 1))
-    for number, raw in messages.items():
-        name, _, sub, _ = schema[number]
-        assert sub is not None
-        out[name] = decode(raw, sub, depth + 1)
+    if messages is not None:
+        for number, raw in messages.items():
+            name, _, sub, _ = schema[number]
+            assert sub is not None
+            out[name] = _time(raw, depth + 1) if sub is TIME else decode(raw, sub, depth + 1)
     return out
+
+
+# google.protobuf.Timestamp and Duration: (seconds int64 = 1, nanos int32 = 2).
+TIME: Schema = {1: ("seconds", INT64, None, None), 2: ("nanos", INT32, None, None)}
+
+
+def _time(raw: bytes, depth: int) -> dict[str, Any]:
+    """A Timestamp or Duration, as `decode(raw, TIME)` reads it, for the usual layout (a
+    seconds varint then a nanos varint, each at most once); anything else through decode."""
+    end = len(raw)
+    if end and raw[0] == 0x08:
+        seconds, pos = read_varint(raw, 1, end)
+        if pos == end:
+            return {"seconds": _int64(seconds)}
+        if raw[pos] == 0x10:
+            nanos, stop = read_varint(raw, pos + 1, end)
+            if stop == end:
+                return {"seconds": _int64(seconds), "nanos": _int32(nanos)}
+    return decode(raw, TIME, depth)
+
+
+def _skip_unknown(buf: bytes, pos: int, end: int, tag: int, depth: int) -> int:
+    """The position after the unknown field whose tag ends before `pos`."""
+    number, wire = tag >> 3, tag & 7
+    if number == 0:
+        raise DecodeError("field number 0")
+    if number > MAX_FIELD_NUMBER:
+        raise DecodeError("field number too large")
+    if wire == SGROUP:
+        return _skip_group(buf, pos, end, number, depth)
+    if wire == EGROUP:
+        raise DecodeError("end-group tag outside a group")
+    return _skip_value(buf, pos, end, wire)

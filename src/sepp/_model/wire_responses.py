@@ -35,6 +35,7 @@ from .wire_format import (
     MESSAGES,
     STRING,
     STRINGS,
+    TIME,
     UINT32,
     UINT64,
     UNKNOWN,
@@ -53,7 +54,6 @@ Fields = dict[str, Any]
 
 # -- schemas (field number -> name, kind, sub-schema, oneof) ---------------------------------
 
-TIME: Schema = {1: ("seconds", INT64, None, None), 2: ("nanos", INT32, None, None)}
 PRIMITIVE: Schema = {
     1: ("string_value", STRING, None, "value"),
     2: ("double_value", DOUBLE, None, "value"),
