@@ -468,6 +468,20 @@ def test_repeated_messages_merge_and_scalars_take_the_last() -> None:
     assert merged.enqueued_at.seconds == 5 and merged.enqueued_at.nanos == 7000
 
 
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"\x12\x02\x0a\x02\x12\x00\x0a\x02\x12\x00",  # a bad rejection, then a success
+        b"\x0a\x02\x0a\x02" + b"\x0a\x02\x0a\x00",  # a bad occurrence the next one completes
+    ],
+)
+def test_every_occurrence_of_a_message_must_parse_alone(body: bytes) -> None:
+    with pytest.raises(DecodeError):
+        protobuf_codec.atomic_acks(body, 1)
+    with pytest.raises(DecodeError):
+        wire_responses.atomic_acks(body, 1)
+
+
 def test_map_entries_without_key_or_value_read_as_protobuf_does() -> None:
     entries = b"\x52\x00" + b"\x52\x03\x0a\x01k"  # an empty entry, then one with only a key
     body = pb.ReserveResponse(jobs=[pb.Job(id="j")]).SerializeToString()

@@ -205,7 +205,7 @@ def decode(buf: bytes, schema: Schema, depth: int = 0) -> dict[str, Any]:
     tags = _BY_TAG.get(id(schema)) or _by_tag(schema)
     out: dict[str, Any] = {}
     chosen: dict[str, int] | None = None  # oneof name -> the member set last
-    messages: dict[int, bytes] | None = None  # singular message fields: occurrences joined
+    messages: dict[int, list[bytes]] | None = None  # singular message fields' occurrences
     pos = 0
     end = len(buf)
     while pos < end:
@@ -227,8 +227,10 @@ def decode(buf: bytes, schema: Schema, depth: int = 0) -> dict[str, Any]:
             if before != number:
                 if before is not None:
                     out.pop(schema[before][0], None)
-                    if messages is not None:
-                        messages.pop(before, None)
+                    if messages is not None and before in messages:
+                        # Cleared, but protobuf parsed it as it came: it must parse.
+                        for dropped in messages.pop(before):
+                            decode(dropped, schema[before][2] or {}, depth + 1)
                 chosen[oneof] = number
         wire = tag & 7
         if wire == VARINT:
@@ -269,17 +271,25 @@ def decode(buf: bytes, schema: Schema, depth: int = 0) -> dict[str, Any]:
             out[name] = raw
         elif kind == MESSAGE:
             if messages is None:
-                messages = {number: raw}
+                messages = {number: [raw]}
+            elif number in messages:
+                messages[number].append(raw)
             else:
-                messages[number] = messages[number] + raw if number in messages else raw
+                messages[number] = [raw]
         else:
             assert sub is not None
             out.setdefault(name, []).append(decode(raw, sub, depth + 1))
     if messages is not None:
-        for number, raw in messages.items():
+        for number, raws in messages.items():
             name, _, sub, _ = schema[number]
             assert sub is not None
-            out[name] = _time(raw, depth + 1) if sub is TIME else decode(raw, sub, depth + 1)
+            if len(raws) == 1:
+                raw = raws[0]
+                out[name] = _time(raw, depth + 1) if sub is TIME else decode(raw, sub, depth + 1)
+            else:  # each must parse alone; merged, they are their concatenation parsed
+                for raw in raws:
+                    decode(raw, sub, depth + 1)
+                out[name] = decode(b"".join(raws), sub, depth + 1)
     return out
 
 
