@@ -403,7 +403,11 @@ async def _open_socket(loop: asyncio.AbstractEventLoop, host: str, port: int) ->
             await loop.sock_connect(sock, address)
         except OSError as exc:
             sock.close()
-            first = first or exc
+            if first is None:
+                # Worded as the OS words it ("[Errno 111] Connection refused"), as the other
+                # drivers' errors are, not asyncio's "Connect call failed (address)".
+                errno = exc.errno
+                first = type(exc)(errno, os.strerror(errno)) if errno else exc
             continue
         except BaseException:
             sock.close()
