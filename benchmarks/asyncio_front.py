@@ -135,10 +135,7 @@ def table(rows: list[dict[str, Any]]) -> str:
     def ratio(client: str, other: str, scenario: str, key: str) -> str:
         mine, theirs = values(client, scenario, key), values(other, scenario, key)
         per_round = [mine[i] / theirs[i] for i in mine if i in theirs]
-        return (
-            f"{statistics.median(per_round):.2f}"
-            f" ({min(per_round):.2f}-{max(per_round):.2f})"
-        )
+        return f"{statistics.median(per_round):.2f} ({min(per_round):.2f}-{max(per_round):.2f})"
 
     head = (
         "| client | enqueue, 64 tasks ops/s | drain ops/s | CPU µs per enqueue (64 tasks)"

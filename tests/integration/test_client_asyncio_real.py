@@ -211,17 +211,19 @@ def test_a_client_used_from_another_event_loop_says_so(
 
     async def main() -> None:
         async with sepp.open(address) as client:
+            loop = asyncio.get_running_loop()
+            done = asyncio.Event()
 
             def elsewhere() -> None:
                 try:
                     asyncio.run(client.get_server_info())
-                except BaseException as exc:  # noqa: BLE001 - checked below
+                except BaseException as exc:
                     failures.append(exc)
+                finally:
+                    loop.call_soon_threadsafe(done.set)
 
-            thread = threading.Thread(target=elsewhere)
-            thread.start()
-            while thread.is_alive():
-                await asyncio.sleep(0.01)
+            threading.Thread(target=elsewhere).start()
+            await done.wait()
             await client.get_server_info()  # its own loop still may
 
     run(main())

@@ -171,6 +171,7 @@ def test_an_anyio_scope_gives_its_deadline_and_none_is_inf() -> None:
         outside = enclosing_deadline()
         with anyio.CancelScope(deadline=anyio.current_time() + 5):
             deadline = enclosing_deadline()
+            await asyncio.sleep(0)
         return outside, deadline, anyio.current_time()
 
     outside, deadline, now = run(main())
