@@ -41,10 +41,11 @@ import sepp
 import sepp.testing
 
 CACHE = Path(os.environ.get("SEPP_TRIO_CACHE", Path.home() / ".cache" / "sepp-trio"))
-# Interpreter -> (its binary in the cache, the matrix part's virtualenv python).
+# Interpreter -> (its home in the cache, the matrix part's virtualenv python, under
+# matrix/<hash of the requirements>/: the newest one is taken).
 INTERPRETERS = {
-    "pypy3.11": ("interpreters/pypy3.11-trixie", "matrix/pypy3.11/bin/python"),
-    "py3.13t": ("interpreters/python3.13t-debian", "matrix/py3.13t/bin/python"),
+    "pypy3.11": ("interpreters/pypy3.11-trixie", "pypy3.11/bin/python"),
+    "py3.13t": ("interpreters/python3.13t-debian", "py3.13t/bin/python"),
 }
 PAYLOAD = 256
 WARM_CALLS = 30_000
@@ -61,8 +62,9 @@ def cached_interpreters() -> dict[str, str]:
     """The interpreters cached with a virtualenv that has sepp's dependencies."""
     found = {}
     for name, (home, venv) in INTERPRETERS.items():
-        if (CACHE / home / ".complete").exists() and (CACHE / venv).exists():
-            found[name] = str(CACHE / venv)
+        pythons = sorted((CACHE / "matrix").glob(f"*/{venv}"), key=lambda p: p.stat().st_mtime)
+        if (CACHE / home / ".complete").exists() and pythons:
+            found[name] = str(pythons[-1])
     return found
 
 
