@@ -20,7 +20,7 @@ from .._model.types import JobContext
 from .._util.log import LoggerLike
 from .backoff import DEFAULT_BACKOFF, DEFAULT_UNKNOWN_TYPE_BACKOFF, Backoff
 from .client_calls import WorkerClient
-from .concurrency import TASK_STATUS_IGNORED, TaskStatus, open_nursery
+from .concurrency import TASK_STATUS_IGNORED, TRIO, Concurrency, TaskStatus, current
 from .events import WorkerEvents
 from .held_job import HeldJobs
 from .lease_keeper import LeaseKeeper
@@ -147,6 +147,7 @@ class Worker:
         )
         self._events = events
         self._state = _RunState.NEW
+        self._cc = TRIO  # the parts are built on trio; run() moves them to its own library
         self._shutdown = WorkerShutdown(settings.shutdown_timeout_s)
         self._held = HeldJobs()
         self._leases = LeaseKeeper(
@@ -251,6 +252,17 @@ class Worker:
     def _build_routes(self) -> None:
         self._jobs.use_routes(self._router, self._settings.own)
 
+    def _use(self, cc: Concurrency) -> None:
+        """Move every part to `cc`'s primitives: once, when run() starts on another library
+        than trio (nothing is held yet)."""
+        self._cc = cc
+        self._shutdown.use(cc)
+        self._held.use(cc)
+        self._leases.use(cc)
+        self._report.use(cc)
+        self._reserver.use(cc)
+        self._jobs.use(cc, self._router, self._settings.own)
+
     # -- state --------------------------------------------------------------------------------
 
     @property
@@ -320,6 +332,9 @@ class Worker:
         A worker runs once."""
         if self._state is not _RunState.NEW:
             raise RuntimeError("Worker.run() can only be called once; create a new Worker")
+        cc = current()
+        if cc is not self._cc:
+            self._use(cc)
         self._state = _RunState.RUNNING
         shutdown = self._shutdown
         shutdown.run.enter()
@@ -344,7 +359,7 @@ class Worker:
                     jobs.lifespan_state = await lifespan.enter_async_context(
                         self._settings.lifespan(self)
                     )
-                async with open_nursery() as nursery:
+                async with cc.open_nursery() as nursery:
                     jobs.nursery = nursery
                     nursery.start_soon(self._leases.run, nursery)
                     if shutdown.requested:
