@@ -15,7 +15,7 @@ import anyio
 import anyio.lowlevel
 import anyio.to_thread
 
-from .concurrency import CancelScope, Concurrency, Nursery
+from .primitives import CancelScope, Concurrency, Nursery
 
 T = TypeVar("T")
 

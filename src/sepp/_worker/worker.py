@@ -20,7 +20,7 @@ from .._model.types import JobContext
 from .._util.log import LoggerLike
 from .backoff import DEFAULT_BACKOFF, DEFAULT_UNKNOWN_TYPE_BACKOFF, Backoff
 from .client_calls import WorkerClient
-from .concurrency import TASK_STATUS_IGNORED, TRIO, Concurrency, TaskStatus, current
+from .concurrency import TASK_STATUS_IGNORED, TRIO, Concurrency, Event, TaskStatus, current
 from .events import WorkerEvents
 from .held_job import HeldJobs
 from .lease_keeper import LeaseKeeper
@@ -148,6 +148,8 @@ class Worker:
         self._events = events
         self._state = _RunState.NEW
         self._cc = TRIO  # the parts are built on trio; run() moves them to its own library
+        self._reserving = False  # run() has sent its first reserve (or has ended)
+        self._reserving_event: Event | None = None  # made by the first wait_until_reserving()
         self._shutdown = WorkerShutdown(settings.shutdown_timeout_s)
         self._held = HeldJobs()
         self._leases = LeaseKeeper(
@@ -285,6 +287,21 @@ class Worker:
         """Whether shutdown was requested (it may still be draining)."""
         return self._shutdown.requested
 
+    async def wait_until_reserving(self) -> None:
+        """Return once `run()`, started in another task, is reserving (or has ended): what
+        `await nursery.start(worker.run)` waits for, for a plain `asyncio.create_task(worker.run())`
+        or any task that did not start it. At once if it already is."""
+        if self._reserving:
+            return
+        if self._reserving_event is None:
+            self._reserving_event = current().event()
+        await self._reserving_event.wait()
+
+    def _mark_reserving(self) -> None:
+        self._reserving = True
+        if self._reserving_event is not None:
+            self._reserving_event.set()
+
     # -- shutdown -----------------------------------------------------------------------------
 
     def shutdown(self, *, now: bool = False) -> None:
@@ -351,6 +368,7 @@ class Worker:
                 started = True
                 if events is not None:
                     events.reserving()
+                self._mark_reserving()
                 task_status.started()
 
         try:
@@ -373,6 +391,7 @@ class Worker:
                     jobs.stop_lease_keeping_if_idle()
         finally:
             self._state = _RunState.DONE
+            self._mark_reserving()  # nobody waits for a run that has ended
             if events is not None:
                 events.stopped()
             shutdown.run.leave()
