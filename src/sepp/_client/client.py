@@ -15,6 +15,7 @@ from .._model import validate as v
 from .._model.errors import (
     BatchValidationError,
     JobRejectedError,
+    OtherRunError,
     SeppError,
     TransportError,
     ValidationError,
@@ -48,7 +49,6 @@ from .options import DEFAULT_MAX_RECEIVE_MESSAGE_BYTES as DEFAULT_MAX_RECEIVE_ME
 from .options import ConnectOptions
 from .retry import RetryPolicy, call_with_retry
 from .runtime import Runtime, TaskGroup
-from .trio_runtime import TRIO
 
 if TYPE_CHECKING:
     from .._pb import queue_pb2 as pb
@@ -572,10 +572,11 @@ def _lease_attributes(ctx: JobContext, **extra: str) -> dict[str, str | int]:
     return out
 
 
-def _other_run() -> RuntimeError:
-    return RuntimeError(
-        "this sepp.Client was opened in another trio.run() (or thread), and a client serves"
-        " only the run that opened it: open one with `async with sepp.open(...)` in each run"
+def _other_run() -> OtherRunError:
+    return OtherRunError(
+        "this sepp.Client was opened in another trio.run() or asyncio event loop (or thread),"
+        " and a client serves only the run that opened it: open one with"
+        " `async with sepp.open(...)` in each run"
     )
 
 
@@ -635,7 +636,7 @@ def open(
         validate_locally=validate_locally,
         wire_engine=wire_engine,
     )
-    return Opening(_open_client(options, TRIO), TRIO)
+    return Opening(lambda runtime: _open_client(options, runtime))
 
 
 def client_for(

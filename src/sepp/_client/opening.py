@@ -1,11 +1,16 @@
 """What `sepp.open()` returns: an async context manager that says how to use it when it is
-mistaken for a client, awaited, or entered outside its runtime (trio)."""
+mistaken for a client, awaited, or entered outside an async run. The runtime is picked as it
+is entered, from the library running the caller (sniffio, which trio depends on): trio, or
+asyncio (and uvloop), whose runtime is imported only then."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from types import TracebackType
 from typing import Any, NoReturn, TypeVar
+
+import sniffio
 
 from .runtime import Runtime
 
@@ -17,14 +22,17 @@ USE = "use `async with sepp.open(...) as client:`"
 class Opening(AbstractAsyncContextManager[T]):
     """`async with` it to get a connected Client; the connection closes when the block exits."""
 
-    __slots__ = ("_cm", "_runtime")
+    __slots__ = ("_cm", "_open")
 
-    def __init__(self, cm: AbstractAsyncContextManager[T], runtime: Runtime) -> None:
-        self._cm = cm
-        self._runtime = runtime
+    def __init__(self, open_on: Callable[[Runtime], AbstractAsyncContextManager[T]]) -> None:
+        self._open = open_on
+        self._cm: AbstractAsyncContextManager[T] | None = None
 
     async def __aenter__(self) -> T:
-        self._runtime.check_running("sepp.open()")
+        if self._cm is not None:
+            raise RuntimeError(f"this sepp.open() was entered already: {USE} once per client")
+        runtime = current_runtime("sepp.open()")
+        self._cm = self._open(runtime)
         return await self._cm.__aenter__()
 
     async def __aexit__(
@@ -33,6 +41,7 @@ class Opening(AbstractAsyncContextManager[T]):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool | None:
+        assert self._cm is not None, "__aexit__ without __aenter__"
         return await self._cm.__aexit__(exc_type, exc, tb)
 
     def __getattr__(self, name: str) -> NoReturn:
@@ -53,3 +62,23 @@ class Opening(AbstractAsyncContextManager[T]):
 
     def __repr__(self) -> str:
         return "<sepp.open() context manager; " + USE + ">"
+
+
+def current_runtime(what: str) -> Runtime:
+    """The runtime of the async library running the caller; RuntimeError outside of one."""
+    try:
+        library = sniffio.current_async_library()
+    except sniffio.AsyncLibraryNotFoundError:
+        library = None
+    if library == "trio":
+        from .trio_runtime import TRIO
+
+        return TRIO
+    if library == "asyncio":
+        from .asyncio_runtime import ASYNCIO
+
+        return ASYNCIO
+    raise RuntimeError(
+        f"{what} must be called from trio (inside trio.run()) or asyncio (a running loop,"
+        f" uvloop too){'' if library is None else f', not {library}'}"
+    )

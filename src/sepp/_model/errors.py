@@ -85,6 +85,11 @@ class ClientInternalError(ClientError):
         super().__init__(f"sepp internal error: {what}")
 
 
+class OtherRunError(ClientError, RuntimeError):
+    """A client was used from a trio run or asyncio event loop other than the one that opened
+    it (private: users see a ClientError, and a RuntimeError as before)."""
+
+
 class JobRejectedError(SeppError):
     """`enqueue` of one job was rejected; `rejection` says why."""
 
