@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextvars
+import functools
 import itertools
 import signal
 import sys
@@ -343,3 +344,44 @@ def test_the_scheduler_enqueues_consecutive_occurrences_under_asyncio(loop: str)
     times = [call.request.scheduled_at for call in fake.calls]
     assert times == sorted(times)
     assert all((b - a).total_seconds() == 1 for a, b in itertools.pairwise(times))
+
+
+async def http_get(port: int, path: str) -> tuple[int, bytes]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    await writer.drain()
+    answer = await reader.read()  # the responder closes after its answer
+    writer.close()
+    await writer.wait_closed()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    return int(head.split()[1]), body
+
+
+def test_the_monitor_serves_probes_and_metrics_under_asyncio() -> None:
+    fake = FakeClient()
+    fake.add("work")
+    answers: dict[str, tuple[int, bytes]] = {}
+
+    async def main() -> None:
+        monitor = sepp.WorkerMonitor()
+        worker = make_worker(fake, monitor=monitor)
+
+        @worker.handler("work")
+        async def work(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None: ...
+
+        async with anyio.create_task_group() as group:
+            port = await group.start(functools.partial(monitor.serve, 0, host="127.0.0.1"))
+            async with running(worker):
+                await wait_for(lambda: bool(fake.acks))
+                for path in ("/healthz", "/readyz", "/metrics", "/nope"):
+                    answers[path] = await http_get(port, path)
+            group.cancel_scope.cancel()
+
+    asyncio.run(main())
+    assert answers["/healthz"][0] == answers["/readyz"][0] == 200
+    assert (
+        answers["/metrics"][0] == 200
+        and b'sepp_worker_jobs_succeeded_total{queue="q",job_type="work"} 1'
+        in answers["/metrics"][1]
+    )
+    assert answers["/nope"][0] == 404
