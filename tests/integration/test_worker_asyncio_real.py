@@ -25,7 +25,9 @@ def run_loop(loop: str, main: Callable[[], Awaitable[None]]) -> None:
         asyncio.run(main())
 
 
-@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+@pytest.mark.parametrize(
+    "loop", ["asyncio", pytest.param("uvloop", marks=pytest.mark.needs("uvloop"))]
+)
 async def test_an_asyncio_worker_processes_every_job_once(
     sepp_server: SeppServer, loop: str
 ) -> None:
@@ -51,16 +53,19 @@ async def test_an_asyncio_worker_processes_every_job_once(
                 if len(handled) == JOBS:
                     all_done.set()
 
+            thread_ran = asyncio.Event()
+            loop = asyncio.get_running_loop()
+
             def in_thread(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
                 threads.add(threading.get_ident())
+                loop.call_soon_threadsafe(thread_ran.set)
 
             worker.handle("sync", in_thread)
             await client.enqueue("work", "sync")
             task = asyncio.create_task(worker.run())
             await worker.wait_until_reserving()
             await all_done.wait()
-            while threads == set():
-                await asyncio.sleep(0.01)
+            await thread_ran.wait()
             worker.shutdown()
             await task
             assert await client.reserve("work", wait_timeout=0) is None  # every job acked

@@ -110,7 +110,7 @@ def test_the_dev_requirements_markers_say_for_pypy_what_the_needs_marker_says() 
     cpython = requirements_on({"platform_python_implementation": "CPython"})
     pypy = requirements_on({"platform_python_implementation": "PyPy"})
     packages = set(interpreters.missing_tools(pypy=True, free_threaded=False)) & set(cpython)
-    assert packages == {"msgspec", "mypy", "twine"}  # tracemalloc is CPython's stdlib
+    assert packages == {"msgspec", "mypy", "twine", "uvloop"}  # tracemalloc is CPython's stdlib
     assert packages.isdisjoint(pypy)
     for pin in interpreters.pinned(pypy=True, free_threaded=False):
         requirement = Requirement(pin)
@@ -127,7 +127,7 @@ def test_the_free_threaded_part_leaves_out_and_pins_what_the_needs_marker_says()
         for line in kept.splitlines()
         if line.split("#", 1)[0].strip() and not line.startswith("-")
     }
-    assert {"msgspec", "mypy", "twine"}.isdisjoint(names)
+    assert {"msgspec", "mypy", "twine", "uvloop"}.isdisjoint(names)
     assert {"pytest", "hypothesis", "pydantic", "sybil"} <= names
     (include,) = [line for line in kept.splitlines() if line.startswith("-r ")]
     assert Path(include.removeprefix("-r ")).is_file()  # absolute: the file lives elsewhere

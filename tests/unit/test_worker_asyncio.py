@@ -25,13 +25,14 @@ import sepp
 from sepp import Retry
 from sepp._worker import concurrency
 
-LOOPS = ["asyncio", "uvloop"]
+LOOPS = ["asyncio", pytest.param("uvloop", marks=pytest.mark.needs("uvloop"))]
 
 
 def run_on(loop: str, main: Callable[[], Awaitable[None]]) -> None:
     """Run `main` on a fresh loop of that kind, the way an application does."""
     if loop == "uvloop":
-        uvloop = pytest.importorskip("uvloop")
+        import uvloop
+
         uvloop.run(main())
     else:
         asyncio.run(main())
