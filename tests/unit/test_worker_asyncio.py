@@ -386,3 +386,39 @@ def test_the_monitor_serves_probes_and_metrics_under_asyncio() -> None:
         in answers["/metrics"][1]
     )
     assert answers["/nope"][0] == 404
+
+
+TRIO_WORKER = """
+import sys
+import trio
+import sepp
+
+
+class Idle:
+    async def reserve(self, queues, **options):
+        await trio.sleep_forever()
+
+    async def ack(self, ctx, **options): ...
+    async def nack(self, ctx, **options): ...
+    async def extend(self, ctx, lease_duration, **options): ...
+
+
+async def main():
+    worker = sepp.Worker(Idle(), "q")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(worker.run)
+        worker.shutdown()
+
+
+trio.run(main)
+print(sorted(m for m in sys.modules if m.split(".")[0] == "anyio" or "anyio" in m))
+"""
+
+
+def test_a_worker_on_trio_imports_no_anyio() -> None:
+    import subprocess
+
+    done = subprocess.run(
+        [sys.executable, "-c", TRIO_WORKER], capture_output=True, text=True, check=True
+    )
+    assert done.stdout.strip() == "[]", done.stdout
