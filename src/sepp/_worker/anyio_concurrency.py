@@ -33,7 +33,7 @@ class ParkingLot:
         return bool(self._parked)
 
     async def park(self) -> None:
-        event = anyio.Event()
+        event = _Event()
         key = id(event)
         self._parked[key] = event
         try:
@@ -47,17 +47,34 @@ class ParkingLot:
             event.set()
 
 
+def _asyncio_classes() -> tuple[Callable[..., CancelScope], Callable[[], anyio.Event]]:
+    """anyio's asyncio cancel scope and event classes: what `anyio.CancelScope()` and
+    `anyio.Event()` make, without their look-up of the running backend (sniffio) each time,
+    which a job pays a few times. Their public forms where anyio moved them."""
+    try:
+        from anyio._backends._asyncio import CancelScope as AsyncioScope
+        from anyio._backends._asyncio import Event as AsyncioEvent
+    except ImportError:
+        return anyio.CancelScope, anyio.Event
+    if not (issubclass(AsyncioScope, anyio.CancelScope) and issubclass(AsyncioEvent, anyio.Event)):
+        return anyio.CancelScope, anyio.Event
+    return AsyncioScope, AsyncioEvent
+
+
+_Scope, _Event = _asyncio_classes()
+
+
 def _loop_time() -> float:
     # anyio's deadlines are on the running loop's clock; this skips its backend look-up.
     return asyncio.get_running_loop().time()
 
 
 def _move_on_at(deadline: float) -> CancelScope:
-    return anyio.CancelScope(deadline=deadline)
+    return _Scope(deadline=deadline)
 
 
 def _move_on_after(delay_s: float) -> CancelScope:
-    return anyio.CancelScope(deadline=_loop_time() + delay_s)
+    return _Scope(deadline=_loop_time() + delay_s)
 
 
 ANYIO = Concurrency(
@@ -67,14 +84,14 @@ ANYIO = Concurrency(
     sleep_until=anyio.sleep_until,
     checkpoint=anyio.lowlevel.checkpoint,
     checkpoint_if_cancelled=anyio.lowlevel.checkpoint_if_cancelled,
-    cancel_scope=anyio.CancelScope,
+    cancel_scope=_Scope,
     move_on_at=_move_on_at,
     move_on_after=_move_on_after,
     # A task group is a nursery (start_soon(fn, *args, name=...)); its typing says so less.
     open_nursery=cast(
         "Callable[[], AbstractAsyncContextManager[Nursery]]", anyio.create_task_group
     ),
-    event=anyio.Event,
+    event=_Event,
     lock=anyio.Lock,
     parking_lot=ParkingLot,
 )
