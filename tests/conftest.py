@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from fixtures.asyncio_front import bridged
 from fixtures.interpreters import FREE_THREADED, MISSING_TOOLS
 from hypothesis import settings
 
@@ -77,6 +78,10 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", f"{name}: {doc}")
     config.addinivalue_line(
         "markers",
+        "trio_only(why): in a suite that also runs on the asyncio front end, run on trio alone",
+    )
+    config.addinivalue_line(
+        "markers",
         "needs(tool): the test needs a tool that some interpreters cannot have (msgspec, mypy:"
         " tests/fixtures/interpreters.py); it is excluded there, and counted",
     )
@@ -92,8 +97,26 @@ def _category(item: pytest.Item) -> str:
     return _CATEGORY_BY_DIR.get(rel.parts[0], "unit")
 
 
+# The real-server client and proxy suites also run on the asyncio front end: the client
+# opened in an asyncio loop of its own and driven from the trio test bodies
+# (fixtures/asyncio_front.py), on the default engine only (the engines are the same code under
+# every front end). `@pytest.mark.trio_only("why")` keeps a test on trio.
+_ASYNCIO_TOO = {"test_client_real.py", "test_proxies_real.py"}
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if Path(str(metafunc.definition.fspath)).name in _BOTH_ENGINES:
+    name = Path(str(metafunc.definition.fspath)).name
+    if name in _ASYNCIO_TOO and "client_front_end" in metafunc.fixturenames:
+        combos = [(engine, "trio") for engine in WIRE_ENGINES]
+        if metafunc.definition.get_closest_marker("trio_only") is None:
+            combos.append((_engine.DEFAULT_WIRE_ENGINE, "asyncio"))
+        metafunc.parametrize(
+            ("wire_engine", "client_front_end"),
+            combos,
+            indirect=["wire_engine"],
+            ids=[f"{engine}-{front}" for engine, front in combos],
+        )
+    elif name in _BOTH_ENGINES:
         metafunc.parametrize("wire_engine", WIRE_ENGINES, indirect=True)
 
 
@@ -107,6 +130,18 @@ def wire_engine(request: pytest.FixtureRequest) -> str:
 def _run_on_wire_engine(wire_engine: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # Every sepp.open()/Channel made without wire_engine= uses the package default.
     monkeypatch.setattr(_engine, "DEFAULT_WIRE_ENGINE", wire_engine)
+
+
+@pytest.fixture
+def client_front_end(request: pytest.FixtureRequest) -> str:
+    """The front end `sepp.open` opens clients on: trio, or (in the suites above) asyncio."""
+    return str(getattr(request, "param", "trio"))
+
+
+@pytest.fixture(autouse=True)
+def _run_on_client_front_end(client_front_end: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    if client_front_end == "asyncio":
+        monkeypatch.setattr(sepp, "open", bridged(sepp.open, "asyncio"))
 
 
 _excluded: Counter[str] = Counter()

@@ -10,9 +10,12 @@ against `fixtures.h2_server.H2Server` (or a plain TCP / TLS peer), and checks th
   every connection it opened is closed (`hostile()` checks this after each test body; on the
   blocking front end, which starts no tasks, that its own sockets are closed too).
 
-Each case runs on both front ends (`front_end`): the trio `sepp.Client`, and the blocking
-`sepp.SyncClient` behind `Threaded`, which runs each blocking call in a worker thread so the
-test bodies are the same. A test marked `@trio_only("why")` runs on the trio front end alone.
+Each case runs on every front end (`front_end`): the trio `sepp.Client`; the blocking
+`sepp.SyncClient` behind `Threaded`, which runs each blocking call in a worker thread; and the
+client opened under asyncio, in a loop of its own (`fixtures.asyncio_front`), so the test
+bodies are the same. A test marked `@trio_only("why")` runs on the trio front end alone. On
+the asyncio front end, as on the blocking one, the hygiene check is that its sockets are
+closed (it starts no connection tasks), and that no asyncio task outlives the client.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from typing import Any, TypeVar, cast
 
 import pytest
 import trio
+from fixtures.asyncio_front import open_on_asyncio
 from fixtures.certificates import CA, self_signed
 from fixtures.h2_server import GRPC_HEADERS, H2Server, ServerCall, frame_message
 from h2.errors import ErrorCodes
@@ -133,7 +137,7 @@ def first_call(script: Callable[[ServerCall], Awaitable[None]]) -> Any:
 
 # -- harness --------------------------------------------------------------------------------
 
-FRONT_ENDS = ("trio", "blocking")
+FRONT_ENDS = ("trio", "blocking", "asyncio")
 _front_end: ContextVar[str] = ContextVar("front_end")
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -169,6 +173,10 @@ def blocking() -> bool:
     return _front_end.get() == "blocking"
 
 
+def on_trio() -> bool:
+    return _front_end.get() == "trio"
+
+
 class Threaded:
     """A `sepp.SyncClient` whose methods are awaitables: each call runs the blocking method
     in a worker thread, so a test drives it as it drives a `sepp.Client`. A cancelled wait
@@ -190,7 +198,13 @@ class Threaded:
 @asynccontextmanager
 async def open_client(address: str, **options: Any) -> AsyncIterator[sepp.Client]:
     """`sepp.open(address, **options)` on the trio front end; on the blocking one, a
-    `sepp.SyncClient` with the same options, connected (as open() connects) and closed."""
+    `sepp.SyncClient` with the same options, connected (as open() connects) and closed; on
+    the asyncio one, the client opened in an asyncio loop of its own (`open_on_asyncio`, which
+    checks that no asyncio task outlives it)."""
+    if _front_end.get() == "asyncio":
+        async with open_on_asyncio(address, **options) as client:
+            yield client
+        return
     if not blocking():
         async with sepp.open(address, **options) as client:
             yield client
@@ -204,8 +218,8 @@ async def open_client(address: str, **options: Any) -> AsyncIterator[sepp.Client
 
 
 def leaked_tasks() -> list[str]:
-    """The trio tasks running sepp code (the blocking front end starts none)."""
-    return [] if blocking() else sepp_tasks()
+    """The trio tasks running sepp code (the blocking and asyncio front ends start none)."""
+    return sepp_tasks() if on_trio() else []
 
 
 def open_sockets() -> set[str]:
@@ -226,7 +240,7 @@ def every_socket_closed() -> Iterator[None]:
     """On the blocking front end (whose only resources are its sockets, as the trio one's are
     its tasks), check that each socket opened in the block was closed by its owner in the
     block: none is still open, and none was left for the garbage collector to close."""
-    if not blocking():
+    if on_trio():
         yield
         return
     gc.collect()  # what earlier tests left (in a traceback's cycle, say) is theirs
@@ -301,7 +315,7 @@ async def hostile(handler: Any, **options: Any) -> AsyncIterator[tuple[H2Server,
         async with trio.open_nursery() as nursery:
             server = await H2Server(handler, **server_kwargs).start(nursery)
             async with open_client(f"127.0.0.1:{server.port}", **open_kwargs) as client:
-                if not blocking():
+                if on_trio():
                     assert sepp_tasks(), "the client's connection tasks should be running"
                 yield server, client
             assert not leaked_tasks(), f"tasks leaked past the client: {leaked_tasks()}"

@@ -110,7 +110,7 @@ def test_the_dev_requirements_markers_say_for_pypy_what_the_needs_marker_says() 
     cpython = requirements_on({"platform_python_implementation": "CPython"})
     pypy = requirements_on({"platform_python_implementation": "PyPy"})
     packages = set(interpreters.missing_tools(pypy=True, free_threaded=False)) & set(cpython)
-    assert packages == {"msgspec", "mypy", "twine", "uvloop"}  # tracemalloc is CPython's stdlib
+    assert packages == {"msgspec", "mypy", "twine", "uvloop"}  # tracemalloc: CPython's stdlib
     assert packages.isdisjoint(pypy)
     for pin in interpreters.pinned(pypy=True, free_threaded=False):
         requirement = Requirement(pin)

@@ -268,3 +268,52 @@ def test_the_trio_check_sees_a_trio_import() -> None:
         "sepp._client.batching imports trio: reach it through the Runtime",
         "sepp._model.types imports trio: reach it through the Runtime",
     ]
+
+
+# asyncio, likewise: only the asyncio runtime and the asyncio driver (with its cancel scopes)
+# import it, so `import sepp` under trio never loads it (the runtime is imported when a client
+# is opened under asyncio).
+ASYNCIO_USERS = (
+    "sepp._client.asyncio_runtime",
+    "sepp.wire.drivers._asyncio",
+    "sepp.wire.drivers._asyncio_scopes",
+)
+
+
+def imports_asyncio(source: str) -> bool:
+    """Whether `source` imports asyncio anywhere (top level, functions, TYPE_CHECKING)."""
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import) and any(
+            alias.name.split(".")[0] == "asyncio" for alias in node.names
+        ):
+            return True
+        if isinstance(node, ast.ImportFrom) and not node.level:
+            if (node.module or "").split(".")[0] == "asyncio":
+                return True
+    return False
+
+
+def asyncio_violations(
+    packages: tuple[str, ...] = ("sepp._client", "sepp._model", "sepp.wire"),
+) -> list[str]:
+    found = []
+    for path in sorted((SRC / "sepp").rglob("*.py")):
+        name = _module_name(path)
+        if any(_within(name, package) for package in packages) and name not in ASYNCIO_USERS:
+            if imports_asyncio(path.read_text(encoding="utf-8")):
+                found.append(f"{name} imports asyncio: reach it through the Runtime")
+    return found
+
+
+def test_on_the_client_side_only_the_asyncio_runtime_and_driver_import_asyncio() -> None:
+    assert asyncio_violations() == []
+    assert imports_asyncio(
+        (SRC / "sepp" / "_client" / "asyncio_runtime.py").read_text(encoding="utf-8")
+    )
+
+
+def test_the_asyncio_check_sees_every_form_of_import() -> None:
+    assert imports_asyncio("import asyncio")
+    assert imports_asyncio("def f():\n    from asyncio import sleep")
+    assert imports_asyncio("if TYPE_CHECKING:\n    import asyncio.events as e")
+    assert not imports_asyncio("import sys\nasyncio = sys.modules.get('asyncio')")

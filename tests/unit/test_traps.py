@@ -9,8 +9,10 @@ import pytest
 import trio
 
 import sepp
+from sepp._client.asyncio_runtime import ASYNCIO
 from sepp._client.client import Client
 from sepp._client.retry import NO_RETRY
+from sepp._client.runtime import Runtime
 from sepp._client.trio_runtime import TRIO
 from sepp._util.log import Log
 from sepp.testing import job_context
@@ -26,14 +28,14 @@ class Unreachable:
         raise AssertionError("the call reached the channel")
 
 
-def unreachable_client() -> Client:
+def unreachable_client(runtime: Runtime = TRIO) -> Client:
     return Client(
         Unreachable(),  # type: ignore[arg-type]
         address="x",
         rpc_timeout=1,
         retry_policy=NO_RETRY,
         log=Log(None),
-        runtime=TRIO,
+        runtime=runtime,
         validate_locally=False,
     )
 
@@ -68,14 +70,38 @@ def test_open_used_as_a_client_says_to_use_async_with() -> None:
         pass
 
 
-def test_open_under_asyncio_says_sepp_trio_needs_trio() -> None:
+def test_open_under_asyncio_connects_on_asyncio() -> None:
     async def main() -> None:
         async with sepp.open("127.0.0.1:1"):
             pass
 
-    with pytest.raises(RuntimeError, match="asyncio") as info:
+    # Refused by the OS, worded as on trio: the asyncio driver tried to connect.
+    with pytest.raises(sepp.ConnectError, match=r"\[Errno 111\] Connection refused$"):
         asyncio.run(main())
-    assert "trio-asyncio" in str(info.value) and "sepp.SyncClient" in str(info.value)
+
+
+def test_open_outside_any_run_says_where_it_must_be_called() -> None:
+    opening = sepp.open("127.0.0.1:1")
+    coro = opening.__aenter__()
+    with pytest.raises(RuntimeError, match=r"from trio \(inside trio.run\(\)\) or asyncio"):
+        coro.send(None)
+
+
+def test_a_client_used_from_another_event_loop_says_so() -> None:
+    clients: list[Client] = []
+
+    async def first() -> None:
+        clients.append(unreachable_client(ASYNCIO))
+
+    async def second() -> None:
+        with pytest.raises(sepp.ClientError, match=r"or asyncio event loop") as info:
+            await clients[0].enqueue("q", "t")
+        assert isinstance(info.value, RuntimeError)  # as it was before it was a ClientError
+        with pytest.raises(sepp.ClientError, match=r"opened in another"):
+            await clients[0].ack(job_context("t"))
+
+    asyncio.run(first())
+    asyncio.run(second())
 
 
 def test_a_client_used_from_another_trio_run_says_so() -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 
@@ -70,33 +69,13 @@ class TrioRuntime:
         try:
             current_task()
         except RuntimeError:
-            pass
-        else:
-            return
-        if _asyncio_running():
-            raise RuntimeError(
-                f"{what} was called under asyncio, but sepp-trio runs on trio: run the code with"
-                " trio.run(), call it from asyncio through trio-asyncio, or use the blocking"
-                " client sepp.SyncClient (from a thread)"
-            )
-        raise RuntimeError(f"{what} must be called from trio (inside trio.run())")
+            raise RuntimeError(f"{what} must be called from trio (inside trio.run())") from None
 
     def channel(
         self, endpoint: Endpoint, options: ChannelOptions, tasks: TaskGroup | None
     ) -> Channel:
         assert isinstance(tasks, trio.Nursery), "the trio channel runs in a trio nursery"
         return Channel(endpoint, tasks, **options)
-
-
-def _asyncio_running() -> bool:
-    asyncio = sys.modules.get("asyncio")  # never imported here: if absent, it is not running
-    if asyncio is None:
-        return False
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return False
-    return True
 
 
 TRIO: Runtime = TrioRuntime()

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 from .._engine import GrpcConnection
 from .._events import CallFinished
 from .._failure import FailureKind
+from .._status import StatusCode
 from ._asyncio_scopes import MoveOnAt, enclosing_deadline
 from ._base import (
     Attempt,
@@ -324,7 +325,8 @@ class AsyncioChannel(ChannelCore[_Connection]):
         own_deadline = call.own_deadline
         loop = self._loop
         now = loop.time()
-        deadline = min(own_deadline, enclosing_deadline())
+        enclosing = enclosing_deadline()
+        deadline = min(own_deadline, enclosing)
         stream_id = conn.open_stream(call, deadline, now)
         waiter = _Waiter(stream_id, own_deadline, loop.create_future())
         waiters = conn.waiters
@@ -337,7 +339,19 @@ class AsyncioChannel(ChannelCore[_Connection]):
             conn.flush()
         else:
             conn.flush_soon()
-        return await conn.wait(waiter)
+        result = await conn.wait(waiter)
+        if (
+            enclosing < own_deadline
+            and result is not None
+            and result.code is StatusCode.CANCELLED
+            and loop.time() >= enclosing
+        ):
+            # The server enforced the enclosing anyio scope's deadline (sent as grpc-timeout)
+            # a moment before the scope itself: its cancellation is due, let it arrive, as
+            # it would have had the answer come later.
+            for _ in range(3):
+                await asyncio.sleep(0)
+        return result
 
     async def _wait_for_slot(self, own_deadline: float, timeout: float | None) -> _Connection:
         """The slow path: connect, or wait for a stream slot, within the call's deadline."""
@@ -403,7 +417,11 @@ async def _open_socket(loop: asyncio.AbstractEventLoop, host: str, port: int) ->
             await loop.sock_connect(sock, address)
         except OSError as exc:
             sock.close()
-            first = first or exc
+            if first is None:
+                # Worded as the OS words it ("[Errno 111] Connection refused"), as the other
+                # drivers' errors are, not asyncio's "Connect call failed (address)".
+                errno = exc.errno
+                first = type(exc)(errno, os.strerror(errno)) if errno else exc
             continue
         except BaseException:
             sock.close()
