@@ -101,6 +101,11 @@ def test_an_anyio_task_group_starts_the_worker_once_it_is_reserving() -> None:
 
 
 def test_wait_until_reserving_returns_when_the_worker_ends_before_it_reserved() -> None:
+    @asynccontextmanager
+    async def failing_lifespan() -> AsyncIterator[None]:
+        raise RuntimeError("no database")
+        yield
+
     async def main() -> None:
         worker = make_worker(FakeClient())
         worker.shutdown()
@@ -108,6 +113,12 @@ def test_wait_until_reserving_returns_when_the_worker_ends_before_it_reserved() 
         await worker.wait_until_reserving()
         await task
         await worker.wait_until_reserving()  # at once, afterwards too
+
+        broken = make_worker(FakeClient(), lifespan=failing_lifespan)
+        task = asyncio.create_task(broken.run())
+        await broken.wait_until_reserving()  # returns: the run ended before reserving
+        with pytest.raises(RuntimeError, match="no database"):
+            await task
 
     asyncio.run(main())
 
@@ -225,7 +236,7 @@ def test_def_handlers_run_in_threads_bounded_by_max_in_flight_not_the_default_ex
         worker = make_worker(fake, max_in_flight=3)
         worker.handle("blocking", blocking)
         async with running(worker):
-            await wait_for(lambda: len(fake.acks) == 9)
+            await wait_for(lambda: len(fake.acks) + len(fake.nacks) == 9)
 
     main_thread = threading.get_ident()
     asyncio.run(main())
