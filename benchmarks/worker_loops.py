@@ -2,7 +2,7 @@
 (optionally) another checkout's trio Worker, against one real server in one run.
 
     python -m benchmarks.worker_loops [--rounds 5] [--n 6000] [--baseline-src DIR]
-                                      [--seppy-python PY]
+                                      [--seppy-python PY] [--only WORD ...]
 
 Each client drains its own queue of `n` jobs (enqueued beforehand, not measured) with a
 Worker of `max_in_flight=64`, `auto_extend` off and a handler that just returns (the
@@ -167,6 +167,8 @@ def harness(a: argparse.Namespace) -> int:
         clients["sepp-trio (trio, baseline)"] = lambda addr, q: run_trio(src, addr, q, a.n)
     if a.seppy_python:
         clients["sepp-py"] = lambda addr, q: run_seppy(a.seppy_python, addr, q, a.n)
+    if a.only:
+        clients = {name: run for name, run in clients.items() if any(w in name for w in a.only)}
     results: dict[str, list[dict[str, Any]]] = {name: [] for name in clients}
 
     async def main() -> None:
@@ -203,6 +205,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n", type=int, default=6000)
     p.add_argument("--baseline-src", default=None, help="another checkout's src/ (trio only)")
     p.add_argument("--seppy-python", default=None, help="the sepp-py virtualenv's python")
+    p.add_argument(
+        "--only", nargs="+", metavar="WORD", help="only the clients whose names hold a WORD"
+    )
     p.add_argument("--child", choices=["asyncio", "uvloop"], help=argparse.SUPPRESS)
     p.add_argument("--src", default=str(REPO / "src"), help=argparse.SUPPRESS)
     p.add_argument("--address", help=argparse.SUPPRESS)
