@@ -222,8 +222,8 @@ class Scheduler:
     def shutdown(self) -> None:
         """Stop the scheduler: `run()` returns promptly (an enqueue in flight is abandoned; its
         occurrence is safe to enqueue again, by the key). Idempotent; call it from a task of the
-        same trio run, before or during `run()`; from another thread or a signal handler use
-        `shutdown_handle().shutdown()`."""
+        same trio run or asyncio loop, before or during `run()`; from another thread or a signal
+        handler use `shutdown_handle().shutdown()`."""
         self._shutdown_requested = True
         self._scope.cancel()
 

@@ -308,8 +308,8 @@ class Worker:
         """Shut down gracefully: stop reserving, return the jobs that have not started and
         wait up to `shutdown_timeout` for the running ones. `now=True` does not wait: running
         handlers are cancelled and their jobs returned (the command line's second signal).
-        Idempotent. Call it from a task; from another thread or a signal handler use
-        `shutdown_handle().shutdown()`."""
+        Idempotent. Call it from any task or thread (of the worker's trio run or asyncio loop,
+        or any other); from a signal handler use `shutdown_handle().shutdown()`."""
         self._request_shutdown(from_task=True, now=now)
 
     def shutdown_handle(self) -> ShutdownHandle:
