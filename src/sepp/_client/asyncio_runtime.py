@@ -110,7 +110,6 @@ class AsyncioRuntime:
 
     effective_deadline = staticmethod(enclosing_deadline)
     sleep = staticmethod(asyncio.sleep)
-    run_name = "event loop"
 
     def move_on_at(self, deadline: float) -> MoveOnAt:
         return MoveOnAt(deadline)

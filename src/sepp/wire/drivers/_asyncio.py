@@ -86,13 +86,13 @@ class _Slots:
         self._parked.append(future)
         try:
             await future
-        finally:
-            if not future.done():
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled():
+                self.unpark(1)  # woken, then cancelled: the wake-up goes to the next caller
+            else:
                 future.cancel()
-            try:
                 self._parked.remove(future)
-            except ValueError:
-                pass
+            raise
 
     def unpark(self, count: int) -> None:
         while count and self._parked:
