@@ -433,3 +433,33 @@ def test_a_worker_on_trio_imports_no_anyio() -> None:
         [sys.executable, "-c", TRIO_WORKER], capture_output=True, text=True, check=True
     )
     assert done.stdout.strip() == "[]", done.stdout
+
+
+def test_cancelling_the_task_that_runs_the_worker_is_the_hard_stop() -> None:
+    fake = FakeClient()
+    job_id = fake.add("work")
+    cancelled: list[str] = []
+
+    async def main() -> None:
+        worker = make_worker(fake)
+        started = asyncio.Event()
+
+        @worker.handler("work")
+        async def work(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
+            started.set()
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                cancelled.append(ctx.id)
+                raise
+
+        task = asyncio.create_task(worker.run())
+        await started.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert asyncio.all_tasks() == {asyncio.current_task()}
+
+    asyncio.run(main())
+    assert cancelled == [job_id]
+    assert fake.acks == [] and fake.nacks == []  # its lease runs out on the server
