@@ -787,6 +787,71 @@ async def test_worker_enters_the_routers_lifespan_around_the_jobs(
     assert lines == ["lifespan open", "state the-pool", "lifespan closed"]
 
 
+ASYNCIO_APP = textwrap.dedent(
+    """
+    import asyncio
+    import contextlib
+
+    import sepp
+
+
+    @contextlib.asynccontextmanager
+    async def lifespan():
+        print("lifespan on", type(asyncio.get_running_loop()).__module__, flush=True)
+        yield
+        print("lifespan closed", flush=True)
+
+    router = sepp.Router(lifespan=lifespan)
+
+
+    @router.handler("work")
+    async def work(payload, ctx):
+        await asyncio.sleep(0)  # only asyncio could run this handler
+        print("done", payload.json()["n"], flush=True)
+
+
+    @router.handler("block")
+    async def block(payload, ctx):
+        print("started", ctx.id, flush=True)
+        await asyncio.Event().wait()
+    """
+)
+
+
+@pytest.mark.parametrize(
+    "loop", ["asyncio", pytest.param("uvloop", marks=pytest.mark.needs("uvloop"))]
+)
+async def test_worker_loop_asyncio_runs_asyncio_handlers_and_stops_on_signals(
+    sepp_server: SeppServer, client: sepp.Client, tmp_path: Path, loop: str
+) -> None:
+    (tmp_path / "aio_app.py").write_text(ASYNCIO_APP)
+    args = ("worker", "aio_app:router", "--queue", "work", "--loop", loop, "--health-port", "0")
+    async with spawn(sepp_server.address, *args, cwd=tmp_path) as running:
+        await running.wait_for("reserving from work")
+        for n in range(10):
+            await client.enqueue("work", "work", payload=sepp.Payload.json({"n": n}))
+        await running.wait_for("done ", "stdout", count=10)
+        blocked = (await client.enqueue("work", "block")).job_id
+        await running.wait_for(f"started {blocked}", "stdout")
+        running.send(signal.SIGTERM)
+        await running.wait_for("SIGTERM: shutting down")
+        running.send(signal.SIGINT)
+        status = await running.wait(timeout_s=20)
+    assert status == 0, running.out
+    stdout = running.text("stdout").splitlines()
+    module = "uvloop" if loop == "uvloop" else "asyncio.unix_events"
+    assert stdout[0] == f"lifespan on {module}" and stdout[-1] == "lifespan closed"
+    assert sorted(int(line.split()[1]) for line in stdout if line.startswith("done")) == list(
+        range(10)
+    )
+    stderr = running.text("stderr")
+    assert "serving /healthz /readyz on *:" in stderr
+    assert "SIGINT, a second signal: stopping now; cancelling 1 job(s)" in stderr
+    assert "Traceback" not in stderr
+    jobs = await client.reserve("work", lease_duration=30, wait_timeout=0, max_jobs=10) or []
+    assert [job.id for job in jobs] == [blocked]  # returned at once by the second signal
+
+
 # -- scheduler --------------------------------------------------------------------------------
 
 SCHEDULE_APP = textwrap.dedent(

@@ -162,15 +162,16 @@ def test_the_layer_check_sees_an_upward_import() -> None:
 TRIO_SEAM = ("sepp._worker.concurrency", "sepp._worker.http_responder")
 
 
-def imports_trio(source: str) -> bool:
-    """Whether `source` imports trio anywhere (top level, functions, TYPE_CHECKING)."""
+def imports_trio(source: str, library: str = "trio") -> bool:
+    """Whether `source` imports trio (or `library`) anywhere (top level, functions,
+    TYPE_CHECKING)."""
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import) and any(
-            alias.name.split(".")[0] == "trio" for alias in node.names
+            alias.name.split(".")[0] == library for alias in node.names
         ):
             return True
         if isinstance(node, ast.ImportFrom) and not node.level:
-            if (node.module or "").split(".")[0] == "trio":
+            if (node.module or "").split(".")[0] == library:
                 return True
     return False
 
@@ -190,6 +191,28 @@ def test_the_worker_and_the_scheduler_reach_trio_only_through_their_seam() -> No
         name for name in trio_importers("sepp._worker", "sepp._scheduling") if name not in TRIO_SEAM
     ] == []
     assert trio_importers("sepp._worker.concurrency") == ["sepp._worker.concurrency"]
+
+
+# Under asyncio they run on anyio, which only these two modules import: the primitives, and the
+# monitor's responder on anyio's sockets. Neither is imported under trio (a test runs a Worker
+# there and looks).
+ANYIO_SEAM = ["sepp._worker.anyio_concurrency", "sepp._worker.anyio_http"]
+
+
+def imports_anyio(source: str) -> bool:
+    return imports_trio(source, "anyio")
+
+
+def test_the_worker_and_the_scheduler_reach_anyio_only_through_their_seam() -> None:
+    importers = [
+        _module_name(path)
+        for path in sorted((SRC / "sepp").rglob("*.py"))
+        if any(_within(_module_name(path), p) for p in ("sepp._worker", "sepp._scheduling"))
+        and imports_anyio(path.read_text(encoding="utf-8"))
+    ]
+    assert importers == ANYIO_SEAM
+    assert imports_anyio("def f():\n    import anyio.lowlevel")
+    assert not imports_anyio("from .anyio_concurrency import ANYIO")
 
 
 def test_the_trio_check_sees_every_form_of_import() -> None:

@@ -9,10 +9,9 @@ from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any, TypeVar
 
-import trio
-
 import sepp
 
+from .._worker import concurrency
 from ._values import positive_seconds
 
 T = TypeVar("T")
@@ -100,4 +99,4 @@ async def run_connected(
             )
             if on_waiting is not None:
                 on_waiting()
-            await trio.sleep(delay)
+            await concurrency.current().sleep(delay)

@@ -1,13 +1,15 @@
-"""The entry point: parse, set up logging, run the command under trio, map failures to one
-line on stderr and an exit status."""
+"""The entry point: parse, set up logging, run the command under trio (or asyncio), map
+failures to one line on stderr and an exit status."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
 
 import trio
 
@@ -43,10 +45,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CliError as exc:
         return report_failure(exc, label, debug=args.debug)
     try:
-        status: int = trio.run(args.run, args)
+        status: int = run_on_loop(getattr(args, "loop", "trio"), args.run, args)
     except BaseException as exc:
         return report_failure(_single(exc), label, debug=args.debug)
     return status
+
+
+def run_on_loop(
+    loop: str,
+    fn: Callable[[argparse.Namespace], Coroutine[Any, Any, int]],
+    args: argparse.Namespace,
+) -> int:
+    """`fn(args)` on trio (every command), or on asyncio or uvloop (`worker --loop`)."""
+    if loop == "trio":
+        return trio.run(fn, args)
+    if loop == "uvloop":
+        try:
+            import uvloop
+        except ImportError:
+            raise CliError("--loop uvloop needs uvloop: pip install uvloop") from None
+        return uvloop.run(fn(args))
+    import asyncio
+
+    return asyncio.run(fn(args))
 
 
 def _single(exc: BaseException) -> BaseException:

@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import logging
 import signal
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import AbstractContextManager
 
 import trio
+
+from .._worker import concurrency
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 log = logging.getLogger("sepp.cli")
@@ -21,11 +24,21 @@ async def run_until_signalled(
 ) -> bool:
     """Run `body` with SIGINT and SIGTERM caught: the n-th signal calls `steps[n - 1]` (e.g.
     a graceful stop, then an immediate one), which should make `body` return. One signal more
-    than there are steps cancels `body` outright. Returns True if it came to that."""
+    than there are steps cancels `body` outright. Returns True if it came to that. Runs on
+    trio, or on asyncio with anyio's signal receiver (the loop's signal handlers, for as long
+    as the command runs)."""
     failure: Exception | None = None
     hard_stopped = False
-    with trio.open_signal_receiver(*STOP_SIGNALS) as received:
-        async with trio.open_nursery() as nursery:
+    cc = concurrency.current()
+    receiver: AbstractContextManager[AsyncIterator[int]]
+    if cc is concurrency.TRIO:
+        receiver = trio.open_signal_receiver(*STOP_SIGNALS)
+    else:
+        import anyio
+
+        receiver = anyio.open_signal_receiver(*STOP_SIGNALS)
+    with receiver as received:
+        async with cc.open_nursery() as nursery:
 
             async def escalate() -> None:
                 nonlocal hard_stopped

@@ -12,6 +12,7 @@ import trio
 import sepp
 
 from .._model import validate as _validate
+from .._worker import concurrency
 from ._connect import run_connected
 from ._failures import EXIT_FAILURE, EXIT_OK, UsageError
 from ._signals import run_until_signalled
@@ -19,6 +20,7 @@ from ._targets import load_target
 from ._values import positive_int, positive_seconds, seconds
 
 log = logging.getLogger("sepp.cli")
+LOOPS = ("trio", "asyncio", "uvloop")
 
 
 def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -85,6 +87,14 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="HOST",
         help="the address to serve them on (default: every interface)",
     )
+    parser.add_argument(
+        "--loop",
+        choices=LOOPS,
+        default="trio",
+        help="the event loop to run the worker on: trio (default), asyncio, or uvloop"
+        " (asyncio and uvloop run handlers written for asyncio; they need the 'asyncio'"
+        " extra, and uvloop installed)",
+    )
     parser.set_defaults(run=run, default_log_level="info")
 
 
@@ -118,7 +128,8 @@ async def run(args: argparse.Namespace) -> int:
     serving = args.health_port is not None or args.metrics_port is not None
     monitor = sepp.WorkerMonitor() if serving else None
     workers: list[sepp.Worker] = []  # the worker, once connected
-    connecting = trio.CancelScope()
+    cc = concurrency.current()  # trio's, or anyio's with --loop asyncio or uvloop
+    connecting = cc.cancel_scope()
 
     def graceful(sig: signal.Signals) -> None:
         if not workers:
@@ -157,7 +168,7 @@ async def run(args: argparse.Namespace) -> int:
             monitor=monitor,
         )
         workers.append(worker)
-        async with trio.open_nursery() as nursery:
+        async with cc.open_nursery() as nursery:
 
             async def run_worker(task_status: trio.TaskStatus[None]) -> None:
                 await worker.run(task_status=task_status)
@@ -178,7 +189,7 @@ async def run(args: argparse.Namespace) -> int:
     async def work() -> None:
         from .._worker.monitor import feed_of  # what the monitor is told, beside the Worker
 
-        async with trio.open_nursery() as http:
+        async with cc.open_nursery() as http:
             if monitor is not None:
                 await serve_monitor(http, monitor, args)
             with connecting:
@@ -211,13 +222,13 @@ async def key_accepted(client: sepp.Client) -> None:
             return
         except sepp.UnauthenticatedError:
             failures += 1
-            await trio.sleep(_backoff(failures))
+            await concurrency.current().sleep(_backoff(failures))
         except sepp.SeppError:
             return  # not about the key: the worker's reserves say what it is
 
 
 async def serve_monitor(
-    nursery: trio.Nursery, monitor: sepp.WorkerMonitor, args: argparse.Namespace
+    nursery: concurrency.Nursery, monitor: sepp.WorkerMonitor, args: argparse.Namespace
 ) -> None:
     """The probes and the metrics, on one port or two; listening before the server is up."""
     servers: list[tuple[int, set[str]]] = []

@@ -7,7 +7,7 @@ from __future__ import annotations
 import enum
 import logging
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from typing import Protocol
 
@@ -17,12 +17,10 @@ from .._model.types import EnqueueAck, EnqueueRequest, ServerInfo
 from .._util.log import Log, LoggerLike
 from .._worker.concurrency import (
     TASK_STATUS_IGNORED,
-    CancelScope,
+    TRIO,
     RunHandle,
     TaskStatus,
-    current_time,
-    sleep,
-    sleep_until,
+    current,
 )
 from .._worker.shutdown import ShutdownHandle
 from .schedule import (
@@ -70,14 +68,17 @@ class _ServerClock:
     """The server's time as seen from here: a server timestamp paired with the trio time it was
     read at, so MockClock tests are deterministic and a skewed host clock does not matter."""
 
-    __slots__ = ("_server_time", "_trio_time")
+    __slots__ = ("_current_time", "_server_time", "_trio_time")
 
-    def __init__(self, server_time: datetime, trio_time: float) -> None:
+    def __init__(
+        self, server_time: datetime, trio_time: float, current_time: Callable[[], float]
+    ) -> None:
         self._server_time = server_time
         self._trio_time = trio_time
+        self._current_time = current_time
 
     def now(self) -> datetime:
-        return self._server_time + timedelta(seconds=current_time() - self._trio_time)
+        return self._server_time + timedelta(seconds=self._current_time() - self._trio_time)
 
     def trio_time_at(self, when: datetime) -> float:
         return self._trio_time + (when - self._server_time).total_seconds()
@@ -200,7 +201,8 @@ class Scheduler:
         self._state = _RunState.NEW
         self._shutdown_requested = False
         self._run = RunHandle()
-        self._scope = CancelScope()
+        self._cc = TRIO  # run() moves the scheduler to its own library
+        self._scope = TRIO.cancel_scope()
         self._clock: _ServerClock | None = None
         self._clock_refresh_at = 0.0
         self._tracks: list[_Track] = []
@@ -220,8 +222,8 @@ class Scheduler:
     def shutdown(self) -> None:
         """Stop the scheduler: `run()` returns promptly (an enqueue in flight is abandoned; its
         occurrence is safe to enqueue again, by the key). Idempotent; call it from a task of the
-        same trio run, before or during `run()`; from another thread or a signal handler use
-        `shutdown_handle().shutdown()`."""
+        same trio run or asyncio loop, before or during `run()`; from another thread or a signal
+        handler use `shutdown_handle().shutdown()`."""
         self._shutdown_requested = True
         self._scope.cancel()
 
@@ -238,6 +240,10 @@ class Scheduler:
         """Enqueue occurrences until `shutdown()`. A scheduler runs once."""
         if self._state is not _RunState.NEW:
             raise RuntimeError("Scheduler.run() can only be called once; create a new Scheduler")
+        cc = current()
+        if cc is not self._cc:
+            self._cc = cc
+            self._scope = cc.cancel_scope()
         self._state = _RunState.RUNNING
         self._run.enter()
         if self._shutdown_requested:
@@ -260,11 +266,13 @@ class Scheduler:
     # -- the server's clock -------------------------------------------------------------------
 
     async def _read_server_clock(self) -> ServerInfo:
-        sent = current_time()
+        sent = self._cc.current_time()
         info = await self._client.get_server_info()
         # The server read its clock somewhere during the call: assume the middle.
-        self._clock = _ServerClock(info.server_time, (sent + current_time()) / 2)
-        self._clock_refresh_at = current_time() + CLOCK_REFRESH_S
+        self._clock = _ServerClock(
+            info.server_time, (sent + self._cc.current_time()) / 2, self._cc.current_time
+        )
+        self._clock_refresh_at = self._cc.current_time() + CLOCK_REFRESH_S
         return info
 
     async def _first_sync(self) -> ServerInfo:
@@ -276,13 +284,13 @@ class Scheduler:
                 failures += 1
                 delay = _backoff(failures)
                 self._log_failure("cannot read the server's clock and limits", exc, delay)
-                await sleep(delay)
+                await self._cc.sleep(delay)
 
     async def _refresh_clock(self) -> None:
         try:
             await self._read_server_clock()
         except Exception as exc:
-            self._clock_refresh_at = current_time() + CLOCK_RETRY_S
+            self._clock_refresh_at = self._cc.current_time() + CLOCK_RETRY_S
             self._log_failure("cannot re-read the server's clock", exc, CLOCK_RETRY_S)
 
     def _server_now(self) -> datetime:
@@ -355,13 +363,15 @@ class Scheduler:
 
     async def _loop(self) -> None:
         while True:
-            if current_time() >= self._clock_refresh_at:
+            if self._cc.current_time() >= self._clock_refresh_at:
                 await self._refresh_clock()
             self._plan()
             await self._enqueue_due()
             # Never spin: a wake-up computed in the past (time passed during the enqueues, or
             # a rounding of the clock mapping) waits a millisecond.
-            await sleep_until(max(self._next_wake(), current_time() + MIN_SLEEP_S))
+            await self._cc.sleep_until(
+                max(self._next_wake(), self._cc.current_time() + MIN_SLEEP_S)
+            )
 
     def _next_wake(self) -> float:
         assert self._clock is not None
@@ -376,7 +386,7 @@ class Scheduler:
         return wake
 
     async def _enqueue_due(self) -> None:
-        now = current_time()
+        now = self._cc.current_time()
         if now < self._outage_until:
             return
         for track in self._tracks:
@@ -435,7 +445,7 @@ class Scheduler:
         except (JobRejectedError, ValidationError) as exc:
             failures = track.failures[occurrence] = track.failures.get(occurrence, 0) + 1
             delay = _backoff(failures)
-            track.retry_at[occurrence] = current_time() + delay
+            track.retry_at[occurrence] = self._cc.current_time() + delay
             self._log_failure(
                 f"occurrence {format_occurrence(occurrence)} of {name!r} was refused",
                 exc,
@@ -446,7 +456,7 @@ class Scheduler:
         except Exception as exc:  # the loop must outlive every failure
             self._outage_failures += 1
             delay = _backoff(self._outage_failures)
-            self._outage_until = current_time() + delay
+            self._outage_until = self._cc.current_time() + delay
             self._log_failure(
                 f"enqueueing occurrence {format_occurrence(occurrence)} of {name!r} failed",
                 exc,

@@ -1,27 +1,33 @@
 """Everything the Worker (with its slots and lease keeper) and the Scheduler take from their
-concurrency library, in one module: they import these names, never trio itself.
+concurrency library, in one module: they import these names, never trio or anyio itself.
 
-They run on trio. Another runtime (asyncio) runs them by providing the same names with the
-same meaning:
+A service picks its `Concurrency` once, when its `run()` starts (`current()`): `TRIO` under
+trio, trio's own functions and classes, so nothing sits between the Worker and trio; under
+asyncio (and uvloop) the one `anyio_concurrency` builds, on anyio, whose task groups and
+cancel scopes have trio's semantics. Each part of a service holds the one it runs with (built
+with `TRIO`, given another by `use(cc)` before the run). What a `Concurrency` provides:
 
 - `current_time()`: a monotonic clock in seconds that deadlines are kept in (trio's MockClock
-  in tests); `sleep(s)`, `sleep_until(t)`; `checkpoint()`: let other tasks run and deliver a
-  pending cancellation; `checkpoint_if_cancelled()`: only the latter.
-- `CancelScope`: `cancel()`, a `deadline` that may be moved at any time, `cancelled_caught`;
-  made (and cancelled, or given a deadline) before the task that runs the block enters it.
-  Cancellation is level-triggered: every await inside the block raises until the block ends,
-  which catches it (asyncio's is one CancelledError per `cancel()`). `move_on_at(t)` and
-  `move_on_after(s)` are scopes with a deadline.
+  in tests; the loop's clock on asyncio); `sleep(s)`, `sleep_until(t)`; `checkpoint()`: let
+  other tasks run and deliver a pending cancellation; `checkpoint_if_cancelled()`: only the
+  latter.
+- `cancel_scope()` (a `CancelScope`: `cancel()`, a `deadline` that may be moved at any time,
+  `cancelled_caught`), made (and cancelled, or given a deadline) before the task that runs
+  the block enters it. Cancellation is level-triggered: every await inside the block raises
+  until the block ends, which catches it (asyncio's own is one CancelledError per
+  `cancel()`: anyio's scopes are trio's). `move_on_at(t)` and `move_on_after(s)` are scopes
+  with a deadline.
 - `open_nursery()` and `Nursery.start_soon(fn, *args, name=...)`: tasks owned by a block that
-  waits for them all; `TaskStatus` and `TASK_STATUS_IGNORED` for `nursery.start(service.run)`.
-- `Event` (`set()`, `is_set()`, `wait()`), `Lock`, `ParkingLot` (`park()`, `unpark_all()`,
-  truthy while a task is parked).
-- `RunHandle`: calls into the run from another thread or a signal handler (trio's token;
-  asyncio's `loop.call_soon_threadsafe`).
-- `run_sync_in_thread(fn, *args)`: a blocking function in a worker thread, abandoned (not
-  waited for) when the awaiting task is cancelled; no cap on the threads beyond the Worker's
-  own `max_in_flight`.
-- `TooSlowError`: what a handler's timeout raises (middleware may catch trio's).
+  waits for them all. `TaskStatus` and `TASK_STATUS_IGNORED` for `nursery.start(service.run)`
+  (anyio's `TaskGroup.start` passes its own task status, which has the same `started()`).
+- `event()` (`set()`, `is_set()`, `wait()`), `lock()`, `parking_lot()` (`park()`,
+  `unpark_all()`, truthy while a task is parked).
+
+Beside it, for every runtime: `RunHandle`, calls into the run from another thread or a signal
+handler (trio's token; asyncio's `loop.call_soon_threadsafe`); `run_sync_in_thread(fn, *args)`,
+a blocking function in a worker thread (abandoned, not waited for, when the awaiting task is
+cancelled; no cap on the threads beyond the Worker's own `max_in_flight`, and never the loop's
+default executor); `TooSlowError`, what a handler's timeout raises (trio's, on every runtime).
 
 The monitor's HTTP server (`http_responder`, `WorkerMonitor.serve`) is the one other place in
 the Worker that uses trio: it owns its sockets, as a wire driver does.
@@ -30,69 +36,146 @@ the Worker that uses trio: it owns its sockets, as a wire driver does.
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
+import sniffio
 import trio
+
+from .primitives import CancelScope as CancelScope
+from .primitives import Concurrency as Concurrency
+from .primitives import Event as Event
+from .primitives import Lock as Lock
+from .primitives import Nursery as Nursery
+from .primitives import ParkingLot as ParkingLot
+
+if TYPE_CHECKING:
+    import asyncio
 
 T = TypeVar("T")
 
-current_time = trio.current_time
-sleep = trio.sleep
-sleep_until = trio.sleep_until
-checkpoint = trio.lowlevel.checkpoint
-checkpoint_if_cancelled = trio.lowlevel.checkpoint_if_cancelled
-
-CancelScope = trio.CancelScope
-move_on_at = trio.move_on_at
-move_on_after = trio.move_on_after
 TooSlowError = trio.TooSlowError
-
-open_nursery = trio.open_nursery
-Nursery = trio.Nursery
 TaskStatus = trio.TaskStatus
 TASK_STATUS_IGNORED = trio.TASK_STATUS_IGNORED
 
-Event = trio.Event
-Lock = trio.Lock
-ParkingLot = trio.lowlevel.ParkingLot
+
+TRIO = Concurrency(
+    "trio",
+    current_time=trio.current_time,
+    sleep=trio.sleep,
+    sleep_until=trio.sleep_until,
+    checkpoint=trio.lowlevel.checkpoint,
+    checkpoint_if_cancelled=trio.lowlevel.checkpoint_if_cancelled,
+    cancel_scope=trio.CancelScope,
+    move_on_at=trio.move_on_at,
+    move_on_after=trio.move_on_after,
+    open_nursery=trio.open_nursery,
+    event=trio.Event,
+    lock=trio.Lock,
+    parking_lot=trio.lowlevel.ParkingLot,
+)
+
+
+def running_library() -> str:
+    """ "trio", "asyncio", ...: what the calling task runs on."""
+    try:
+        return sniffio.current_async_library()
+    except sniffio.AsyncLibraryNotFoundError:
+        raise RuntimeError("a sepp Worker or Scheduler runs inside trio or asyncio") from None
+
+
+def current() -> Concurrency:
+    """The primitives of the library the calling task runs on (once per service run)."""
+    library = running_library()
+    if library == "trio":
+        return TRIO
+    if library == "asyncio":
+        return _on_asyncio()
+    from .._model.errors import SeppError
+
+    raise SeppError(f"sepp's Worker and Scheduler run on trio or asyncio, not on {library}")
+
+
+def _on_asyncio() -> Concurrency:
+    try:
+        from . import anyio_concurrency
+    except ImportError as exc:
+        if exc.name is None or exc.name.split(".")[0] != "anyio":
+            raise
+        from .._model.errors import SeppError
+
+        raise SeppError(
+            "running a sepp Worker or Scheduler under asyncio needs anyio: "
+            "pip install 'sepp-trio[asyncio]'"
+        ) from None
+    return anyio_concurrency.ANYIO
 
 
 class RunHandle:
     """The run a service (Worker, Scheduler) is running in, while it runs, so that a request
-    from another thread or a signal handler reaches it."""
+    from another thread or a signal handler reaches it: a trio run or an asyncio loop."""
 
-    __slots__ = ("_token",)
+    __slots__ = ("_loop", "_thread", "_token")
 
     def __init__(self) -> None:
         self._token: trio.lowlevel.TrioToken | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread = 0
 
     def enter(self) -> None:
         """Called by the service's `run()` when it starts, in the run."""
-        self._token = trio.lowlevel.current_trio_token()
+        if running_library() == "trio":
+            self._token = trio.lowlevel.current_trio_token()
+        else:
+            import asyncio
+
+            self._loop = asyncio.get_running_loop()
+            self._thread = threading.get_ident()
 
     def leave(self) -> None:
         self._token = None
+        self._loop = None
 
     def call(self, fn: Callable[[], None], *, from_task: bool) -> None:
         """Run `fn` in the run: at once when called by one of its tasks (`from_task`), else
-        soon (at most one pending call of the same `fn`). Nothing happens outside `enter()` and
-        `leave()`: the service reads its flags when it starts."""
+        soon (at most one pending call of the same `fn` on trio; `fn` must be idempotent).
+        Nothing happens outside `enter()` and `leave()`: the service reads its flags when it
+        starts."""
         token = self._token
-        if token is None:
+        if token is not None:
+            if from_task and _current_token() is token:
+                fn()
+                return
+            try:
+                token.run_sync_soon(fn, idempotent=True)
+            except trio.RunFinishedError:
+                pass
             return
-        if from_task and _current_token() is token:
+        loop = self._loop
+        if loop is None:
+            return
+        if from_task and threading.get_ident() == self._thread and _running_loop() is loop:
             fn()
             return
         try:
-            token.run_sync_soon(fn, idempotent=True)
-        except trio.RunFinishedError:
-            pass
+            loop.call_soon_threadsafe(fn)
+        except RuntimeError:
+            pass  # the loop is closed: the run is over
 
 
 def _current_token() -> trio.lowlevel.TrioToken | None:
     try:
         return trio.lowlevel.current_trio_token()
+    except RuntimeError:
+        return None
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    import asyncio
+
+    try:
+        return asyncio.get_running_loop()
     except RuntimeError:
         return None
 
@@ -104,8 +187,13 @@ _THREADS: trio.lowlevel.RunVar[trio.CapacityLimiter] = trio.lowlevel.RunVar("sep
 
 
 async def run_sync_in_thread(fn: Callable[..., T], *args: object) -> T:
-    """`fn(*args)` in a worker thread; a cancellation returns at once and abandons the thread."""
-    return await trio.to_thread.run_sync(fn, *args, abandon_on_cancel=True, limiter=_limiter())
+    """`fn(*args)` in a worker thread; a cancellation returns at once and abandons the thread.
+    On asyncio the thread is anyio's, never the loop's default executor."""
+    if sniffio.current_async_library() == "trio":
+        return await trio.to_thread.run_sync(fn, *args, abandon_on_cancel=True, limiter=_limiter())
+    from . import anyio_concurrency
+
+    return await anyio_concurrency.run_sync_in_thread(fn, *args)
 
 
 def _limiter() -> trio.CapacityLimiter:

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from datetime import datetime
 
 from .._model.types import Job
-from .concurrency import CancelScope, Event, ParkingLot, checkpoint_if_cancelled, current_time
+from .concurrency import TRIO, CancelScope, Concurrency, Event
 
 
 class Phase(enum.Enum):
@@ -24,6 +24,7 @@ class HeldJob:
         "_deadline",
         "_seen_expiry",
         "_slot_granted",
+        "cc",
         "earlier",
         "ended",
         "forced",
@@ -36,13 +37,14 @@ class HeldJob:
         "watch_key",
     )
 
-    def __init__(self, job: Job) -> None:
+    def __init__(self, job: Job, cc: Concurrency = TRIO) -> None:
         self.job = job
+        self.cc = cc
         self.phase = Phase.WAITING
         # Made only if the job has to wait for its slot: most get one at once.
         self._slot_granted: Event | None = None
         # Covers the wait for a slot and the handler; lease loss and shutdown cancel it.
-        self.scope = CancelScope()
+        self.scope = cc.cancel_scope()
         self.lease_lost: str | None = None
         # The lease keeper's task scope, once one runs (most jobs settle before).
         self.keeper_scope: CancelScope | None = None
@@ -65,10 +67,10 @@ class HeldJob:
         """Return once the job holds a slot; without yielding if it already does (a
         cancellation of `scope` still raises here)."""
         if self.phase is Phase.RUNNING:
-            await checkpoint_if_cancelled()
+            await self.cc.checkpoint_if_cancelled()
             return
         if self._slot_granted is None:
-            self._slot_granted = Event()
+            self._slot_granted = self.cc.event()
         await self._slot_granted.wait()
 
     def grant_slot(self) -> None:
@@ -81,7 +83,7 @@ class HeldJob:
         extend (ours or the handler's) moved it. Capped at `cap_s` from the conversion so a
         server clock running ahead of ours cannot make us extend late."""
         if self.job.ctx.lease_expires_at != self._seen_expiry:
-            now = current_time()
+            now = self.cc.current_time()
             return self.convert_lease(now_utc(), now, now, cap_s)
         return self._deadline
 
@@ -106,12 +108,17 @@ class HeldJobs:
     redelivery waits for the earlier run); and a wake-up for whoever waits for the set to
     shrink (the reserve loop when it is full, the shutdown while it drains)."""
 
-    __slots__ = ("_by_delivery", "_latest", "_shrunk")
+    __slots__ = ("_by_delivery", "_latest", "_shrunk", "cc")
 
-    def __init__(self) -> None:
+    def __init__(self, cc: Concurrency = TRIO) -> None:
         self._by_delivery: dict[int, HeldJob] = {}
         self._latest: dict[str, HeldJob] = {}
-        self._shrunk = ParkingLot()
+        self.use(cc)
+
+    def use(self, cc: Concurrency) -> None:
+        """Run on `cc` (before the Worker's run, while nothing is held)."""
+        self.cc = cc
+        self._shrunk = cc.parking_lot()
 
     def __len__(self) -> int:
         return len(self._by_delivery)

@@ -1,12 +1,15 @@
 """A tiny HTTP/1.1 responder for probes and metrics scrapes: GET only, one request per
 connection (Connection: close), a bounded request head and a read deadline, so a slow or
-hostile client can hold neither memory nor a task for long. Not a web server."""
+hostile client can hold neither memory nor a task for long. Not a web server. It serves on trio
+sockets here; `anyio_http` serves it under asyncio."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
 import trio
+
+from .concurrency import CancelScope
 
 MAX_REQUEST_BYTES = 8192  # the request line and headers; a probe sends a few hundred
 READ_TIMEOUT_S = 5.0  # to receive the whole request head
@@ -55,14 +58,18 @@ def parse_request_line(head: bytes) -> str | Response:
     return target.partition("?")[0]
 
 
-async def read_head(stream: trio.abc.ReceiveStream) -> bytes | Response:
-    """The request head (up to the blank line), or the error response to send instead."""
+async def read_head(
+    receive_some: Callable[[int], Awaitable[bytes | bytearray]],
+    move_on_after: Callable[[float], CancelScope] = trio.move_on_after,
+) -> bytes | Response:
+    """The request head (up to the blank line), or the error response to send instead;
+    `receive_some` returns b"" at the end of the stream."""
     data = b""
-    with trio.move_on_after(READ_TIMEOUT_S):
+    with move_on_after(READ_TIMEOUT_S):
         while b"\r\n\r\n" not in data:
             if len(data) > MAX_REQUEST_BYTES:
                 return 431, TEXT, b"request too large\n"
-            chunk = await stream.receive_some(4096)
+            chunk = await receive_some(4096)
             if not chunk:
                 return 400, TEXT, b"incomplete request\n"
             data += chunk
@@ -78,7 +85,17 @@ class Responder:
 
     def __init__(self, routes: Mapping[str, Route]) -> None:
         self._routes = dict(routes)
-        self._slots = trio.Semaphore(MAX_CONNECTIONS)
+        self._active = 0  # connections being served (one run's tasks: no lock needed)
+
+    def take_slot(self) -> bool:
+        """Whether another connection may be served now; `release_slot()` when it ends."""
+        if self._active >= MAX_CONNECTIONS:
+            return False
+        self._active += 1
+        return True
+
+    def release_slot(self) -> None:
+        self._active -= 1
 
     def respond(self, head: bytes) -> Response:
         path = parse_request_line(head)
@@ -96,13 +113,15 @@ class Responder:
     async def handle(self, stream: trio.abc.Stream) -> None:
         """One connection: one request, one response, close. Never raises."""
         try:
-            if self._slots.value == 0:
+            if not self.take_slot():
                 return  # too many at once: close without reading
-            async with self._slots:
-                head = await read_head(stream)
+            try:
+                head = await read_head(stream.receive_some)
                 status, content_type, body = head if isinstance(head, tuple) else self.respond(head)
                 with trio.move_on_after(WRITE_TIMEOUT_S):
                     await stream.send_all(render(status, content_type, body))
+            finally:
+                self.release_slot()
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             pass  # the client went away
         finally:

@@ -12,7 +12,7 @@ from .._model.errors import AttemptMismatchError, JobNotFoundError
 from .._model.settlement import describe
 from .._util.log import Log
 from .client_calls import WorkerClient
-from .concurrency import CancelScope, Event, Nursery, current_time, move_on_at, sleep
+from .concurrency import TRIO, Concurrency, Nursery
 from .held_job import HeldJob, Phase
 
 # Extend once a third of what is left of the granted lease has passed (two thirds still
@@ -46,6 +46,7 @@ class LeaseKeeper:
         now_utc: Callable[[], datetime],
         log: Log,
         extend: bool = True,
+        cc: Concurrency = TRIO,
     ) -> None:
         self._extend = extend
         self._client = client
@@ -60,8 +61,13 @@ class LeaseKeeper:
         self._keys = itertools.count()
         self._wall: datetime | None = None  # a wall-clock reading, taken at time _wall_at
         self._wall_at = 0.0
-        self._due_changed = Event()
-        self._scope = CancelScope()
+        self.use(cc)
+
+    def use(self, cc: Concurrency) -> None:
+        """Run on `cc` (before the Worker's run, while no job is watched)."""
+        self._cc = cc
+        self._due_changed = cc.event()
+        self._scope = cc.cancel_scope()
 
     def watch(self, held: HeldJob) -> None:
         """Keep `held`'s lease from its first extend on, until `release(held)`; call from the
@@ -69,7 +75,7 @@ class LeaseKeeper:
         # The context is the job's (its process span is current), so the keeper's extend
         # spans nest under sepp.process like the handler's.
         key = held.watch_key = next(self._keys)
-        now = current_time()
+        now = self._cc.current_time()
         if self._wall is None or now - self._wall_at >= WALL_READING_MAX_AGE_S:
             self._wall, self._wall_at = self._now_utc(), now
         left_s = held.convert_lease(self._wall, self._wall_at, now, self._lease_s) - now
@@ -103,12 +109,13 @@ class LeaseKeeper:
         self._scope.cancel()
 
     def _wake(self) -> None:
-        changed, self._due_changed = self._due_changed, Event()
+        changed, self._due_changed = self._due_changed, self._cc.event()
         changed.set()
 
     async def run(self, nursery: Nursery) -> None:
         """Starts a job's keeper in `nursery` when its first extend falls due, if it is still
         held. Runs until `stop()`."""
+        cc = self._cc
         with self._scope:
             while True:
                 changed = self._due_changed
@@ -119,8 +126,8 @@ class LeaseKeeper:
                 if key not in self._watched:
                     heapq.heappop(self._due)  # released
                     continue
-                if current_time() < due:
-                    with move_on_at(due):
+                if cc.current_time() < due:
+                    with cc.move_on_at(due):
                         await changed.wait()
                     continue
                 heapq.heappop(self._due)
@@ -133,7 +140,7 @@ class LeaseKeeper:
     def _cut_off(self, key: int, held: HeldJob, context: contextvars.Context) -> None:
         """Without auto-extend: the lease has ended, unless the handler extended it."""
         deadline = held.lease_deadline(self._now_utc, self._lease_s)
-        if current_time() < deadline:
+        if self._cc.current_time() < deadline:
             self._watch_until(key, deadline, held, context)
         else:
             self._lose_lease(held, "the lease ran out (auto_extend is off)")
@@ -142,29 +149,30 @@ class LeaseKeeper:
         """Extend the lease from the granted expiry until released or the lease is lost."""
         if held.phase is Phase.SETTLING:
             return  # released between being scheduled and starting
-        with CancelScope() as held.keeper_scope:
+        with self._cc.cancel_scope() as held.keeper_scope:
             await self._extend_until_lost(held, first_extend_due=True)
 
     async def _extend_until_lost(self, held: HeldJob, first_extend_due: bool) -> None:
         ctx = held.job.ctx
+        cc = self._cc
         last_failure: Exception | None = None
         while True:
             deadline = held.lease_deadline(self._now_utc, self._lease_s)
-            left_s = deadline - current_time()
+            left_s = deadline - cc.current_time()
             floor_s = EXTEND_MIN_WAIT_S if last_failure is None else EXTEND_RETRY_MIN_WAIT_S
             if first_extend_due:
                 first_extend_due = False  # the scheduler already waited the first third
             else:
-                await sleep(max(left_s / 3, min(floor_s, left_s), 0.0))
+                await cc.sleep(max(left_s / 3, min(floor_s, left_s), 0.0))
             deadline = held.lease_deadline(self._now_utc, self._lease_s)
-            if current_time() >= deadline:
+            if cc.current_time() >= deadline:
                 why = "the lease expired" + (
                     f" (last extend failed: {describe(last_failure)})" if last_failure else ""
                 )
                 self._lose_lease(held, why)
                 return
             # An extend still pending at the expiry could not have saved the lease.
-            with move_on_at(deadline) as attempt:
+            with cc.move_on_at(deadline) as attempt:
                 try:
                     await self._client.extend(ctx, self._lease_s)
                 except (JobNotFoundError, AttemptMismatchError) as exc:

@@ -22,7 +22,8 @@ skipped), raising nacks it as the exception says, exactly as if the handler had 
 (`sepp.HandlerError` to choose the nack; a handler's `timeout` arrives as `trio.TooSlowError`).
 So a middleware can time the job, log it, set context variables, or turn an exception into
 another outcome by catching it and returning or raising something else. Do not swallow
-`trio.Cancelled`.
+`trio.Cancelled` (under asyncio, `asyncio.CancelledError`; a `timeout` is `trio.TooSlowError`
+there too).
 
 Order: the Worker's middleware (first in the list = outermost), then each router's from the
 outermost including router in, then the handler's own router's.

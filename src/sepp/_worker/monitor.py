@@ -10,7 +10,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from .._model.errors import ValidationError
-from .concurrency import TASK_STATUS_IGNORED, TaskStatus
+from .concurrency import TASK_STATUS_IGNORED, TaskStatus, running_library
 from .http_responder import TEXT, Responder, Response, Route
 
 if TYPE_CHECKING:
@@ -187,7 +187,12 @@ class WorkerMonitor:
         if not (health or metrics):
             raise ValidationError("serve", "needs health, metrics or both")
         responder = Responder(self._routes(health=health, metrics=metrics))
-        await responder.serve(port, host=host, task_status=task_status)
+        if running_library() == "trio":
+            await responder.serve(port, host=host, task_status=task_status)
+        else:
+            from . import anyio_http
+
+            await anyio_http.serve(responder, port, host=host, task_status=task_status)
 
 
 def feed_of(monitor: WorkerMonitor) -> MonitorFeed:

@@ -9,7 +9,7 @@ from .._client import otel as _otel
 from .._model import settlement as outcomes
 from .._model.types import Job, JobContext, Retry, set_handler_context
 from .backoff import Backoff
-from .concurrency import Event, Nursery, TooSlowError, current_time, move_on_after
+from .concurrency import TRIO, Concurrency, Nursery, TooSlowError
 from .held_job import HeldJob, HeldJobs, Phase
 from .middleware import run_chain
 from .router import BackoffSetting, Handler, Router, RouteSettings, registered_handlers
@@ -31,7 +31,9 @@ class HandlerTimeoutError(TooSlowError):
         super().__init__(f"the handler ran past its {timeout_s:g}s timeout and was cancelled")
 
 
-def _with_timeout(fn: Handler, timeout_s: float) -> Handler:
+def _with_timeout(fn: Handler, timeout_s: float, cc: Concurrency) -> Handler:
+    move_on_after = cc.move_on_after
+
     async def timed(payload: Any, ctx: JobContext) -> None:
         with move_on_after(timeout_s) as limit:
             await fn(payload, ctx)
@@ -47,9 +49,9 @@ class Route:
 
     __slots__ = ("backoff", "fn", "middleware")
 
-    def __init__(self, fn: Handler, settings: RouteSettings) -> None:
+    def __init__(self, fn: Handler, settings: RouteSettings, cc: Concurrency) -> None:
         timeout_s = settings.timeout_s
-        self.fn = fn if timeout_s is None else _with_timeout(fn, timeout_s)
+        self.fn = fn if timeout_s is None else _with_timeout(fn, timeout_s, cc)
         self.middleware = settings.middleware
         assert settings.backoff is not None  # the Worker's own settings always have one
         self.backoff: BackoffSetting = settings.backoff
@@ -73,7 +75,9 @@ class JobProcessor:
         report: WorkerReport,
         events: WorkerEvents | None,
         metrics: _otel.WorkerMetrics,
+        cc: Concurrency = TRIO,
     ) -> None:
+        self._cc = cc
         self._client = client
         self._worker_id = worker_id
         self._unknown_types = unknown_types
@@ -92,12 +96,17 @@ class JobProcessor:
         self.lifespan_state: Any = None  # every handler's ctx.state
         self._reserving_ended = False
 
+    def use(self, cc: Concurrency, router: Router, own: RouteSettings) -> None:
+        """Run on `cc` (before the Worker's run)."""
+        self._cc = cc
+        self.use_routes(router, own)
+
     def use_routes(self, router: Router, own: RouteSettings) -> None:
         """Run `router`'s handlers, with the Worker's settings `own` around theirs."""
         routes: dict[str, Route] = {}
         catch_all = None
         for entry in registered_handlers(router):
-            route = Route(entry.handler, entry.settings.inside(own))
+            route = Route(entry.handler, entry.settings.inside(own), self._cc)
             if entry.job_type is None:
                 catch_all = route
             else:
@@ -119,7 +128,7 @@ class JobProcessor:
         assert nursery is not None
         ctx = job.ctx
         set_handler_context(ctx, self._client, self.lifespan_state)
-        held = HeldJob(job)
+        held = HeldJob(job, self._cc)
         earlier = self._held.add(held)
         route = self._routes.get(ctx.job_type, self._catch_all)
         if route is not None:
@@ -138,7 +147,7 @@ class JobProcessor:
         not ended yet): it runs once the earlier run ended, never beside it."""
         held.earlier = earlier
         if earlier.ended is None:
-            earlier.ended = Event()
+            earlier.ended = self._cc.event()
         self._report.redelivered_while_running(held.job.ctx, earlier.job.ctx.attempt)
 
     # -- one job --------------------------------------------------------------------------------
@@ -199,7 +208,7 @@ class JobProcessor:
                 if held.earlier is not None:
                     await self._after_earlier_run(held, held.earlier)
                 await held.wait_for_slot()
-                started = current_time()
+                started = self._cc.current_time()
                 if events is not None:
                     events.job_started(ctx)
                 if attributes is not None:
@@ -215,7 +224,7 @@ class JobProcessor:
             self._slots.release(held)
             held.phase = Phase.SETTLING
             if started is not None:
-                held.run_s = run_s = current_time() - started
+                held.run_s = run_s = self._cc.current_time() - started
                 if events is not None:
                     events.job_ended(ctx, run_s)
                 if attributes is not None:

@@ -17,7 +17,7 @@ from .._model.settlement import HandlerError
 from .._model.types import JobContext
 from .._util.log import Log
 from .client_calls import WorkerClient
-from .concurrency import Lock, current_time, move_on_after
+from .concurrency import TRIO, Concurrency
 
 # A job type without a handler is logged at ERROR at most once per this many seconds.
 UNKNOWN_TYPE_LOG_INTERVAL_S = 60.0
@@ -31,6 +31,7 @@ class WorkerReport:
     it) once, for the first dead letter, whether dead letters are kept at all."""
 
     __slots__ = (
+        "_cc",
         "_client",
         "_keeps_dead_letters",
         "_log",
@@ -40,14 +41,26 @@ class WorkerReport:
         "_worker_id",
     )
 
-    def __init__(self, log: Log, worker_id: str, queues: list[str], client: WorkerClient) -> None:
+    def __init__(
+        self,
+        log: Log,
+        worker_id: str,
+        queues: list[str],
+        client: WorkerClient,
+        cc: Concurrency = TRIO,
+    ) -> None:
         self._log = log
         self._worker_id = worker_id
         self._queues = queues
         self._client = client
         self._unknown_logged_at: dict[str, float] = {}
         self._keeps_dead_letters: bool | None = None  # the server's, once asked
-        self._server_info_lock = Lock()
+        self.use(cc)
+
+    def use(self, cc: Concurrency) -> None:
+        """Run on `cc` (before the Worker's run)."""
+        self._cc = cc
+        self._server_info_lock = cc.lock()
 
     # -- reserving ---------------------------------------------------------------------------
 
@@ -98,7 +111,7 @@ class WorkerReport:
     def unknown_type(self, ctx: JobContext, delay_s: float | None, handled: Iterable[str]) -> None:
         """No handler for the job's type (`handled`: the types with one): at ERROR once a
         minute per type, else at DEBUG."""
-        now = current_time()
+        now = self._cc.current_time()
         logged_at = self._unknown_logged_at.get(ctx.job_type)
         if logged_at is None or now - logged_at >= UNKNOWN_TYPE_LOG_INTERVAL_S:
             if len(self._unknown_logged_at) >= UNKNOWN_TYPES_REMEMBERED:
@@ -228,7 +241,7 @@ class WorkerReport:
         async with self._server_info_lock:
             get_server_info = getattr(self._client, "get_server_info", None)
             if self._keeps_dead_letters is None and get_server_info is not None:
-                with move_on_after(SERVER_INFO_TIMEOUT_S):
+                with self._cc.move_on_after(SERVER_INFO_TIMEOUT_S):
                     try:
                         info = await get_server_info()
                         self._keeps_dead_letters = bool(info.dead_letter_retention_enabled)

@@ -7,7 +7,7 @@ import random
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from .concurrency import CancelScope, checkpoint, current_time, sleep
+from .concurrency import TRIO, Concurrency
 
 if TYPE_CHECKING:
     from .._client.otel import WorkerMetrics
@@ -48,6 +48,7 @@ class ReserveLoop:
         report: WorkerReport,
         events: WorkerEvents | None,
         metrics: WorkerMetrics,
+        cc: Concurrency = TRIO,
     ) -> None:
         self._client = client
         self._queues = list(settings.queues)  # as the client is given them, every time
@@ -64,11 +65,16 @@ class ReserveLoop:
         self._report = report
         self._events = events
         self._metrics = metrics
-        self.scope = CancelScope()
+        self.use(cc)
         self._sent_at: float | None = None
         # The last reserve found the queues drained, so the pending one is long-polling.
         self._queues_drained = False
         self._largest_batch = 0  # the most jobs one reserve has returned
+
+    def use(self, cc: Concurrency) -> None:
+        """Run on `cc` (before the Worker's run)."""
+        self._cc = cc
+        self.scope = cc.cancel_scope()
 
     def stop(self) -> None:
         """The shutdown began: cancel the pending reserve, unless it was sent so recently that
@@ -77,13 +83,15 @@ class ReserveLoop:
         if (
             sent_at is not None
             and not self._queues_drained
-            and current_time() - sent_at < RESERVE_SETTLE_S
+            and self._cc.current_time() - sent_at < RESERVE_SETTLE_S
         ):
             self.scope.deadline = sent_at + RESERVE_SETTLE_S
         else:
             self.scope.cancel()
 
     async def run(self, mark_started: Callable[[], None]) -> None:
+        cc = self._cc
+        current_time = cc.current_time
         failures = 0
         early_empty_s = min(EARLY_EMPTY_THRESHOLD_S, self._wait_s / 2)
         held = self._held
@@ -114,7 +122,7 @@ class ReserveLoop:
                 failures += 1
                 delay = self._backoff(failures)
                 self._report.reserve_failed(exc, failures, delay)
-                await sleep(delay)
+                await cc.sleep(delay)
                 continue
             self._sent_at = None
             if self._events is not None:
@@ -143,10 +151,10 @@ class ReserveLoop:
                 # order the scheduler picks, so this task waits for the pass after it. A full
                 # batch means a backlog: ask again at once (throughput); the handlers start
                 # meanwhile.
-                await checkpoint()
-                await checkpoint()
+                await cc.checkpoint()
+                await cc.checkpoint()
             if not jobs and current_time() - began < early_empty_s:
-                await sleep(EARLY_EMPTY_PAUSE_S)
+                await cc.sleep(EARLY_EMPTY_PAUSE_S)
 
     def _reserving(self) -> bool:
         # A method, not the attribute, so type checkers see that awaits can change it.

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
 
-from .concurrency import CancelScope, RunHandle, current_time
+from .concurrency import TRIO, Concurrency, RunHandle
 
 if TYPE_CHECKING:
     from .held_job import HeldJobs
@@ -48,21 +48,28 @@ class WorkerShutdown:
     (`begun`: reserving stops, jobs waiting for a slot go back), then `drain`: the grace period
     for the running handlers, which `stop_now` ends at once."""
 
-    __slots__ = ("began_at", "begun", "grace", "requested", "run", "stop_now", "timeout_s")
+    __slots__ = ("began_at", "begun", "cc", "grace", "requested", "run", "stop_now", "timeout_s")
 
-    def __init__(self, timeout_s: float) -> None:
+    def __init__(self, timeout_s: float, cc: Concurrency = TRIO) -> None:
         self.timeout_s = timeout_s  # the grace period, from the request
         # Set from any thread or signal handler; read by the Worker's run() when it starts.
         self.requested = False
         self.stop_now = False  # shutdown(now=True): no grace period for running handlers
         self.begun = False
         self.began_at = 0.0
-        self.grace = CancelScope()  # cancelled early by shutdown(now=True)
         self.run = RunHandle()  # the run to begin the shutdown in, while the Worker runs
+        self.use(cc)
+
+    def use(self, cc: Concurrency) -> None:
+        """Run on `cc` (before the Worker's run)."""
+        self.cc = cc
+        self.grace = cc.cancel_scope()  # cancelled early by shutdown(now=True)
+        if self.stop_now:
+            self.grace.cancel()
 
     def begin(self) -> None:
         self.begun = True
-        self.began_at = current_time()
+        self.began_at = self.cc.current_time()
 
     async def drain(self, held: HeldJobs, report: WorkerReport) -> None:
         """After reserving stopped: the grace period, then cancel whatever still runs (the
@@ -75,5 +82,7 @@ class WorkerShutdown:
             while held:
                 await held.wait_for_change()
         if held:
-            report.cancelling_jobs(len(held), told_to_stop_now=current_time() < self.grace.deadline)
+            report.cancelling_jobs(
+                len(held), told_to_stop_now=self.cc.current_time() < self.grace.deadline
+            )
             held.stop(waiting_only=False)

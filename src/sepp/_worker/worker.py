@@ -20,7 +20,7 @@ from .._model.types import JobContext
 from .._util.log import LoggerLike
 from .backoff import DEFAULT_BACKOFF, DEFAULT_UNKNOWN_TYPE_BACKOFF, Backoff
 from .client_calls import WorkerClient
-from .concurrency import TASK_STATUS_IGNORED, TaskStatus, open_nursery
+from .concurrency import TASK_STATUS_IGNORED, TRIO, Concurrency, Event, TaskStatus, current
 from .events import WorkerEvents
 from .held_job import HeldJobs
 from .lease_keeper import LeaseKeeper
@@ -147,6 +147,9 @@ class Worker:
         )
         self._events = events
         self._state = _RunState.NEW
+        self._cc = TRIO  # the parts are built on trio; run() moves them to its own library
+        self._reserving = False  # run() has sent its first reserve (or has ended)
+        self._reserving_event: Event | None = None  # made by the first wait_until_reserving()
         self._shutdown = WorkerShutdown(settings.shutdown_timeout_s)
         self._held = HeldJobs()
         self._leases = LeaseKeeper(
@@ -251,6 +254,17 @@ class Worker:
     def _build_routes(self) -> None:
         self._jobs.use_routes(self._router, self._settings.own)
 
+    def _use(self, cc: Concurrency) -> None:
+        """Move every part to `cc`'s primitives: once, when run() starts on another library
+        than trio (nothing is held yet)."""
+        self._cc = cc
+        self._shutdown.use(cc)
+        self._held.use(cc)
+        self._leases.use(cc)
+        self._report.use(cc)
+        self._reserver.use(cc)
+        self._jobs.use(cc, self._router, self._settings.own)
+
     # -- state --------------------------------------------------------------------------------
 
     @property
@@ -273,14 +287,29 @@ class Worker:
         """Whether shutdown was requested (it may still be draining)."""
         return self._shutdown.requested
 
+    async def wait_until_reserving(self) -> None:
+        """Return once `run()`, started in another task, is reserving (or has ended): what
+        `await nursery.start(worker.run)` waits for, for a plain `asyncio.create_task(worker.run())`
+        or any task that did not start it. At once if it already is."""
+        if self._reserving:
+            return
+        if self._reserving_event is None:
+            self._reserving_event = current().event()
+        await self._reserving_event.wait()
+
+    def _mark_reserving(self) -> None:
+        self._reserving = True
+        if self._reserving_event is not None:
+            self._reserving_event.set()
+
     # -- shutdown -----------------------------------------------------------------------------
 
     def shutdown(self, *, now: bool = False) -> None:
         """Shut down gracefully: stop reserving, return the jobs that have not started and
         wait up to `shutdown_timeout` for the running ones. `now=True` does not wait: running
         handlers are cancelled and their jobs returned (the command line's second signal).
-        Idempotent. Call it from a task; from another thread or a signal handler use
-        `shutdown_handle().shutdown()`."""
+        Idempotent. Call it from any task or thread (of the worker's trio run or asyncio loop,
+        or any other); from a signal handler use `shutdown_handle().shutdown()`."""
         self._request_shutdown(from_task=True, now=now)
 
     def shutdown_handle(self) -> ShutdownHandle:
@@ -320,6 +349,9 @@ class Worker:
         A worker runs once."""
         if self._state is not _RunState.NEW:
             raise RuntimeError("Worker.run() can only be called once; create a new Worker")
+        cc = current()
+        if cc is not self._cc:
+            self._use(cc)
         self._state = _RunState.RUNNING
         shutdown = self._shutdown
         shutdown.run.enter()
@@ -336,6 +368,7 @@ class Worker:
                 started = True
                 if events is not None:
                     events.reserving()
+                self._mark_reserving()
                 task_status.started()
 
         try:
@@ -344,7 +377,7 @@ class Worker:
                     jobs.lifespan_state = await lifespan.enter_async_context(
                         self._settings.lifespan(self)
                     )
-                async with open_nursery() as nursery:
+                async with cc.open_nursery() as nursery:
                     jobs.nursery = nursery
                     nursery.start_soon(self._leases.run, nursery)
                     if shutdown.requested:
@@ -358,6 +391,7 @@ class Worker:
                     jobs.stop_lease_keeping_if_idle()
         finally:
             self._state = _RunState.DONE
+            self._mark_reserving()  # nobody waits for a run that has ended
             if events is not None:
                 events.stopped()
             shutdown.run.leave()
