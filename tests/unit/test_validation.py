@@ -222,7 +222,9 @@ def test_garbage_in_a_host_is_refused_and_never_gets_a_port_appended(
     assert parse_address(host).port == 50051  # the host alone is fine
     cut = at % (len(host) + 1)
     text = host[:cut] + junk + host[cut:]
-    assume(text.rstrip("/") != host)  # a trailing slash (`host/`, as in a URL) is allowed
+    # Allowed: a trailing slash (`host/`, as in a URL), and whitespace around the whole address
+    # (an environment variable's newline); hypothesis found `' a0'` on the floors-py3.13 part.
+    assume(text.strip().rstrip("/") != host)
     if port is not None:
         text += f":{port}"
     with pytest.raises(sepp.ValidationError) as info:
