@@ -2,7 +2,7 @@
 # The project's test command (`make test`, what CI runs): set up everything on a fresh machine,
 # then run lint, strict typing, the generated-code check, the docs build, and every test on every
 # claimed Python, on the dependency floors, on PyPy 3.11 and on free-threaded CPython 3.13
-# (scripts/test_matrix.py, two at a time).
+# (scripts/test_matrix.py, three at a time).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${VENV:-.venv}"

@@ -15,9 +15,10 @@
   and the part's summary says how many and why; 3.13t's run fails if the GIL came back on.
 
 The slowest parts start first. Each part runs the whole `tests/` tree (unit, fixture and
-real-server suites) in its own process, `--jobs` at a time (2 by default: the CI machine has 2
-cores), in a virtualenv kept under `${SEPP_TRIO_CACHE:-~/.cache/sepp-trio}/matrix/` and rebuilt
-when its inputs change. A claimed Python that cannot be found is a failure, never a skip. The
+real-server suites) in its own process, `--jobs` at a time (3 by default: the CI machine has 2
+cores, and a part spends a good share of its time waiting on servers and timers), in a
+virtualenv kept under `${SEPP_TRIO_CACHE:-~/.cache/sepp-trio}/matrix/` and rebuilt when its
+inputs change. A claimed Python that cannot be found is a failure, never a skip. The
 exit status is non-zero if any part fails; the last lines are a summary with each part's wall
 time and the main part's pytest output, whose closing line counts its tests.
 
@@ -363,7 +364,7 @@ def run_part(part: Part, pytest_args: list[str], logs: Path) -> Part:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--jobs", type=int, default=int(os.environ.get("SEPP_MATRIX_JOBS", "2")))
+    parser.add_argument("--jobs", type=int, default=int(os.environ.get("SEPP_MATRIX_JOBS", "3")))
     parser.add_argument("--only", nargs="+", metavar="PART", help="run only these parts")
     parser.add_argument("--list", action="store_true", help="print the parts and exit")
     parser.add_argument("pytest_args", nargs="*", help="passed to pytest (after --)")

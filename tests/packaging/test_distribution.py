@@ -133,7 +133,7 @@ def test_the_metadata_says_what_the_package_is_with_pep_639_licence_fields_only(
         assert any(c.startswith(prefix) for c in classifiers), prefix
     assert "job queue" in meta["Keywords"].split(",")
     assert meta["Requires-Python"] == ">=3.10"
-    assert "exceptiongroup>=1.0; python_version < '3.11'" in meta.get_all("Requires-Dist")
+    assert "exceptiongroup>=1.0.2; python_version < '3.11'" in meta.get_all("Requires-Dist")
     assert meta["Dynamic"] is None  # nothing left for an installer to compute again
 
 

@@ -21,11 +21,11 @@ import test_matrix  # noqa: E402
 def test_every_dependency_and_extra_has_its_floor_pinned() -> None:
     pins = test_matrix.floor_pins()
     assert pins["h2"] == "==4.1" and pins["protobuf"] == "==6.30.2" and pins["trio"] == "==0.25"
-    assert pins["cronsim"] == "==2.7"
+    assert pins["cronsim"] == "==2.7" and pins["anyio"] == "==4.7"
     # The sdk at the api's floor (users pair them), hpack at what h2's floor accepts.
     assert pins["opentelemetry-api"] == pins["opentelemetry-sdk"] == "==1.20"
     assert pins["hpack"] == "==4.0.0"
-    assert pins["exceptiongroup"] == '==1.0; python_version < "3.11"'
+    assert pins["exceptiongroup"] == '==1.0.2; python_version < "3.11"'
 
 
 def test_the_floors_run_on_the_oldest_and_the_newest_claimed_python() -> None:
