@@ -535,3 +535,27 @@ def test_doubles_keep_their_bits() -> None:
     body = pb.PrimitiveValue(double_value=math.inf).SerializeToString()
     assert decode(body, wire_responses.PRIMITIVE) == {"double_value": math.inf}
     assert timedelta(seconds=1) == wire_responses._duration({"seconds": 1})
+
+
+@pytest.mark.parametrize("upb", [True, False])
+def test_the_default_reads_jobs_with_upb_where_present_and_the_rest_with_ours(
+    monkeypatch: pytest.MonkeyPatch, upb: bool
+) -> None:
+    monkeypatch.setattr(mc, "upb_present", lambda: upb)
+    mc.select(mc.DEFAULT)
+    mc.preload()
+    job_readers = ("reserved_jobs", "job", "dead_letter_records", "dead_letter")
+    for name in [n for n in vars(mc.Responses) if not n.startswith("_")]:
+        from_upb = upb and name in job_readers
+        expected = protobuf_codec if from_upb else wire_responses
+        assert getattr(mc.RESPONSES, name) is getattr(expected, name), name
+    assert mc.REQUESTS is wire_requests
+
+
+def test_a_codec_named_explicitly_is_used_for_everything() -> None:
+    for name, module in (("sepp", wire_responses), ("protobuf", protobuf_codec)):
+        mc.select(name)
+        mc.preload()
+        assert mc.RESPONSES is module
+    with pytest.raises(ValueError, match="one of auto, sepp, protobuf"):
+        mc.select("upb")
