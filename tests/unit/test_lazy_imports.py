@@ -93,18 +93,51 @@ def test_first_use_loads_what_was_deferred() -> None:
         assert loaded(modules, name), name
 
 
-def test_the_default_message_codec_never_imports_protobuf() -> None:
-    modules = imported(
-        "import os; os.environ.pop('SEPP_MESSAGE_CODEC', None)",  # the default, whatever ours
-        "import sepp",
-        "from sepp._client import operations as ops",
-        "ops.read_ack(b'\\x0a\\x01j')",
-        "ops.drain_dead_letters_call('q', 3)",
-        "ops.reserve_call('q', lease_duration=30, wait_timeout=1, max_jobs=2, worker_id=None)",
-        "sepp._model.message_codec.preload()",
-    )
+DEFAULT_CODEC_CALLS = (
+    "import os; os.environ.pop('SEPP_MESSAGE_CODEC', None)",  # the default, whatever ours
+    "import sepp",
+    "from sepp._client import operations as ops",
+    "ops.read_ack(b'\\x0a\\x01j')",
+    "ops.drain_dead_letters_call('q', 3)",
+    "ops.reserve_call('q', lease_duration=30, wait_timeout=1, max_jobs=2, worker_id=None)",
+)
+
+
+def test_the_default_message_codec_imports_protobuf_only_at_connect() -> None:
+    modules = imported(*DEFAULT_CODEC_CALLS)
     assert "sepp._model.wire_responses" in modules
     assert not loaded(modules, "google.protobuf") and not loaded(modules, "sepp._pb")
+
+
+def test_without_upb_the_default_message_codec_never_imports_protobuf() -> None:
+    # PyPy and free-threaded builds run pure-Python protobuf; protobuf's own switch stands in.
+    modules = imported(
+        "import os; os.environ['PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION'] = 'python'",
+        *DEFAULT_CODEC_CALLS,
+        "sepp._model.message_codec.preload()",
+        "assert sepp._model.message_codec.RESPONSES is sepp._model.wire_responses",
+    )
+    assert not loaded(modules, "google.protobuf") and not loaded(modules, "sepp._pb")
+
+
+def test_the_default_message_codec_loads_protobuf_at_connect_exactly_where_upb_runs() -> None:
+    result = run_python(
+        "; ".join(
+            [
+                *DEFAULT_CODEC_CALLS,
+                "import sys",
+                "codec = sepp._model.message_codec",
+                "codec.preload()",
+                "from google.protobuf.internal import api_implementation as impl",
+                "print([impl.Type() == 'upb', 'sepp._pb.queue_pb2' in sys.modules, "
+                "codec.RESPONSES.reserved_jobs.__module__])",
+            ]
+        )
+    )
+    assert isinstance(result, list)
+    upb, pb_loaded, reader = result
+    assert pb_loaded is upb
+    assert reader == ("sepp._model.protobuf_codec" if upb else "sepp._model.wire_responses")
 
 
 def test_every_public_name_resolves_in_a_fresh_interpreter() -> None:

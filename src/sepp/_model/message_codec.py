@@ -11,6 +11,7 @@ SEPP_MESSAGE_CODEC=sepp or =protobuf picks one codec for everything.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from collections.abc import Iterable, Sequence
 from datetime import datetime
@@ -89,10 +90,20 @@ def responses_of(name: str) -> Responses:
     return wire_responses
 
 
+_PROTOBUF_IMPLEMENTATION = "PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION"  # protobuf's own switch
 _JOB_READERS = ("reserved_jobs", "job", "dead_letter_records", "dead_letter")
 
 
 def upb_present() -> bool:
+    """Whether protobuf would run on upb, found without importing protobuf where it would not
+    (PyPy, free-threaded builds and pure-Python installs never load it under "auto")."""
+    if os.environ.get(_PROTOBUF_IMPLEMENTATION, "upb") != "upb":
+        return False
+    try:
+        if importlib.util.find_spec("google._upb._message") is None:
+            return False
+    except (ImportError, ValueError):
+        return False
     from google.protobuf.internal import api_implementation
 
     return bool(api_implementation.Type() == "upb")
