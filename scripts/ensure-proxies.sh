@@ -48,9 +48,10 @@ if [[ -z "$nginx_bin" || -z "$haproxy_bin" ]]; then
     fi
     export DEBIAN_FRONTEND=noninteractive
     log "apt-get update"
-    apt-get update -qq >&2
+    # Other installers (scripts/ensure-interpreters.sh, ensure-sepp-server.sh) may hold apt.
+    apt-get update -qq -o DPkg::Lock::Timeout=600 >&2
     log "apt-get install ${packages[*]}"
-    apt-get install -y -qq --no-install-recommends "${packages[@]}" >&2
+    apt-get install -y -qq -o DPkg::Lock::Timeout=600 --no-install-recommends "${packages[@]}" >&2
     if [[ -n "$created_policy" ]]; then rm -f /usr/sbin/policy-rc.d; trap - EXIT; fi
     nginx_bin="$(find_bin "${SEPP_NGINX:-}" nginx)"
     haproxy_bin="$(find_bin "${SEPP_HAPROXY:-}" haproxy)"

@@ -103,7 +103,10 @@ install_protoc() {
         return 1
     }
     log "the build needs protoc; installing protobuf-compiler"
-    { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y protobuf-compiler; } >&2
+    # make test runs other installers (ensure-interpreters.sh, ensure-proxies.sh) at once.
+    local wait=(-o DPkg::Lock::Timeout=600)
+    { apt-get update "${wait[@]}" &&
+        DEBIAN_FRONTEND=noninteractive apt-get install -y "${wait[@]}" protobuf-compiler; } >&2
 }
 
 started=$SECONDS

@@ -16,13 +16,16 @@ echo "==> PyPy 3.11 and free-threaded CPython 3.13, in the background (log: $int
 bash scripts/ensure-interpreters.sh >"$interpreters_log" 2>&1 &
 interpreters_pid=$!
 
+# The sepp server likewise (a cold `cargo install` takes 8 minutes, much of it one core's LTO
+# link): the lint, type and docs steps need no server; the matrix waits for it below.
+server_log="$CACHE_ROOT/ensure-sepp-server.log"
+server_path="$CACHE_ROOT/ensure-sepp-server.path"
+echo "==> sepp server binary, in the background (log: $server_log)"
+bash scripts/ensure-sepp-server.sh >"$server_path" 2>"$server_log" &
+server_pid=$!
+
 echo "==> virtualenv and dependencies ($VENV)"
 bash scripts/setup-venv.sh
-
-echo "==> sepp server binary"
-SEPP_BIN="$(bash scripts/ensure-sepp-server.sh | tail -n 1)"
-export SEPP_BIN
-"$SEPP_BIN" --version
 
 echo "==> sepp-py peer virtualenv (interop tests and benchmarks)"
 SEPPY_PYTHON="$(bash scripts/ensure-seppy-venv.sh | tail -n 1)"
@@ -51,6 +54,16 @@ else  # their matrix parts try again and fail with the reason; the other parts s
     echo "scripts/ensure-interpreters.sh failed (the end of $interpreters_log):"
     tail -n 20 "$interpreters_log"
 fi
+
+echo "==> sepp server binary"
+if ! wait "$server_pid"; then
+    echo "scripts/ensure-sepp-server.sh failed (the end of $server_log):"
+    tail -n 30 "$server_log"
+    exit 1
+fi
+SEPP_BIN="$(tail -n 1 "$server_path")"
+export SEPP_BIN
+"$SEPP_BIN" --version
 
 echo "==> pytest on every claimed Python, on the dependency floors, on PyPy and free-threaded"
 "$VENV/bin/python" scripts/test_matrix.py -- "$@"
