@@ -33,6 +33,7 @@ LOOP = _ARGS[_ARGS.index("--loop") + 1] if "--loop" in _ARGS else "asyncio"
 import asyncio  # noqa: E402
 import contextlib  # noqa: E402
 import json  # noqa: E402
+import math  # noqa: E402
 import os  # noqa: E402
 import resource  # noqa: E402
 import time  # noqa: E402
@@ -176,6 +177,69 @@ class Driver:
             raise failures[0]
         out["n"] = reserved
         return out
+
+    async def op_bench_latency(self, req: Request) -> Result:
+        """Sequential enqueue -> handler-start latency with a running Worker (the Worker on
+        asyncio), timed from just before `enqueue` to the first line of the handler: the trio
+        driver's bench_latency."""
+        client = self.need_client()
+        queue, n = req["queue"], int(req["n"])
+        warmup = int(req.get("warmup", 0))
+        per_job_timeout = float(req.get("timeout_s", 10))
+        payload = _payload(int(req.get("payload_size", 16)))
+        worker = sepp.Worker(
+            client,
+            queues=[queue],
+            lease_duration=float(req.get("lease_s", 30)),
+            max_in_flight=int(req.get("max_in_flight", 16)),
+            wait_timeout=float(req.get("wait_s", 30)),
+        )
+        arrived: dict[str, asyncio.Future[float]] = {}
+
+        async def handler(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
+            t = time.perf_counter()
+            key = ctx.custom.get("lat_key")
+            if isinstance(key, str) and key in arrived and not arrived[key].done():
+                arrived[key].set_result(t)
+
+        worker.catch_all(handler)
+        samples: list[float] = []
+        running = asyncio.ensure_future(worker.run())
+        try:
+            await worker.wait_until_reserving()
+            await asyncio.sleep(0.05)  # let the worker park its first reserve
+            loop = asyncio.get_running_loop()
+            for i in range(warmup + n):
+                key = f"lat-{os.getpid()}-{i}"
+                arrived[key] = reached = loop.create_future()
+                t0 = time.perf_counter()
+                await client.enqueue(queue, "latency", payload=payload, custom={"lat_key": key})
+                try:
+                    t1 = await asyncio.wait_for(reached, per_job_timeout)
+                except asyncio.TimeoutError:
+                    raise DriverError(f"job {i} never reached the handler") from None
+                finally:
+                    del arrived[key]
+                if i >= warmup:
+                    samples.append((t1 - t0) * 1000.0)
+        finally:
+            worker.shutdown()
+            await running
+        s = sorted(samples)
+        return {
+            "p50_ms": _percentile(s, 50),
+            "p99_ms": _percentile(s, 99),
+            "mean_ms": sum(s) / len(s) if s else float("nan"),
+            "n": len(s),
+        }
+
+
+def _percentile(sorted_vals: list[float], p: float) -> float:
+    """Nearest-rank percentile of an ascending list (as the other drivers compute it)."""
+    if not sorted_vals:
+        return float("nan")
+    k = max(1, math.ceil(p / 100.0 * len(sorted_vals)))
+    return sorted_vals[min(k, len(sorted_vals)) - 1]
 
 
 def _encode_error(exc: BaseException) -> Result:

@@ -79,6 +79,12 @@ def scenarios(size: float) -> dict[str, tuple[str, dict[str, Any]]]:
             "bench_enqueue",
             {"n": n(2000), "concurrency": 1, "payload_size": PAYLOAD_SIZE},
         ),
+        # The main table's latency: enqueue -> handler start, one job at a time, each client's
+        # own Worker (on asyncio, sepp-trio's Worker on anyio).
+        "latency": (
+            "bench_latency",
+            {"n": n(300), "warmup": 20, "payload_size": 16, "max_in_flight": 16},
+        ),
     }
 
 
@@ -121,6 +127,9 @@ def table(rows: list[dict[str, Any]]) -> str:
         out = {}
         for r in rows:
             if r["client"] == client and r["scenario"] == scenario:
+                if key == "p50_ms":
+                    out[r["round"]] = r["p50_ms"]
+                    continue
                 n, elapsed, cpu = r["n"], r["elapsed_s"], r["cpu_s"]
                 out[r["round"]] = {
                     "ops_s": n / elapsed,
@@ -139,9 +148,10 @@ def table(rows: list[dict[str, Any]]) -> str:
 
     head = (
         "| client | enqueue, 64 tasks ops/s | drain ops/s | CPU µs per enqueue (64 tasks)"
-        " | enqueue round trip ms (1 task) | enqueue / sepp-py | drain / sepp-py"
-        " | CPU / sepp-py | round trip / sepp-py | enqueue / trio | drain / trio |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|\n"
+        " | enqueue round trip ms (1 task) | enqueue -> handler p50 ms (Worker)"
+        " | enqueue / sepp-py | drain / sepp-py | CPU / sepp-py | round trip / sepp-py"
+        " | p50 / sepp-py | enqueue / trio | drain / trio |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
     lines = []
     for client in CLIENTS:
@@ -151,10 +161,12 @@ def table(rows: list[dict[str, Any]]) -> str:
             f" | {median(client, 'drain', 'ops_s'):,.0f}"
             f" | {median(client, 'enqueue_64', 'cpu_us'):.0f}"
             f" | {median(client, 'enqueue_1', 'ms'):.3f}"
+            f" | {median(client, 'latency', 'p50_ms'):.3f}"
             f" | {ratio(client, 'sepp-py', 'enqueue_64', 'ops_s')}"
             f" | {ratio(client, 'sepp-py', 'drain', 'ops_s')}"
             f" | {ratio(client, 'sepp-py', 'enqueue_64', 'cpu_us')}"
             f" | {ratio(client, 'sepp-py', 'enqueue_1', 'ms')}"
+            f" | {ratio(client, 'sepp-py', 'latency', 'p50_ms')}"
             f" | {ratio(client, 'trio', 'enqueue_64', 'ops_s')}"
             f" | {ratio(client, 'trio', 'drain', 'ops_s')} |"
         )

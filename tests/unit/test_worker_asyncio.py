@@ -25,6 +25,9 @@ import sepp
 from sepp import Retry
 from sepp._worker import concurrency
 
+if sys.version_info < (3, 11):
+    from exceptiongroup import BaseExceptionGroup
+
 LOOPS = ["asyncio", pytest.param("uvloop", marks=pytest.mark.needs("uvloop"))]
 
 
@@ -435,10 +438,11 @@ def test_a_worker_on_trio_imports_no_anyio() -> None:
     assert done.stdout.strip() == "[]", done.stdout
 
 
-def test_cancelling_the_task_that_runs_the_worker_is_the_hard_stop() -> None:
-    fake = FakeClient()
-    job_id = fake.add("work")
-    cancelled: list[str] = []
+def hard_stop_while_handling(
+    fake: FakeClient, after_cancel: Callable[[str], Awaitable[None]]
+) -> None:
+    """Run a worker on `fake` until its handler waits, cancel the task that runs it, and check
+    that nothing is left; the handler, once cancelled, runs `after_cancel(job_id)`."""
 
     async def main() -> None:
         worker = make_worker(fake)
@@ -450,8 +454,7 @@ def test_cancelling_the_task_that_runs_the_worker_is_the_hard_stop() -> None:
             try:
                 await asyncio.Event().wait()
             except asyncio.CancelledError:
-                cancelled.append(ctx.id)
-                raise
+                await after_cancel(ctx.id)
 
         task = asyncio.create_task(worker.run())
         await started.wait()
@@ -461,5 +464,62 @@ def test_cancelling_the_task_that_runs_the_worker_is_the_hard_stop() -> None:
         assert asyncio.all_tasks() == {asyncio.current_task()}
 
     asyncio.run(main())
+
+
+def test_cancelling_the_task_that_runs_the_worker_is_the_hard_stop() -> None:
+    fake = FakeClient()
+    job_id = fake.add("work")
+    cancelled: list[str] = []
+
+    async def reraise(job: str) -> None:
+        cancelled.append(job)
+        raise asyncio.CancelledError
+
+    hard_stop_while_handling(fake, reraise)
     assert cancelled == [job_id]
     assert fake.acks == [] and fake.nacks == []  # its lease runs out on the server
+
+
+def test_the_hard_stop_is_level_triggered_for_a_handler_that_swallows_it() -> None:
+    fake = FakeClient()
+    job_id = fake.add("work")
+    seen: list[str] = []
+
+    async def swallow_then_await(job: str) -> None:
+        seen.append("swallowed")
+        try:
+            await asyncio.sleep(0)  # as trio and anyio do: every await raises until it ends
+        except asyncio.CancelledError:
+            seen.append(f"cancelled again {job}")
+            raise
+        seen.append("went on")
+
+    hard_stop_while_handling(fake, swallow_then_await)
+    assert seen == ["swallowed", f"cancelled again {job_id}"]
+
+
+def test_a_base_exception_from_a_handler_ends_the_run_as_a_nursery_does() -> None:
+    class Boom(BaseException):
+        pass
+
+    fake = FakeClient()
+    fake.add("work")
+
+    async def main() -> None:
+        worker = make_worker(fake)
+
+        @worker.handler("work")
+        async def work(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
+            raise Boom
+
+        running = asyncio.create_task(worker.run())
+        # Not a window on the time it takes (at once): a guard that keeps a regression, a run
+        # that goes on reserving after the failure, from hanging the suite.
+        done, _ = await asyncio.wait({running}, timeout=30)
+        assert running in done, "the run went on after its job task failed"
+        with pytest.raises(BaseExceptionGroup) as raised:
+            running.result()
+        assert raised.group_contains(Boom)
+        assert asyncio.all_tasks() == {asyncio.current_task()}
+
+    asyncio.run(main())

@@ -20,6 +20,9 @@ with `TRIO`, given another by `use(cc)` before the run). What a `Concurrency` pr
 - `open_nursery()` and `Nursery.start_soon(fn, *args, name=...)`: tasks owned by a block that
   waits for them all. `TaskStatus` and `TASK_STATUS_IGNORED` for `nursery.start(service.run)`
   (anyio's `TaskGroup.start` passes its own task status, which has the same `started()`).
+- `open_job_tasks(nursery)`: a block for the Worker's jobs' tasks inside `nursery`, that
+  waits for them; a `Spawner` (`start_soon` only). On trio it is `nursery` itself; on asyncio
+  plain asyncio tasks (anyio's cost about 25 µs more each), cancelled with the block's task.
 - `event()` (`set()`, `is_set()`, `wait()`), `lock()`, `parking_lot()` (`park()`,
   `unpark_all()`, truthy while a task is parked).
 
@@ -35,9 +38,10 @@ the Worker that uses trio: it owns its sockets, as a wire driver does.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, TypeVar
 
 import sniffio
@@ -49,6 +53,7 @@ from .primitives import Event as Event
 from .primitives import Lock as Lock
 from .primitives import Nursery as Nursery
 from .primitives import ParkingLot as ParkingLot
+from .primitives import Spawner as Spawner
 
 if TYPE_CHECKING:
     import asyncio
@@ -58,6 +63,11 @@ T = TypeVar("T")
 TooSlowError = trio.TooSlowError
 TaskStatus = trio.TaskStatus
 TASK_STATUS_IGNORED = trio.TASK_STATUS_IGNORED
+
+
+@contextlib.asynccontextmanager
+async def _in_the_nursery(nursery: Nursery) -> AsyncIterator[Spawner]:
+    yield nursery
 
 
 TRIO = Concurrency(
@@ -71,6 +81,7 @@ TRIO = Concurrency(
     move_on_at=trio.move_on_at,
     move_on_after=trio.move_on_after,
     open_nursery=trio.open_nursery,
+    open_job_tasks=_in_the_nursery,
     event=trio.Event,
     lock=trio.Lock,
     parking_lot=trio.lowlevel.ParkingLot,

@@ -32,6 +32,14 @@ class CancelScope(Protocol):
     ) -> bool: ...
 
 
+class Spawner(Protocol):
+    """Where the Worker starts its jobs' tasks: a nursery, or a lighter group of them."""
+
+    def start_soon(
+        self, fn: Callable[..., Awaitable[object]], *args: Any, name: object = ...
+    ) -> None: ...
+
+
 class Nursery(Protocol):
     @property
     def cancel_scope(self) -> CancelScope: ...
@@ -79,6 +87,7 @@ class Concurrency:
         "move_on_after",
         "move_on_at",
         "name",
+        "open_job_tasks",
         "open_nursery",
         "parking_lot",
         "sleep",
@@ -98,6 +107,7 @@ class Concurrency:
         move_on_at: Callable[[float], CancelScope],
         move_on_after: Callable[[float], CancelScope],
         open_nursery: Callable[[], AbstractAsyncContextManager[Nursery]],
+        open_job_tasks: Callable[[Nursery], AbstractAsyncContextManager[Spawner]],
         event: Callable[[], Event],
         lock: Callable[[], Lock],
         parking_lot: Callable[[], ParkingLot],
@@ -112,6 +122,7 @@ class Concurrency:
         self.move_on_at = move_on_at
         self.move_on_after = move_on_after
         self.open_nursery = open_nursery
+        self.open_job_tasks = open_job_tasks
         self.event = event
         self.lock = lock
         self.parking_lot = parking_lot

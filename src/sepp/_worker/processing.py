@@ -9,7 +9,7 @@ from .._client import otel as _otel
 from .._model import settlement as outcomes
 from .._model.types import Job, JobContext, Retry, set_handler_context
 from .backoff import Backoff
-from .concurrency import TRIO, Concurrency, Nursery, TooSlowError
+from .concurrency import TRIO, Concurrency, Spawner, TooSlowError
 from .held_job import HeldJob, HeldJobs, Phase
 from .middleware import run_chain
 from .router import BackoffSetting, Handler, Router, RouteSettings, registered_handlers
@@ -92,7 +92,7 @@ class JobProcessor:
         self._routes: dict[str, Route] = {}
         self._catch_all: Route | None = None
         self._handled: tuple[str, ...] = ()  # the job types with a handler of their own
-        self.nursery: Nursery | None = None  # the jobs' tasks', while the Worker runs
+        self.nursery: Spawner | None = None  # the jobs' tasks', while the Worker runs
         self.lifespan_state: Any = None  # every handler's ctx.state
         self._reserving_ended = False
 

@@ -378,16 +378,17 @@ class Worker:
                         self._settings.lifespan(self)
                     )
                 async with cc.open_nursery() as nursery:
-                    jobs.nursery = nursery
                     nursery.start_soon(self._leases.run, nursery)
-                    if shutdown.requested:
-                        self._begin_shutdown()
-                    else:
-                        with self._reserver.scope:
-                            await self._reserver.run(mark_started)
-                    jobs.reserving_ended()  # no job can arrive any more
-                    mark_started()
-                    await shutdown.drain(self._held, self._report)
+                    async with cc.open_job_tasks(nursery) as job_tasks:
+                        jobs.nursery = job_tasks
+                        if shutdown.requested:
+                            self._begin_shutdown()
+                        else:
+                            with self._reserver.scope:
+                                await self._reserver.run(mark_started)
+                        jobs.reserving_ended()  # no job can arrive any more
+                        mark_started()
+                        await shutdown.drain(self._held, self._report)
                     jobs.stop_lease_keeping_if_idle()
         finally:
             self._state = _RunState.DONE

@@ -80,12 +80,16 @@ class MoveOnAt:
 
 def enclosing_deadline() -> float:
     """The deadline of the caller's anyio cancel scopes (inf when none, or anyio is not
-    running the code); anyio is never imported here, only asked if it is loaded already."""
-    anyio = sys.modules.get("anyio")
-    if anyio is None:
+    running the code); anyio is never imported here, only asked if it is loaded already.
+
+    Asked of anyio's asyncio backend itself: `anyio.current_effective_deadline()` first looks
+    the running library up (sniffio), a few microseconds on every call. No anyio scope can
+    exist on asyncio before anyio has loaded that backend, which is where its scopes live."""
+    backend = sys.modules.get("anyio._backends._asyncio")
+    if backend is None:
         return math.inf
     try:
-        deadline: float = anyio.current_effective_deadline()
-    except Exception:  # not in an anyio-run task, or anyio without a backend here
+        deadline: float = backend.AsyncIOBackend.current_effective_deadline()
+    except Exception:  # an anyio whose backend moved, or not in a task
         return math.inf
     return deadline
