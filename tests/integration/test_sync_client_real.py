@@ -475,13 +475,18 @@ async def test_tls_verifies_and_carries_the_api_key(tmp_path: object) -> None:
     assert acked == 160
 
 
-def calls_waiting(client: sepp.SyncClient) -> int:
-    """How many calls are in flight on the client's connection now."""
+def requests_out(client: sepp.SyncClient, calls: int) -> bool:
+    """Whether `calls` calls are in flight and every request has left for the socket (the
+    last stream's bytes were taken and no write is under way): a Ctrl-C from now on lands
+    in a wait, not in the middle of a frame (which ends the connection for every call)."""
     engine = client._current
-    if engine is None:
-        return 0
-    conn = engine.client._channel._current  # type: ignore[attr-defined]
-    return len(conn.waiters) if conn is not None else 0
+    conn = engine.client._channel._current if engine is not None else None  # type: ignore[attr-defined]
+    return (
+        conn is not None
+        and len(conn.waiters) == calls
+        and conn.written_through == conn.last_started
+        and not conn.write_lock.locked()
+    )
 
 
 def wait_until(condition: Callable[[], bool]) -> bool:
@@ -513,7 +518,7 @@ async def test_an_interrupted_call_gives_up_its_stream(sepp_server: SeppServer) 
     client = sepp.SyncClient(sepp_server.address)
     try:
         client.connect()
-        interrupt_this_thread_once(lambda: calls_waiting(client) > 0)
+        interrupt_this_thread_once(lambda: requests_out(client, 1))
         with pytest.raises(KeyboardInterrupt):
             client.reserve("interrupted", wait_timeout=30)  # in this (the main) thread
         client.enqueue("interrupted", "t")
@@ -536,8 +541,8 @@ async def test_an_interrupted_follower_gives_up_its_stream_and_the_reader_goes_o
             target=lambda: read.append(client.reserve("reader", wait_timeout=30)), daemon=True
         )
         reader.start()
-        wait_until(lambda: calls_waiting(client) == 1)  # the reader's poll: it reads
-        interrupt_this_thread_once(lambda: calls_waiting(client) == 2)
+        wait_until(lambda: requests_out(client, 1))  # the reader's poll: it reads
+        interrupt_this_thread_once(lambda: requests_out(client, 2))
         with pytest.raises(KeyboardInterrupt):
             client.reserve("follower", wait_timeout=30)  # in this (the main) thread
         client.enqueue("follower", "t")
