@@ -55,15 +55,18 @@ class Recording:
         return {r.scheduled_at for r, _ in self.acks if r.scheduled_at is not None}
 
 
-def ticks() -> sepp.Schedule:
-    return sepp.Schedule().every("tick", 1, QUEUE, "tick", custom={"origin": "test"})
+def ticks(suffix: str = "") -> sepp.Schedule:
+    """Schedule `tick{suffix}`, one job a second on queue `ticks{suffix}`."""
+    return sepp.Schedule().every(
+        f"tick{suffix}", 1, QUEUE + suffix, "tick", custom={"origin": "test"}
+    )
 
 
 def scheduler(
-    client: Recording, missed: sepp._scheduling.schedule.Missed = "latest"
+    client: Recording, missed: sepp._scheduling.schedule.Missed = "latest", suffix: str = ""
 ) -> sepp.Scheduler:
     return sepp.Scheduler(
-        client, ticks(), lookahead=1, missed=missed, grace=0, dedup_window=DEDUP_WINDOW_S
+        client, ticks(suffix), lookahead=1, missed=missed, grace=0, dedup_window=DEDUP_WINDOW_S
     )
 
 
@@ -80,31 +83,35 @@ async def server_time(client: sepp.Client) -> datetime:
     return (await client.get_server_info()).server_time
 
 
-async def reserve(client: sepp.Client, *, wait_timeout: float) -> list[sepp.Job]:
-    jobs = await client.reserve(QUEUE, lease_duration=60, wait_timeout=wait_timeout, max_jobs=256)
+async def reserve(client: sepp.Client, *, wait_timeout: float, suffix: str = "") -> list[sepp.Job]:
+    jobs = await client.reserve(
+        QUEUE + suffix, lease_duration=60, wait_timeout=wait_timeout, max_jobs=256
+    )
     return jobs or []
 
 
-async def reserve_all(client: sepp.Client, expected: set[datetime]) -> list[sepp.Job]:
+async def reserve_all(
+    client: sepp.Client, expected: set[datetime], suffix: str = ""
+) -> list[sepp.Job]:
     """Every job on the queue once the expected occurrences are ready, plus any extra one."""
     jobs: list[sepp.Job] = []
     # Scheduled jobs become ready when the server's sweep (about once a second) promotes them.
     with trio.fail_after(30):
         while not expected <= {job.ctx.scheduled_at for job in jobs}:
-            jobs += await reserve(client, wait_timeout=2)
-    jobs += await reserve(client, wait_timeout=1.5)
+            jobs += await reserve(client, wait_timeout=2, suffix=suffix)
+    jobs += await reserve(client, wait_timeout=1.5, suffix=suffix)
     return jobs
 
 
-def occurrences_of(jobs: list[sepp.Job]) -> Counter[datetime]:
+def occurrences_of(jobs: list[sepp.Job], suffix: str = "") -> Counter[datetime]:
     """Jobs per occurrence, checking each job describes its occurrence consistently."""
     counts: Counter[datetime] = Counter()
     for job in jobs:
         custom = job.ctx.custom
         occurrence = parse(str(custom["sepp.occurrence"]))
         assert job.ctx.scheduled_at == occurrence
-        assert custom["sepp.schedule"] == "tick" and custom["origin"] == "test"
-        assert (job.ctx.queue, job.ctx.job_type) == (QUEUE, "tick")
+        assert custom["sepp.schedule"] == f"tick{suffix}" and custom["origin"] == "test"
+        assert (job.ctx.queue, job.ctx.job_type) == (QUEUE + suffix, "tick")
         counts[occurrence] += 1
     return counts
 
@@ -145,13 +152,29 @@ async def test_three_schedulers_produce_each_occurrence_exactly_once(
     assert {job.id for job in jobs} == {ack.job_id for by in acks.values() for ack in by}
 
 
-@pytest.mark.parametrize("missed", ["latest", "all", "skip"])
 async def test_a_scheduler_started_after_downtime_enqueues_per_its_missed_policy(
+    client: sepp.Client,
+) -> None:
+    # The three policies side by side, each with a schedule and a queue of its own: each
+    # waits out 11 s of scheduler runs and downtime, so one after another would take 33.
+    async def one(missed: sepp._scheduling.schedule.Missed) -> None:
+        try:
+            await downtime_then_resume(client, missed)
+        except AssertionError as exc:
+            raise AssertionError(f"missed={missed!r}: {exc}") from exc
+
+    async with trio.open_nursery() as nursery:
+        for missed in ("latest", "all", "skip"):
+            nursery.start_soon(one, missed)
+
+
+async def downtime_then_resume(
     client: sepp.Client, missed: sepp._scheduling.schedule.Missed
 ) -> None:
+    suffix = f"-{missed}"
     first = Recording(client)
     async with trio.open_nursery() as nursery:
-        before = scheduler(first, "skip")
+        before = scheduler(first, "skip", suffix)
         await nursery.start(before.run)
         await trio.sleep(2.5)
         before.shutdown()
@@ -160,14 +183,14 @@ async def test_a_scheduler_started_after_downtime_enqueues_per_its_missed_policy
 
     second = Recording(client)
     async with trio.open_nursery() as nursery:
-        after = scheduler(second, missed)
+        after = scheduler(second, missed, suffix)
         await nursery.start(after.run)
         # The second scheduler planned at a server time between these two readings.
         low, high = second.server_times[0], await server_time(client)
         await trio.sleep(1.5)
         after.shutdown()
     requested = done_before | second.occurrences()
-    counts = occurrences_of(await reserve_all(client, requested))
+    counts = occurrences_of(await reserve_all(client, requested, suffix), suffix)
     assert set(counts.values()) == {1}
     got = sorted(counts)
 
