@@ -3,7 +3,8 @@
 `make test` runs this after lint, types and the docs. The parts:
 
 - `main`: the project's own `.venv`, with the arguments given to `make test`;
-- `py3.X`: every other CPython that pyproject.toml's classifiers claim, newest dependencies;
+- `py3.X`: every other CPython that pyproject.toml's classifiers claim, newest dependencies,
+  with the per-engine suites on the default engine only (ONE_ENGINE);
 - `floors-py3.X`: the oldest and the newest claimed Python with the lowest version of every
   runtime dependency and extra that pyproject.toml allows (plus opentelemetry-sdk at the
   api's floor, and hpack at h2's floor's own floor), after checking that the generated
@@ -48,6 +49,8 @@ else:  # the dev requirements bring tomli there
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from sepp.wire import DEFAULT_WIRE_ENGINE
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 from fixtures.interpreters import missing_tools, pinned  # noqa: E402  (as the `needs` marker)
@@ -70,6 +73,11 @@ print("protobuf", google.protobuf.__version__, impl.Type(), "loads the gencode w
 _FLOOR = re.compile(r"^(?P<name>[A-Za-z0-9_.-]+)\s*>=\s*(?P<version>[0-9][0-9.]*)")
 _SUMMARY = re.compile(r"^=*\s*(?P<counts>\d+ (passed|failed|error).*?)\s*=*$")
 _EXCLUDED = re.compile(r"^sepp-trio tests excluded on this interpreter: (?P<what>.*)$")
+_ENGINES_RAN = re.compile(r"^sepp-trio per-engine suites ran on: (?P<what>.*)$")
+# The claimed CPythons besides main's run the per-engine suites on the default engine only:
+# the h2 reference engine's repeats (a quarter of a part's CPU) run on main, both floors (h2's
+# floor), PyPy and 3.13t, which keeps the matrix inside CI's 45 minutes on 2 cores.
+ONE_ENGINE = DEFAULT_WIRE_ENGINE
 # The interpreters besides the claimed CPythons: part name -> its Python version, and the dev
 # tools that cannot exist there (left out of its requirements). They come from
 # scripts/ensure-interpreters.sh, which prints "NAME PATH" lines; the slowest run first.
@@ -176,6 +184,8 @@ class Part:
     pytest_cpu: list[float] = field(default_factory=list)  # CPU seconds of pytest and children
     counts: str = ""
     excluded: str = ""
+    engines: str = ""  # SEPP_TEST_WIRE_ENGINES for the part; "" runs every engine
+    engines_ran: str = ""
     log: Path | None = None
 
     @property
@@ -203,7 +213,7 @@ def plan() -> list[Part]:
         raise SystemExit(f"test_matrix: {MAIN_VENV} runs Python {ours}, which is not claimed")
     parts = [Part(name, v, interpreter=name) for name, v in EXTRA_INTERPRETERS.items()]
     parts += [Part("main", "")]
-    parts += [Part(f"py{v}", v) for v in versions if v != ours]
+    parts += [Part(f"py{v}", v, engines=ONE_ENGINE) for v in versions if v != ours]
     pins = floor_pins()
     parts += [Part(f"floors-py{v}", v, pins) for v in sorted({versions[0], versions[-1]})]
     return parts
@@ -328,6 +338,8 @@ def run_part(part: Part, pytest_args: list[str], logs: Path) -> Part:
     part.log.write_text("")
     env = dict(os.environ)
     env.pop("VIRTUAL_ENV", None)
+    if part.engines:
+        env["SEPP_TEST_WIRE_ENGINES"] = part.engines
     status = 0
     try:
         if part.interpreter:
@@ -357,6 +369,8 @@ def run_part(part: Part, pytest_args: list[str], logs: Path) -> Part:
     for line in reversed(part.log.read_text(errors="replace").splitlines()):
         if not part.excluded and (match := _EXCLUDED.match(line.strip())):
             part.excluded = match["what"]
+        if not part.engines_ran and (match := _ENGINES_RAN.match(line.strip())):
+            part.engines_ran = match["what"]
         if not part.counts and (match := _SUMMARY.match(line.strip())):
             part.counts = match["counts"]
     return part
@@ -378,7 +392,8 @@ def main() -> int:
     if args.list:
         for part in parts:
             floors = " ".join(f"{n}{p}" for n, p in sorted(part.floors.items()))
-            print(part.name, part.version or main_version(), floors)
+            engines = f"SEPP_TEST_WIRE_ENGINES={part.engines}" if part.engines else ""
+            print(part.name, part.version or main_version(), engines, floors)
         return 0
     logs = CACHE / "matrix" / "logs" / hashlib.sha256(str(ROOT).encode()).hexdigest()[:10]
     logs.mkdir(parents=True, exist_ok=True)
@@ -412,6 +427,8 @@ def main() -> int:
         )
         if part.excluded and part.excluded != "0":
             print(f"  {'':<16} excluded: {part.excluded}")
+        if part.engines_ran:
+            print(f"  {'':<16} per-engine suites on: {part.engines_ran}")
     main_part = next((p for p in finished if p.name == "main"), None)
     if main_part is not None and main_part.log is not None:
         print("\n==> main: pytest output")

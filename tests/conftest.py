@@ -70,6 +70,24 @@ _BOTH_ENGINES = {
 }
 
 
+def _engines_to_run() -> tuple[str, ...]:
+    """The engines the suites above run on: both, unless SEPP_TEST_WIRE_ENGINES names fewer
+    (scripts/test_matrix.py runs the h2 reference's repeats on some parts only)."""
+    named = os.environ.get("SEPP_TEST_WIRE_ENGINES", "").strip()
+    if not named:
+        return WIRE_ENGINES
+    engines = tuple(dict.fromkeys(e.strip() for e in named.split(",")))
+    if unknown := [e for e in engines if e not in WIRE_ENGINES]:
+        raise pytest.UsageError(
+            f"SEPP_TEST_WIRE_ENGINES={named!r}: unknown engine(s) {unknown}; expected some of"
+            f" {list(WIRE_ENGINES)}, comma-separated"
+        )
+    return engines
+
+
+_ENGINES = _engines_to_run()
+
+
 def pytest_configure(config: pytest.Config) -> None:
     for name, doc in (
         ("unit", "no sockets"),
@@ -112,7 +130,7 @@ _ASYNCIO_TOO = {"test_client_real.py", "test_proxies_real.py"}
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     name = Path(str(metafunc.definition.fspath)).name
     if name in _ASYNCIO_TOO and "client_front_end" in metafunc.fixturenames:
-        combos = [(engine, "trio") for engine in WIRE_ENGINES]
+        combos = [(engine, "trio") for engine in _ENGINES]
         if metafunc.definition.get_closest_marker("trio_only") is None:
             combos.append((_engine.DEFAULT_WIRE_ENGINE, "asyncio"))
         metafunc.parametrize(
@@ -122,7 +140,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
             ids=[f"{engine}-{front}" for engine, front in combos],
         )
     elif name in _BOTH_ENGINES:
-        metafunc.parametrize("wire_engine", WIRE_ENGINES, indirect=True)
+        metafunc.parametrize("wire_engine", _ENGINES, indirect=True)
     if name == _BOTH_CODECS[0] and any(w in metafunc.function.__name__ for w in _BOTH_CODECS[1]):
         metafunc.parametrize("message_codec", message_codec_module.NAMES, indirect=True)
 
@@ -222,6 +240,12 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         f"sepp-trio tests excluded on this interpreter: {sum(_excluded.values())}"
         + (f": {reasons}" if reasons else "")
     )
+    # And this one, when the per-engine suites did not run on every engine.
+    if _ENGINES != WIRE_ENGINES:
+        terminalreporter.write_line(
+            f"sepp-trio per-engine suites ran on: {', '.join(_ENGINES)} only"
+            " (SEPP_TEST_WIRE_ENGINES)"
+        )
     if FREE_THREADED:
         problem = _gil_check("after the tests")
         terminalreporter.write_line(problem or "free-threaded build: the GIL stayed disabled")

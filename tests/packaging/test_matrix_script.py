@@ -156,3 +156,30 @@ def test_excluded_tests_are_deselected_counted_and_read_back_by_the_matrix(
     (excluded,) = [m for line in lines if (m := test_matrix._EXCLUDED.match(line))]
     assert excluded["what"] == "1: 1 (mypy is declared missing for this test)"
     assert " 1 passed, 1 deselected in " in done.stdout
+
+
+def test_the_h2_reference_repeats_run_on_main_the_floors_pypy_and_free_threaded_only() -> None:
+    parts = {part.name: part for part in test_matrix.plan()}
+    one_engine = {name for name, part in parts.items() if part.engines}
+    versions = test_matrix.claimed_versions()
+    ours = test_matrix.main_version()
+    assert one_engine == {f"py{v}" for v in versions if v != ours}
+    assert {parts[name].engines for name in one_engine} == {"codec"}
+    assert {"main", "pypy3.11", "py3.13t", f"floors-py{versions[0]}"}.isdisjoint(one_engine)
+
+
+@pytest.mark.parametrize(("engines", "ran"), [("codec", ["codec"]), ("", ["codec", "h2"])])
+def test_a_per_engine_suite_runs_on_the_engines_named_and_the_matrix_reads_them_back(
+    engines: str, ran: list[str]
+) -> None:
+    test = "tests/unit/test_wire_connection.py::test_request_headers_are_exact_and_in_order"
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-v", test],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        env=os.environ | {"SEPP_TEST_WIRE_ENGINES": engines},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert [e for e in ("codec", "h2") if f"{test}[{e}] PASSED" in done.stdout] == ran
+    lines = [line.strip() for line in done.stdout.splitlines()]
+    read_back = [m["what"] for line in lines if (m := test_matrix._ENGINES_RAN.match(line))]
+    assert read_back == (["codec only (SEPP_TEST_WIRE_ENGINES)"] if engines else [])

@@ -170,6 +170,23 @@ async def test_missed_all_replays_in_order_after_the_probes(autojump_clock: Mock
     assert replayed == sorted(replayed) and sorted(created) == window[40:]
 
 
+@pytest.mark.parametrize("first_deployed", [1, 20, 29, 30, 31, 45, 55])
+async def test_missed_all_after_a_first_deployment_under_skip_replays_all_it_missed(
+    autojump_clock: MockClock, first_deployed: int
+) -> None:
+    # The window holds a gap (before the first deployment), what was enqueued, then the
+    # downtime: the bisection cannot tell the gap from missed, so it may replay the gap too,
+    # but never leaves out a missed occurrence, nor makes a hole in what it replays.
+    fake = FakeServer(offset_s=X + 150)
+    window = [at(X + s) for s in range(-3420, 121, 60)]
+    enqueued_before(fake, window[first_deployed:56])
+    await run_for(sepp.Scheduler(fake, every(60), lookahead=10, missed="all", dedup_window=3600), 5)
+    created = sorted(c.request.scheduled_at for c in fake.succeeded() if not c.deduplicated)
+    assert set(window[56:]) <= set(created) <= set(window) - set(window[first_deployed:56])
+    assert created in (window[56:], window[:first_deployed] + window[56:])
+    assert fake.occurrences() == sorted({*window[first_deployed:56], *created})
+
+
 @pytest.mark.parametrize("missed", ["latest", "skip", "all"])
 async def test_a_past_occurrence_no_scheduler_enqueued_is_logged_at_start(
     autojump_clock: MockClock, missed: sepp._scheduling.schedule.Missed
