@@ -32,7 +32,7 @@ SEPPY_PYTHON="$(bash scripts/ensure-seppy-venv.sh | tail -n 1)"
 export SEPPY_PYTHON
 
 echo "==> nginx and HAProxy (tests/proxies; installed from the OS packages when root)"
-bash scripts/ensure-proxies.sh || echo "nginx or HAProxy unavailable: the proxy tests will skip"
+bash scripts/ensure-proxies.sh || echo "nginx or HAProxy unavailable: the proxy tests will fail, saying how to get them"
 
 echo "==> generated code is up to date"
 bash scripts/check-gen.sh
