@@ -878,9 +878,15 @@ async def run_worker_sigterm(workdir: Path, seed: int, *, jobs: int = 400) -> Re
     both = [leaver, stayer]
     async with sepp_server(server_config(), data_dir=workdir / "data") as server:
         try:
-            for w in both:
+            # The stayer takes a small share: in CI, with both at 8 in flight, a starved leaver
+            # had done 40 jobs when the stayer had emptied the queue, and SIGTERM found it idle.
+            for w, in_flight in ((leaver, 8), (stayer, 2)):
                 opts = worker_options(
-                    lease=10, max_in_flight=8, sleep_ms="20:150", seed=seed, shutdown_timeout=10
+                    lease=10,
+                    max_in_flight=in_flight,
+                    sleep_ms="20:150",
+                    seed=seed,
+                    shutdown_timeout=10,
                 )
                 await w.spawn(server.address, *opts)
             for w in both:
@@ -893,13 +899,20 @@ async def run_worker_sigterm(workdir: Path, seed: int, *, jobs: int = 400) -> Re
                         assert isinstance(result, sepp.EnqueueAck), result
                         ids.append(result.job_id)
 
+            def unreserved() -> int:
+                return len(set(ids) - {r.job_id for w in both for r in w.of_kind("R")})
+
             def busy() -> bool:
+                # Work still queued, so the leaver is still taking jobs when the signal lands.
                 finished = {r.job_id for r in leaver.of_kind("D")}
                 running = {r.job_id for r in leaver.of_kind("S")} - finished
-                return len(finished) >= jobs // 10 and len(running) > 0
+                return (
+                    len(finished) >= jobs // 10 and len(running) > 0 and unreserved() >= jobs // 4
+                )
 
             loaded = await poll_until(both, busy, 60)
             report.check(loaded, "the leaver never got busy")
+            unreserved_at_busy = unreserved()
             await trio.sleep(rng.uniform(0.0, 0.1))
             leaver.send(signal.SIGTERM)
             termed_at = time.monotonic()
@@ -935,6 +948,7 @@ async def run_worker_sigterm(workdir: Path, seed: int, *, jobs: int = 400) -> Re
     report.figures.update(
         jobs=jobs,
         leaver_done=len(leaver.of_kind("D")),
+        unreserved_at_busy=unreserved_at_busy,
         in_flight_at_sigterm=len(in_flight_at_term),
         finished_after_sigterm=len(
             {r.job_id for r in leaver.of_kind("D") if r.t > term.t} & in_flight_at_term

@@ -279,6 +279,11 @@ async def test_a_call_whose_request_the_server_stops_reading_ends_at_its_deadlin
     async def handler(call: ServerCall) -> None:
         if call.index == 0:
             call.conn.h2.increment_flow_control_window(window - 65_535)  # the connection's
+        if call.index == 1:
+            # Never echo the large call: 8 MiB sent (under the fixture's send lock) to a client
+            # with no call in flight, so not reading, kept its reset unread (py3.13t in CI).
+            await call.stall()
+            return
         await echo(call)
 
     async with serving(handler, initial_window_size=window) as (server, channel):
@@ -293,6 +298,30 @@ async def test_a_call_whose_request_the_server_stops_reading_ends_at_its_deadlin
         assert len(server.calls[1].body) == len(frame_message(body))
         assert await call(channel, b"b") == b"echo:b"
         assert channel.connections_opened == 1
+
+
+async def test_closing_while_a_writer_thread_holds_the_socket_closes_it_before_returning() -> None:
+    # A call whose deadline passed mid-write leaves its unsent bytes to a writer thread, which
+    # owns the socket until its send fails on the close's shutdown: close() waits for that, so
+    # no descriptor outlives it (py3.13 in CI saw one still open just after).
+    window = 2**31 - 1
+
+    async def handler(call: ServerCall) -> None:
+        if call.index == 0:
+            call.conn.h2.increment_flow_control_window(window - 65_535)
+            await echo(call)
+        else:
+            await call.stall()
+
+    async with serving(handler, initial_window_size=window) as (server, channel):
+        assert await call(channel, b"a") == b"echo:a"
+        (conn,) = channel._all
+        server.connections[0].stop_reading()
+        result = await outcome(channel, bytes(8 * 1024 * 1024), method="EnqueueBatch", timeout=0.3)
+        assert kind_of(result) == (StatusCode.DEADLINE_EXCEEDED, FailureKind.DEADLINE)
+        assert conn._in_io == 1  # the writer thread, blocked on the full socket
+        channel.close()
+        assert conn.sock.fileno() == -1
 
 
 async def test_a_follower_whose_deadline_passes_while_it_writes_gives_up_in_time() -> None:

@@ -52,6 +52,7 @@ if TYPE_CHECKING:
 _RECEIVE_BYTES = 256 * 1024
 _POLL_IN = select.POLLIN | select.POLLPRI | select.POLLERR | select.POLLHUP
 _POLL_OUT = select.POLLOUT | select.POLLERR | select.POLLHUP
+_WRITER_JOIN_S = 1.0  # a bound only: the shutdown wakes the writer at once
 
 
 def _poll_ms(seconds: float) -> int:
@@ -111,6 +112,7 @@ class _BlockingConnection(ConnectionCore[_Waiter]):
         self._poll.register(sock, _POLL_IN)
         self._in_io = 0  # threads inside a socket call: the socket closes when none is
         self._closed = False
+        self._writer: threading.Thread | None = None  # writes a late caller's unsent bytes
         self._heard_at = time.monotonic()  # when the server last sent anything
         self._ping: bytes | None = None  # an unanswered keepalive ping's payload
         self._ping_sent_at = 0.0
@@ -178,6 +180,8 @@ class _BlockingConnection(ConnectionCore[_Waiter]):
                     name="sepp-blocking-writer",
                     daemon=True,
                 )
+                with self.lock:
+                    self._writer = writer
                 writer.start()
                 return
             with self.lock:
@@ -436,6 +440,11 @@ class _BlockingConnection(ConnectionCore[_Waiter]):
     def close(self, reason: str) -> None:
         with self.lock:
             self.die(reason)
+            writer = self._writer
+        # A writer thread holds the socket until its send fails on the shutdown just done:
+        # wait for it, so that the socket is closed when close() returns.
+        if writer is not None and writer is not threading.current_thread():
+            writer.join(_WRITER_JOIN_S)
 
 
 def _handshake(tls: Tls, sock: socket.socket, deadline: float) -> None:
