@@ -12,6 +12,7 @@ from datetime import datetime, timedelta
 import pytest
 import trio
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode as SpanStatus
 from otel_support import install
 
 import sepp
@@ -235,7 +236,14 @@ async def test_each_enqueue_of_an_occurrence_is_an_ordinary_enqueue_span(
         await nursery.start(each.run)
         await trio.sleep(2)
         each.shutdown()
-    enqueues = [s for s in spans.get_finished_spans() if s.name == "sepp.enqueue"]
+    finished = [s for s in spans.get_finished_spans() if s.name == "sepp.enqueue"]
+    # shutdown() abandons an enqueue in flight (by design: the key makes it safe to repeat);
+    # its span ends with no job id and no error set, as a cancelled call's does (PyPy in a
+    # full run caught one).
+    enqueues = [s for s in finished if "sepp.job_id" in dict(s.attributes or {})]
+    abandoned = [s for s in finished if s not in enqueues]
+    assert len(abandoned) <= 1
+    assert all(s.status.status_code is SpanStatus.UNSET for s in abandoned)
     assert len(enqueues) == len(recording.acks) >= 2
     job_ids = {dict(s.attributes or {})["sepp.job_id"] for s in enqueues}
     assert job_ids == {ack.job_id for _, ack in recording.acks}
