@@ -29,7 +29,8 @@ import subprocess
 import sys
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -367,12 +368,31 @@ class Producers:
         self.rng = rng
         self.log = RecordingLogger()
         self.give_up_at = float("inf")
+        # (unix time, error) of each open() that failed and was tried again
+        self.open_failures: list[tuple[float, str]] = []
 
-    def _open(self, **options: Any) -> Any:
+    @asynccontextmanager
+    async def _open(self, **options: Any) -> AsyncIterator[sepp.Client]:
+        """An open client. open() fails at once when it cannot connect (the server is down,
+        or this process, starved on a loaded machine, read no SETTINGS within the connect
+        timeout): it is tried again, as a producer would."""
         retry = sepp.RetryPolicy(max_attempts=3, initial_backoff=0.05, max_backoff=0.5)
-        return sepp.open(
-            self.addr, retry_policy=retry, connect_timeout=2.0, logger=self.log, **options
-        )
+        while True:
+            stack = AsyncExitStack()
+            opening = sepp.open(
+                self.addr, retry_policy=retry, connect_timeout=2.0, logger=self.log, **options
+            )
+            try:
+                client = await stack.enter_async_context(opening)
+            except sepp.ConnectError as exc:
+                if not self._trying():
+                    raise
+                self.open_failures.append((time.time(), str(exc)))
+                await self._pause()
+                continue
+            async with stack:
+                yield client
+            return
 
     async def _pause(self) -> None:
         await trio.sleep(self.rng.uniform(0.05, 0.3))
@@ -752,6 +772,7 @@ async def run_chaos(params: ChaosParams, workdir: Path) -> Report:
         duration_s=round(main_s, 1),
         shutdown_s=round(shutdown_s, 2),
         dead_letters=dead_letters,
+        open_retries=len(producers.open_failures),
     )
     report.details = {
         "restarts": restarts,
@@ -771,6 +792,7 @@ async def run_chaos(params: ChaosParams, workdir: Path) -> Report:
         "worker_warnings": {n: s.warnings for n, s in logs.items()},
         "worker_recoveries": {n: s.recoveries for n, s in logs.items()},
         "producer_warnings": producers.log.count("warning"),
+        "open_failures": producers.open_failures,
     }
     return report
 
