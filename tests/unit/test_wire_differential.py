@@ -32,7 +32,9 @@ steers clear and a test below pins both behaviours down (if h2 changes, they fai
 - frames on a stream the server already ended: the codec ignores them, like frames on any
   closed stream, so that it needs no memory of how each stream closed (a late frame can then
   never end the connection); h2 answers DATA with RST_STREAM (a stream error) and ends the
-  connection over HEADERS.
+  connection over HEADERS;
+- a content-length that is not a number: the codec fails that call, as RFC 9113 §8.1.1 makes a
+  malformed response a stream error; h2 ends the connection.
 """
 
 from __future__ import annotations
@@ -229,6 +231,14 @@ def benign(draw: st.DrawFn, script: Script) -> None:
         script.add(raw_frame(0x3, 0, sid, struct.pack(">L", code)))
 
 
+def _names_no_content_length(block: bytes) -> bool:
+    try:
+        headers = hpack.Decoder().decode(block, raw=True)
+    except Exception:  # not HPACK: what this kind is for
+        return True
+    return all(name != b"content-length" for name, _ in headers)
+
+
 @st.composite
 def control(draw: st.DrawFn, script: Script) -> None:
     """One control or odd frame."""
@@ -285,7 +295,8 @@ def control(draw: st.DrawFn, script: Script) -> None:
     elif kind == 12:
         script.add(draw(st.binary(min_size=1, max_size=16)))
     else:  # a header block that is not HPACK
-        block = draw(st.binary(min_size=1, max_size=8))
+        # A content-length in it: see test_a_content_length_that_is_not_a_number.
+        block = draw(st.binary(min_size=1, max_size=8).filter(_names_no_content_length))
         stream = draw(_HEADER_STREAMS.filter(lambda s: s not in script.ended))
         script.add(raw_frame(0x1, 0x5, stream, block))
 
@@ -495,6 +506,18 @@ def test_frames_after_the_stream_ended() -> None:
     (codec, codec_dead), (_, h2_dead) = _both(script.data())
     assert (codec_dead, h2_dead) == (False, True)  # h2: a connection error, STREAM_CLOSED
     assert codec == {1: (StatusCode.OK, b"ok"), 3: None, 5: None}
+
+
+def test_a_content_length_that_is_not_a_number() -> None:
+    # The codec fails the call whatever the value; h2 ends the connection unless it parses.
+    for value, h2_ends_it in ((b"", True), (b"x", True), (b"1", False)):
+        script = Script()
+        script.add(raw_frame(0x1, 0x5, 1, script.block([(b"content-length", value)])))
+        (codec, codec_dead), (h2, h2_dead) = _both(script.data())
+        assert codec_dead is False
+        assert codec == {1: (StatusCode.INTERNAL, None), 3: None, 5: None}
+        assert h2_dead is h2_ends_it
+        assert h2 == (dict.fromkeys(CALLS, LOST) if h2_ends_it else codec)
 
 
 DOOMED = (StatusCode.UNAVAILABLE, None)  # above the GOAWAY's last stream id
