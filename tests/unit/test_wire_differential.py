@@ -285,11 +285,10 @@ def control(draw: st.DrawFn, script: Script) -> None:
         script.add(raw_frame(draw(st.integers(0, 9)), 0, sid, b"abcd", draw(st.integers(0, 12))))
     elif kind == 10:  # any frame type, any flags, arbitrary payload
         frame_type = draw(st.sampled_from([0, 2, 3, 4, 5, 6, 7, 8, 9]))
-        script.add(
-            raw_frame(
-                frame_type, draw(st.integers(0, 255)), sid, draw(st.binary(min_size=0, max_size=12))
-            )
-        )
+        flags = draw(st.integers(0, 255))
+        script.add(raw_frame(frame_type, flags, sid, draw(st.binary(min_size=0, max_size=12))))
+        if frame_type == 0x0 and flags & 0x1:  # DATA with END_STREAM may end the stream
+            script.ended.add(sid)
     elif kind == 11:  # longer than our MAX_FRAME_SIZE (only the header is sent)
         script.add(raw_frame(0x0, 0, sid, b"", draw(st.sampled_from([2**20 + 1, 2**24 - 1]))))
     elif kind == 12:
@@ -299,6 +298,7 @@ def control(draw: st.DrawFn, script: Script) -> None:
         block = draw(st.binary(min_size=1, max_size=8).filter(_names_no_content_length))
         stream = draw(_HEADER_STREAMS.filter(lambda s: s not in script.ended))
         script.add(raw_frame(0x1, 0x5, stream, block))
+        script.ended.add(stream)  # END_STREAM: a block that decodes ends the stream
 
 
 @st.composite
