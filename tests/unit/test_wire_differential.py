@@ -34,7 +34,12 @@ steers clear and a test below pins both behaviours down (if h2 changes, they fai
   never end the connection); h2 answers DATA with RST_STREAM (a stream error) and ends the
   connection over HEADERS;
 - a content-length that is not a number: the codec fails that call, as RFC 9113 §8.1.1 makes a
-  malformed response a stream error; h2 ends the connection.
+  malformed response a stream error; h2 ends the connection;
+- a PUSH_PROMISE (we disable push) whose header block goes on in CONTINUATION frames: the codec
+  refuses it at once, h2 only once the block is complete (`settled` completes the last frames
+  and ends the bytes with a PING, so that h2 gets there too);
+- a server's SETTINGS with ENABLE_PUSH=1: the codec ends the connection (RFC 9113 §6.5.2), as h2
+  does from 4.4 on; h2 4.1 to 4.3 (our floor is 4.1) accepts it.
 """
 
 from __future__ import annotations
@@ -42,9 +47,10 @@ from __future__ import annotations
 import itertools
 import struct
 from dataclasses import dataclass, field
+from importlib.metadata import version
 
 import hpack
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
 from sepp.wire import CallFinished, connection_class
@@ -243,7 +249,7 @@ def _names_no_content_length(block: bytes) -> bool:
 def control(draw: st.DrawFn, script: Script) -> None:
     """One control or odd frame."""
     kind = draw(st.integers(0, 13))
-    sid = draw(_STREAMS.filter(lambda s: s not in script.ended))
+    sid = draw(_STREAMS.filter(lambda s: s not in script.ended | script.doomed))
     script.touched.add(sid)
     if kind == 0:
         script.add(raw_frame(0x3, 0, sid, struct.pack(">L", draw(st.integers(0, 15)))))
@@ -321,7 +327,30 @@ def server_bytes(draw: st.DrawFn) -> bytes:
             draw(control(script))
         else:
             draw(benign(script))
-    return settled(script.data())
+    data = settled(script.data())
+    # Garbage and wrong lengths shift what follows into frames of any shape: not into those
+    # where the engines part by design (context-free ones; the script keeps track of the rest).
+    assume(not any(map(_apart_by_design, frame_pieces(data))))
+    return data
+
+
+def _apart_by_design(frame: bytes) -> bool:
+    """ALTSVC (test_altsvc_frames_are_ignored), HEADERS on an even stream
+    (test_headers_opening_a_server_stream), or before h2 4.4 a server's ENABLE_PUSH=1
+    (test_a_server_that_enables_push)."""
+    if len(frame) < 9:
+        return False
+    sid = int.from_bytes(frame[5:9], "big") & 0x7FFF_FFFF
+    if frame[3] == 0x4 and not frame[4] & 0x1 and not _H2_REFUSES_SERVER_PUSH:
+        payload = frame[9:]
+        pairs = (payload[i : i + 6] for i in range(0, len(payload) - 5, 6))
+        if any(struct.unpack(">HL", pair) == (2, 1) for pair in pairs):
+            return True
+    return frame[3] == 0xA or (frame[3] == 0x1 and sid > 0 and sid % 2 == 0)
+
+
+# RFC 9113 §6.5.2: a client refuses ENABLE_PUSH=1 from a server; h2 checks it from 4.4 on.
+_H2_REFUSES_SERVER_PUSH = tuple(map(int, version("h2").split(".")[:2])) >= (4, 4)
 
 
 def settled(data: bytes) -> bytes:
@@ -332,12 +361,14 @@ def settled(data: bytes) -> bytes:
     left open is settled by completing them, so both engines reach their verdicts.
     """
     pos = 0
-    while len(data) - pos >= 9:
+    while len(data) > pos:
+        if len(data) - pos < 9:  # a partial header: completed too, then its frame
+            data += bytes(pos + 9 - len(data))
         length = (data[pos] << 16) | (data[pos + 1] << 8) | data[pos + 2]
         if pos + 9 + length > len(data) and length <= DEFAULT_MAX_FRAME_SIZE:
             data += bytes(pos + 9 + length - len(data))
         pos += 9 + length
-    if pos > len(data) or len(data) - pos:  # an oversized frame, or a partial header
+    if pos > len(data):  # an oversized frame: the codec refuses its header, h2 its whole
         return data
     return data + raw_frame(0x6, 0, 0, b"the end.")
 
@@ -518,6 +549,23 @@ def test_a_content_length_that_is_not_a_number() -> None:
         assert codec == {1: (StatusCode.INTERNAL, None), 3: None, 5: None}
         assert h2_dead is h2_ends_it
         assert h2 == (dict.fromkeys(CALLS, LOST) if h2_ends_it else codec)
+
+
+def test_a_push_promise_is_refused_before_its_header_block_ends() -> None:
+    start = raw_frame(0x5, 0, 1, struct.pack(">L", 2))  # no END_HEADERS: a CONTINUATION is due
+    codec, h2 = _fresh("codec"), _fresh("h2")
+    codec.receive_data(start)
+    h2.receive_data(start)
+    assert codec.broken is not None and "PUSH_PROMISE" in codec.broken
+    assert h2.broken is None
+    h2.receive_data(raw_frame(0x9, 0x4, 1, b""))  # the CONTINUATION that ends the block
+    assert h2.broken is not None
+
+
+def test_a_server_that_enables_push() -> None:
+    (_, codec_dead), (_, h2_dead) = _both(raw_frame(0x4, 0, 0, struct.pack(">HL", 2, 1)))
+    assert codec_dead is True
+    assert h2_dead is _H2_REFUSES_SERVER_PUSH
 
 
 DOOMED = (StatusCode.UNAVAILABLE, None)  # above the GOAWAY's last stream id
