@@ -831,6 +831,9 @@ async def test_worker_loop_asyncio_runs_asyncio_handlers_and_stops_on_signals(
         for n in range(10):
             await client.enqueue("work", "work", payload=sepp.Payload.json({"n": n}))
         await running.wait_for("done ", "stdout", count=10)
+        # Acked, not only done: a job still settling counts as in flight, and the second
+        # signal's line below says how many it cancels.
+        await running.wait_for("finished: ack", count=10)
         blocked = (await client.enqueue("work", "block")).job_id
         await running.wait_for(f"started {blocked}", "stdout")
         running.send(signal.SIGTERM)
