@@ -604,6 +604,12 @@ async def test_payloads_of_up_to_one_mib_make_the_round_trip_intact(client: sepp
     async with trio.open_nursery() as nursery:
         for payload in payloads:
             nursery.start_soon(functools.partial(client.enqueue, "big", "t", payload=payload))
+    # Batches too: each big payload is a part of its own in the request, never joined.
+    more = [sepp.Payload.bytes(rng.randbytes(size)) for size in (1_048_576, 40_000, 100)]
+    jobs_of = [sepp.EnqueueRequest("big", "t", payload=p) for p in more]
+    assert all(isinstance(r, sepp.EnqueueAck) for r in await client.enqueue_batch(jobs_of))
+    assert len(await client.enqueue_atomic(jobs_of)) == 3
+    payloads += more + more
     reserved: list[sepp.Job] = []
     while len(reserved) < len(payloads):
         jobs = await client.reserve(["big"], max_jobs=8, wait_timeout=2)

@@ -24,6 +24,7 @@ from sepp._model import message_codec as mc
 from sepp._model import protobuf_codec, wire_requests, wire_responses
 from sepp._model.wire_format import DecodeError, decode, read_varint, varint
 from sepp._pb import queue_pb2 as pb
+from sepp.wire._framing import joined
 
 UPB = api_implementation.Type() == "upb"
 PYPY = platform.python_implementation() == "PyPy"
@@ -48,7 +49,14 @@ requests = st.builds(
     sepp.EnqueueRequest,
     names,
     names,
-    payload=st.none() | st.builds(sepp.Payload, st.binary(min_size=1, max_size=300), names),
+    payload=st.none()
+    | st.builds(
+        sepp.Payload,
+        st.binary(min_size=1, max_size=300)
+        # Around the size where a payload travels as a part of its own.
+        | st.sampled_from([-1, 0, 1]).map(lambda d: b"p" * (wire_requests.SEPARATE_PART_BYTES + d)),
+        names,
+    ),
     idempotency_key=st.none() | names,
     priority=st.none() | st.integers(0, 9),
     max_attempts=st.none() | st.integers(1, 2**32 - 1),
@@ -83,7 +91,26 @@ def test_enqueue_batches_encode_as_protobuf_does(
     ours = wire_requests.enqueue_batch(jobs, trace)
     reference = protobuf_codec.enqueue_batch(jobs, trace)
     ordered = all(len(job.custom) <= 1 for job in jobs)
-    same_bytes_or_message(ours, reference, pb.EnqueueBatchRequest, ordered)
+    same_bytes_or_message(joined(ours), reference, pb.EnqueueBatchRequest, ordered)
+    big = [
+        job.payload.data
+        for job in jobs
+        if job.payload is not None and len(job.payload.data) >= wire_requests.SEPARATE_PART_BYTES
+    ]
+    if not big:
+        assert isinstance(ours, bytes)
+    else:  # each big payload is a part of its own, the caller's bytes uncopied
+        assert isinstance(ours, tuple)
+        assert [part for part in ours if any(part is data for data in big)] == big
+
+
+def test_a_big_payload_travels_as_a_part_of_its_own() -> None:
+    data = bytes(range(256)) * 4096  # 1 MiB
+    job = sepp.EnqueueRequest("q", "t", payload=sepp.Payload.bytes(data), priority=3)
+    parts = wire_requests.enqueue_batch([job, sepp.EnqueueRequest("q", "small")])
+    assert isinstance(parts, tuple) and len(parts) == 3
+    assert parts[1] is data
+    assert b"".join(parts) == protobuf_codec.enqueue_batch([job, sepp.EnqueueRequest("q", "small")])
 
 
 @given(st.lists(names, min_size=1, max_size=3), durations, durations, st.none() | names)

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from sepp.wire import CallFinished, connection_class
 from sepp.wire._engine import WIRE_ENGINES, GrpcConnection
-from sepp.wire._framing import encode_message
+from sepp.wire._framing import Request, encode_message
 from sepp.wire._status import StatusCode
 from sepp.wire.codec._connection import VIEW_MIN_BYTES, CodecGrpcConnection
 from sepp.wire.drivers._sending import advance
@@ -145,6 +145,15 @@ STEPS = st.lists(
 )
 
 
+def in_parts(request: bytes, rng: random.Random) -> Request:
+    """`request` as it is, or cut into parts (some empty) as a big payload's enqueue gives it."""
+    if rng.random() < 0.3:
+        return request
+    cuts = sorted(rng.choices(range(len(request) + 1), k=rng.randint(0, 4)))
+    bounds = [0, *cuts, len(request)]
+    return tuple(request[a:b] for a, b in itertools.pairwise(bounds))
+
+
 def _connect(engine: str, initial_window: int, max_frame: int) -> GrpcConnection:
     conn = connection_class(engine)(authority="localhost")
     conn.initiate()
@@ -177,7 +186,7 @@ def test_requests_are_framed_exactly_as_the_plain_slicing_frames_them(
     for step in steps:
         if step[0] == "call":
             request = rng.randbytes(int(step[1]))  # type: ignore[call-overload]
-            stream_id = conn.start_call("Enqueue", request)
+            stream_id = conn.start_call("Enqueue", in_parts(request, rng))
             streams.append(stream_id)
             reference.start(stream_id, request)
         elif step[0] == "initial_window":
@@ -254,6 +263,40 @@ def test_a_big_request_goes_out_as_views_of_the_callers_bytes() -> None:
     assert sum(map(len, views)) >= len(request) - 3 * VIEW_MIN_BYTES
     copied = sum(len(b) for b in buffers if not isinstance(b, memoryview))
     assert copied < 3 * VIEW_MIN_BYTES + 1024  # + HEADERS and the frame headers
+
+
+def test_a_big_part_goes_out_as_views_of_the_callers_bytes() -> None:
+    # An enqueue of a big payload: the fields before it, the payload, the fields after it.
+    payload = random.Random(9).randbytes(1 << 20)
+    head, tail = b"h" * 40, b"t" * 30
+    conn = _connect("codec", 2 << 20, 16_384)
+    conn.data_to_send()
+    conn.start_call("Enqueue", (head, payload, tail))
+    conn.receive_data(window_update(0, 2 << 20))
+    buffers = conn.buffers_to_send()
+    sent = frames_of(b"".join(buffers))
+    assert b"".join(p for t, _f, _s, p in sent if t == DATA) == encode_message(
+        head + payload + tail
+    )
+    views = [b for b in buffers if isinstance(b, memoryview)]
+    assert all(v.obj in (payload, head, tail) for v in views)
+    # The payload is never copied: views of it cover all of it but what shares a frame cut
+    # short by the window's edges and the prefix (under VIEW_MIN_BYTES each, copied).
+    assert sum(len(v) for v in views if v.obj is payload) >= len(payload) - 2 * VIEW_MIN_BYTES
+    copied = sum(len(b) for b in buffers if not isinstance(b, memoryview))
+    assert copied < 2 * VIEW_MIN_BYTES + 1024
+
+
+def test_a_request_in_parts_that_fits_one_frame_goes_out_as_its_parts() -> None:
+    payload = random.Random(10).randbytes(40_000)
+    conn = _connect("codec", 1 << 20, 1 << 20)
+    conn.receive_data(window_update(0, 1 << 20))
+    conn.data_to_send()
+    conn.start_call("Enqueue", (b"head", payload, b"tail"))
+    buffers = conn.buffers_to_send()
+    assert payload in buffers  # the caller's bytes object itself, behind the frame headers
+    ((_type, flags, _sid, body),) = [f for f in frames_of(b"".join(buffers)) if f[0] == DATA]
+    assert flags == END_STREAM and body == encode_message(b"head" + payload + b"tail")
 
 
 def test_small_requests_are_joined_into_one_buffer() -> None:

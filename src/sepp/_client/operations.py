@@ -30,6 +30,7 @@ from .._model.types import (
 )
 from .._model.wire_format import DecodeError
 from .._util.log import Log
+from ..wire._framing import Request, request_size
 from ..wire._status import StatusCode
 from .chunking import SERVER_MAX_MESSAGE_BYTES
 from .retry import RETRYABLE
@@ -51,7 +52,7 @@ class Call:
     long-poll plus slack), used instead of the client's rpc_timeout."""
 
     method: str
-    request: bytes
+    request: Request
     retryable: frozenset[StatusCode] = RETRYABLE
     kind: CallKind = "generic"
     ambiguous_retry_safe: bool = True
@@ -151,10 +152,11 @@ def enqueue_atomic_call(
     requests: Sequence[EnqueueRequest], trace_context: TraceContext | None = None
 ) -> Call:
     request = mc.REQUESTS.enqueue_batch(requests, trace_context)
-    if len(request) > SERVER_MAX_MESSAGE_BYTES:
+    size = request_size(request)
+    if size > SERVER_MAX_MESSAGE_BYTES:
         raise ValidationError(
             "jobs",
-            f"an atomic enqueue of {len(requests)} jobs encodes to {len(request)} bytes,"
+            f"an atomic enqueue of {len(requests)} jobs encodes to {size} bytes,"
             f" over the server's {SERVER_MAX_MESSAGE_BYTES}-byte message cap"
             " (max_message_bytes); enqueue_batch splits bigger ones",
         )

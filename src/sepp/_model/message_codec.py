@@ -40,7 +40,7 @@ DEFAULT = "auto"
 class Requests(Protocol):
     def enqueue_batch(
         self, jobs: Iterable[EnqueueRequest], trace: TraceContext | None = None
-    ) -> bytes: ...
+    ) -> bytes | tuple[bytes, ...]: ...
     def reserve(
         self,
         queues: Sequence[str],

@@ -13,8 +13,10 @@ from typing import Literal, Protocol
 
 from ._constants import DEFAULT_CONNECTION_WINDOW, DEFAULT_STREAM_WINDOW, Header
 from ._events import CallFinished, Event
+from ._framing import Request
 
 WireEngine = Literal["codec", "h2"]
+
 WIRE_ENGINES: tuple[WireEngine, ...] = ("codec", "h2")
 DEFAULT_WIRE_ENGINE: WireEngine = "codec"
 
@@ -70,7 +72,7 @@ class GrpcConnection(Protocol):
     def start_call(
         self,
         method: str,
-        request: bytes,
+        request: Request,
         *,
         timeout: float | None = None,
         metadata: Iterable[Header] = (),

@@ -10,6 +10,21 @@ _PREFIX = struct.Struct(">BI")
 PREFIX_BYTES = _PREFIX.size
 
 
+# A request message: its bytes, or its parts in order. A big payload comes as a part of its
+# own, so that the codec engine hands it to the socket without copying it into a joined message.
+Request = bytes | tuple[bytes, ...]
+
+
+def request_size(request: Request) -> int:
+    if isinstance(request, bytes):
+        return len(request)
+    return sum(len(part) for part in request)
+
+
+def joined(request: Request) -> bytes:
+    return request if isinstance(request, bytes) else b"".join(request)
+
+
 def message_prefix(length: int) -> bytes:
     """The prefix of one uncompressed message of `length` bytes."""
     return _PREFIX.pack(0, length)

@@ -40,7 +40,7 @@ from .._events import (
     StreamCapacityChanged,
 )
 from .._failure import FailureKind
-from .._framing import PREFIX_BYTES, FramingError, message_prefix
+from .._framing import PREFIX_BYTES, FramingError, Request, message_prefix, request_size
 from .._hpack import BoundedDecoder, encode_authority, encode_field
 from .._response import (
     FRAME_HEADER_BYTES,
@@ -129,13 +129,16 @@ class _ConnectionError(Exception):
 
 
 class _Call(ResponseState):
-    __slots__ = ("outbound", "prefix", "recv_window", "send_window")
+    __slots__ = ("later", "outbound", "prefix", "recv_window", "send_window")
 
     def __init__(self, max_receive_bytes: int | None, send_window: int, recv_window: int) -> None:
         super().__init__(max_receive_bytes)
         # The request not sent yet: the part of its gRPC length prefix left, then the message.
+        # `outbound` is the rest of the message's current part, `later` the parts after it
+        # (a request given in parts); `outbound` is empty only when nothing is left.
         self.prefix = b""
         self.outbound = _EMPTY
+        self.later: list[memoryview] | None = None
         self.send_window = send_window
         self.recv_window = recv_window
 
@@ -308,12 +311,13 @@ class CodecGrpcConnection(CallTable[_Call]):
     def start_call(
         self,
         method: str,
-        request: bytes,
+        request: Request,
         *,
         timeout: float | None = None,
         metadata: Iterable[Header] = (),
     ) -> int:
-        """Open a stream for `method` and queue its request; returns the stream id."""
+        """Open a stream for `method` and queue its request; returns the stream id. A request
+        in parts goes out as they are, each big part as views of it, never joined."""
         block = self._method_blocks.get(method)
         if block is None:
             path = SERVICE_PATH + method.encode("ascii")
@@ -339,7 +343,14 @@ class CodecGrpcConnection(CallTable[_Call]):
         self._next_stream_id = stream_id + 2
         call = _Call(self._max_receive, self._peer_initial_window, self._stream_window)
         self._calls[stream_id] = call
-        size = len(request)
+        whole: bytes | None
+        parts: tuple[bytes, ...]
+        if isinstance(request, bytes):
+            whole, parts = request, ()
+            size = len(request)
+        else:
+            whole, parts = None, request
+            size = request_size(parts)
         prefix = message_prefix(size)
         n = size + PREFIX_BYTES
         max_frame = self._max_outbound_frame
@@ -357,18 +368,28 @@ class CodecGrpcConnection(CallTable[_Call]):
                     + _FRAME.pack(n >> 8, n & 0xFF, DATA, END_STREAM, stream_id)
                     + prefix
                 )
-                if size < VIEW_MIN_BYTES:
-                    self._out.append(head + request)
+                if whole is None:
+                    self._out.append(head)
+                    self._out += parts
+                    self._views_queued = True
+                elif size < VIEW_MIN_BYTES:
+                    self._out.append(head + whole)
                 else:
                     self._out.append(head)
-                    self._out.append(request)
+                    self._out.append(whole)
                     self._views_queued = True
                 return stream_id
             self._out.append(headers + block)
         else:
             self._queue_header_block(stream_id, block)
         call.prefix = prefix
-        call.outbound = memoryview(request)
+        if whole is not None:
+            call.outbound = memoryview(whole)
+        else:
+            views = [memoryview(part) for part in parts if part]
+            if views:
+                call.outbound = views.pop(0)
+                call.later = views
         self._send_body(stream_id, call)
         return stream_id
 
@@ -758,11 +779,15 @@ class CodecGrpcConnection(CallTable[_Call]):
     def _send_body(self, stream_id: int, call: _Call) -> None:
         """Send as much of the request as flow control allows; END_STREAM with the last byte.
         Each DATA frame is the length prefix's rest (in the first frame) and a slice of the
-        request: a small slice is copied behind its frame header, a big one queued as a view."""
+        request: a small slice is copied behind its frame header, a big one queued as a view
+        (as views of two parts where it spans them)."""
         prefix = call.prefix
         body = call.outbound
+        later = call.later
         out = self._out
         left = len(prefix) + len(body)
+        if later:
+            left += sum(map(len, later))
         max_frame = self._max_outbound_frame
         while left:
             n = min(left, self._send_window, call.send_window, max_frame)
@@ -772,18 +797,22 @@ class CodecGrpcConnection(CallTable[_Call]):
                 self._blocked[stream_id] = call
                 return
             if n == max_frame and n < left and not prefix:
-                # A run of full frames before the last one: all alike but for their slice.
-                size = min(left - 1, self._send_window, call.send_window) // n * n
-                header = _FRAME.pack(n >> 8, n & 0xFF, DATA, 0, stream_id)
-                for start in range(0, size, n):
-                    out.append(header)
-                    out.append(body[start : start + n])
-                self._views_queued = True
-                self._send_window -= size
-                call.send_window -= size
-                left -= size
-                body = body[size:]
-                continue
+                # A run of full frames before the last one, within this part: all alike but
+                # for their slice.
+                size = min(left - 1, len(body), self._send_window, call.send_window) // n * n
+                if size:
+                    header = _FRAME.pack(n >> 8, n & 0xFF, DATA, 0, stream_id)
+                    for start in range(0, size, n):
+                        out.append(header)
+                        out.append(body[start : start + n])
+                    self._views_queued = True
+                    self._send_window -= size
+                    call.send_window -= size
+                    left -= size
+                    body = body[size:]
+                    if not body and later:
+                        body = later.pop(0)
+                    continue
             left -= n
             header = _FRAME.pack(n >> 8, n & 0xFF, DATA, 0 if left else END_STREAM, stream_id)
             self._send_window -= n
@@ -793,15 +822,36 @@ class CodecGrpcConnection(CallTable[_Call]):
                 header += prefix[:taken]
                 prefix = prefix[taken:]
                 n -= taken
-            if n < VIEW_MIN_BYTES:
-                out.append(header + body[:n])
+            if n <= len(body):
+                if n < VIEW_MIN_BYTES:
+                    out.append(header + body[:n])
+                else:
+                    out.append(header)
+                    out.append(body[:n])
+                    self._views_queued = True
+                body = body[n:]
             else:
-                out.append(header)
-                out.append(body[:n])
-                self._views_queued = True
-            body = body[n:]
+                # The frame spans parts: its slice is the rest of this one and the next's head.
+                assert later, "the window counted bytes the request does not have"
+                pieces = [body]
+                need = n - len(body)
+                while need:
+                    body = later.pop(0)
+                    pieces.append(body[:need])
+                    taken = min(need, len(body))
+                    body = body[taken:]
+                    need -= taken
+                if n < VIEW_MIN_BYTES:
+                    out.append(header + b"".join(pieces))
+                else:
+                    out.append(header)
+                    out += pieces
+                    self._views_queued = True
+            if not body and later:
+                body = later.pop(0)
         call.prefix = b""
         call.outbound = _EMPTY
+        call.later = None
         self._blocked.pop(stream_id, None)
 
     def _flush_blocked(self) -> None:
@@ -817,6 +867,7 @@ class CodecGrpcConnection(CallTable[_Call]):
             # and close our half too, so the stream stops counting against its limit.
             call.prefix = b""
             call.outbound = _EMPTY
+            call.later = None
             self._out.append(frame(RST_STREAM, 0, stream_id, _U32.pack(NO_ERROR)))
         out.append(finish(stream_id, call))
         out.append(StreamCapacityChanged())

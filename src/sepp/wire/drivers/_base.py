@@ -20,6 +20,7 @@ from .._constants import Header
 from .._engine import GrpcConnection, WireEngine, connection_class
 from .._events import CallFinished
 from .._failure import FailureKind
+from .._framing import Request
 from .._status import StatusCode
 
 # How many times in all a call the server provably never processed (FailureKind.unprocessed)
@@ -68,7 +69,7 @@ class Attempt:
     `unprocessed` is the previous attempt's result when this one is a transparent retry."""
 
     method: str
-    request: bytes
+    request: Request
     metadata: Sequence[Header]
     own_deadline: float
     timeout: float | None
@@ -162,7 +163,7 @@ class ChannelBase:
     async def call(
         self,
         method: str,
-        request: bytes,
+        request: Request,
         *,
         timeout: float | None,
         metadata: Sequence[Header] = (),

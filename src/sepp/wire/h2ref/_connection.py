@@ -38,7 +38,7 @@ from .._events import (
     StreamCapacityChanged,
 )
 from .._failure import FailureKind
-from .._framing import FramingError, encode_message
+from .._framing import FramingError, Request, encode_message, joined
 from .._hpack import encode_authority
 from .._response import ResponseState, finish, goaway_result, reset_result
 from .._status import StatusCode, encode_grpc_timeout
@@ -118,7 +118,7 @@ class H2GrpcConnection(CallTable[_Call]):
     def start_call(
         self,
         method: str,
-        request: bytes,
+        request: Request,
         *,
         timeout: float | None = None,
         metadata: Iterable[Header] = (),
@@ -141,7 +141,7 @@ class H2GrpcConnection(CallTable[_Call]):
             raise StreamIdsExhausted("stream ids are past the last (2^31-1)") from None
         self._h2.open_calls = len(self._calls)
         self._h2.send_headers(stream_id, headers + per_call if per_call else headers)
-        call = _Call(self._max_receive, encode_message(request))
+        call = _Call(self._max_receive, encode_message(joined(request)))
         self._calls[stream_id] = call
         if stream_id + 2 > MAX_STREAM_ID:
             # Stream ids are spent: let this connection drain; the driver dials a fresh one.
