@@ -8,8 +8,11 @@ caller and that the reader's role moves on when its holder stops waiting.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import queue
 import socket
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -26,7 +29,7 @@ from sepp._client.blocking_runtime import run_blocking
 from sepp.wire._failure import FailureKind
 from sepp.wire._status import StatusCode
 from sepp.wire.drivers._base import MAX_TRANSPARENT_ATTEMPTS, Endpoint, RpcError
-from sepp.wire.drivers._blocking import BlockingChannel
+from sepp.wire.drivers._blocking import BlockingChannel, _Waiter
 
 pytestmark = pytest.mark.fixture
 
@@ -322,6 +325,28 @@ async def test_closing_while_a_writer_thread_holds_the_socket_closes_it_before_r
         assert conn._in_io == 1  # the writer thread, blocked on the full socket
         channel.close()
         assert conn.sock.fileno() == -1
+
+
+def test_a_waiter_past_its_deadline_stops_waiting_at_once() -> None:
+    # A follower whose deadline passed while it wrote waits on its wake queue with a timeout
+    # of 0. On CPython 3.10 a SimpleQueue never waited on could block there forever (the time
+    # left, recomputed after its first try, came out negative): four threads waiting so on
+    # fresh queues hung within the first thousands, every run (CI: a follower 0.3 s past its
+    # deadline waited 10 s).
+    finished: list[int] = []
+
+    def waiters(index: int) -> None:
+        for stream_id in range(1, 40_000, 2):
+            with contextlib.suppress(queue.Empty):
+                _Waiter(stream_id, 0.0).wake.get(timeout=0)
+        finished.append(index)
+
+    threads = [threading.Thread(target=waiters, args=(i,), daemon=True) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=GUARD_S)
+    assert sorted(finished) == [0, 1, 2, 3]
 
 
 async def test_a_follower_whose_deadline_passes_while_it_writes_gives_up_in_time() -> None:
