@@ -16,7 +16,6 @@ from ._events import CallFinished, Event
 from ._framing import Request
 
 WireEngine = Literal["codec", "h2"]
-
 WIRE_ENGINES: tuple[WireEngine, ...] = ("codec", "h2")
 DEFAULT_WIRE_ENGINE: WireEngine = "codec"
 
