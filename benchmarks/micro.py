@@ -272,7 +272,7 @@ def _api(calls: int, recorded: dict[str, bytes]) -> dict[str, float]:
     import sepp
     from sepp._client.client import Client
     from sepp._client.retry import NO_RETRY
-    from sepp._client.trio_runtime import TRIO
+    from sepp._runtime.trio_runtime import TRIO
     from sepp._util.log import Log
 
     class FakeChannel:

@@ -103,7 +103,7 @@ _PUBLIC: dict[str, tuple[str, bool]] = {
     "DuplicateHandlerError": ("_worker.router", LAZY),
     "Handler": ("_worker.router", LAZY),
     "Router": ("_worker.router", LAZY),
-    "ShutdownHandle": ("_worker.shutdown", LAZY),
+    "ShutdownHandle": ("_runtime.shutdown_handle", LAZY),
     "HandlerError": ("_model.settlement", LAZY),
     "Worker": ("_worker.worker", LAZY),
 }
@@ -172,6 +172,7 @@ if TYPE_CHECKING:
     from ._payloads.codecs import PayloadDecodeError as PayloadDecodeError
     from ._payloads.codecs import PydanticCodec as PydanticCodec
     from ._payloads.task import Task as Task
+    from ._runtime.shutdown_handle import ShutdownHandle as ShutdownHandle
     from ._scheduling.schedule import Schedule as Schedule
     from ._scheduling.scheduler import Scheduler as Scheduler
     from ._version import __version__ as __version__
@@ -182,7 +183,6 @@ if TYPE_CHECKING:
     from ._worker.router import DuplicateHandlerError as DuplicateHandlerError
     from ._worker.router import Handler as Handler
     from ._worker.router import Router as Router
-    from ._worker.shutdown import ShutdownHandle as ShutdownHandle
     from ._worker.worker import Worker as Worker
     from .wire._status import StatusCode as StatusCode
 

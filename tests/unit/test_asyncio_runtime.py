@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from sepp._client.asyncio_runtime import ASYNCIO
+from sepp._runtime.asyncio_runtime import ASYNCIO
 from sepp.wire.drivers._asyncio_scopes import MoveOnAt, enclosing_deadline
 
 if sys.version_info < (3, 11):
@@ -186,7 +186,7 @@ def test_opening_a_client_under_trio_loads_neither_asyncio_nor_its_runtime() -> 
         "        async with sepp.open('127.0.0.1:1', connect_timeout=0.5): pass\n"
         "    except sepp.ConnectError: pass\n"
         "trio.run(main)\n"
-        "print(sorted(m for m in ('asyncio', 'sepp._client.asyncio_runtime') if m in sys.modules))"
+        "print(sorted(m for m in ('asyncio', 'sepp._runtime.asyncio_runtime') if m in sys.modules))"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60

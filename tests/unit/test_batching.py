@@ -13,8 +13,8 @@ from trio.testing import MockClock
 
 import sepp
 from sepp._client.batching import EnqueueBatcher
-from sepp._client.trio_runtime import TRIO
 from sepp._model.errors import error_from_status
+from sepp._runtime.trio_runtime import TRIO
 from sepp.wire._failure import FailureKind
 from sepp.wire._status import StatusCode
 

@@ -14,7 +14,7 @@ from trio.testing import MockClock
 import sepp
 from sepp._client.client import Client
 from sepp._client.retry import NO_RETRY
-from sepp._client.trio_runtime import TRIO
+from sepp._runtime.trio_runtime import TRIO
 from sepp._util.log import Log
 from sepp.wire._status import StatusCode
 from sepp.wire.drivers._trio import RpcError

@@ -94,6 +94,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("sepp._version", "sepp._pb", "sepp._util"),
     ("sepp.wire",),
     ("sepp._model",),
+    ("sepp._runtime",),
     ("sepp._client",),
     ("sepp._payloads",),
     ("sepp._worker",),
@@ -156,10 +157,10 @@ def test_the_layer_check_sees_an_upward_import() -> None:
 
 
 # The Worker and the Scheduler take what they need of trio (clock, sleeping, cancel scopes,
-# nurseries, events, threads, calls from other threads) from `_worker/concurrency.py` alone, so
+# nurseries, events, threads, calls from other threads) from `_runtime/concurrency.py` alone, so
 # that another runtime provides one module; the monitor's HTTP responder owns its sockets, as a
 # wire driver does.
-TRIO_SEAM = ("sepp._worker.concurrency", "sepp._worker.http_responder")
+TRIO_SEAM = ("sepp._runtime.concurrency", "sepp._worker.http_responder")
 
 
 def imports_trio(source: str, library: str = "trio") -> bool:
@@ -190,13 +191,13 @@ def test_the_worker_and_the_scheduler_reach_trio_only_through_their_seam() -> No
     assert [
         name for name in trio_importers("sepp._worker", "sepp._scheduling") if name not in TRIO_SEAM
     ] == []
-    assert trio_importers("sepp._worker.concurrency") == ["sepp._worker.concurrency"]
+    assert trio_importers("sepp._runtime.concurrency") == ["sepp._runtime.concurrency"]
 
 
 # Under asyncio they run on anyio, which only these two modules import: the primitives, and the
 # monitor's responder on anyio's sockets. Neither is imported under trio (a test runs a Worker
 # there and looks).
-ANYIO_SEAM = ["sepp._worker.anyio_concurrency", "sepp._worker.anyio_http"]
+ANYIO_SEAM = ["sepp._runtime.anyio_concurrency", "sepp._worker.anyio_http"]
 
 
 def imports_anyio(source: str) -> bool:
@@ -207,7 +208,10 @@ def test_the_worker_and_the_scheduler_reach_anyio_only_through_their_seam() -> N
     importers = [
         _module_name(path)
         for path in sorted((SRC / "sepp").rglob("*.py"))
-        if any(_within(_module_name(path), p) for p in ("sepp._worker", "sepp._scheduling"))
+        if any(
+            _within(_module_name(path), p)
+            for p in ("sepp._runtime", "sepp._worker", "sepp._scheduling")
+        )
         and imports_anyio(path.read_text(encoding="utf-8"))
     ]
     assert importers == ANYIO_SEAM
@@ -236,10 +240,10 @@ def test_within_wire_only_the_trio_driver_imports_trio() -> None:
 
 # Who may import trio at all. On the client side (`_model`, `_client`, `_payloads`, `wire`) only
 # the trio runtime and the trio driver do: the shared client code reaches trio through the
-# `Runtime` it is given (`_client/runtime.py`). Beyond them, only the Worker's and the
+# `Runtime` it is given (`_runtime/protocol.py`). Beyond them, only the Worker's and the
 # Scheduler's seam above, and the command line and `sepp.testing`, trio applications both.
 TRIO_USERS = (
-    "sepp._client.trio_runtime",
+    "sepp._runtime.trio_runtime",
     *TRIO_IN_WIRE,
     *TRIO_SEAM,
     "sepp._cli",
@@ -257,7 +261,7 @@ def trio_violations(importers: list[str]) -> list[str]:
 
 def test_only_the_trio_runtime_imports_trio_on_the_client_side() -> None:
     importers = trio_importers("sepp")
-    assert "sepp._client.trio_runtime" in importers  # the check sees a plain `import trio`
+    assert "sepp._runtime.trio_runtime" in importers  # the check sees a plain `import trio`
     assert trio_violations(importers) == []
 
 
@@ -271,10 +275,13 @@ def test_the_trio_check_sees_a_trio_import() -> None:
 
 
 # asyncio, likewise: only the asyncio runtime and the asyncio driver (with its cancel scopes)
-# import it, so `import sepp` under trio never loads it (the runtime is imported when a client
-# is opened under asyncio).
+# import it, and the services' seam (anyio's primitives; the trio one only inside functions
+# that run under asyncio), so `import sepp` under trio never loads it (the runtime is imported
+# when a client is opened under asyncio).
 ASYNCIO_USERS = (
-    "sepp._client.asyncio_runtime",
+    "sepp._runtime.asyncio_runtime",
+    "sepp._runtime.anyio_concurrency",
+    "sepp._runtime.concurrency",
     "sepp.wire.drivers._asyncio",
     "sepp.wire.drivers._asyncio_scopes",
 )
@@ -294,7 +301,7 @@ def imports_asyncio(source: str) -> bool:
 
 
 def asyncio_violations(
-    packages: tuple[str, ...] = ("sepp._client", "sepp._model", "sepp.wire"),
+    packages: tuple[str, ...] = ("sepp._runtime", "sepp._client", "sepp._model", "sepp.wire"),
 ) -> list[str]:
     found = []
     for path in sorted((SRC / "sepp").rglob("*.py")):
@@ -308,7 +315,7 @@ def asyncio_violations(
 def test_on_the_client_side_only_the_asyncio_runtime_and_driver_import_asyncio() -> None:
     assert asyncio_violations() == []
     assert imports_asyncio(
-        (SRC / "sepp" / "_client" / "asyncio_runtime.py").read_text(encoding="utf-8")
+        (SRC / "sepp" / "_runtime" / "asyncio_runtime.py").read_text(encoding="utf-8")
     )
 
 

@@ -11,8 +11,8 @@ from otel_support import install
 
 import sepp
 from sepp._client.client import Client
-from sepp._client.trio_runtime import TRIO
 from sepp._pb import queue_pb2 as pb
+from sepp._runtime.trio_runtime import TRIO
 from sepp._util.log import Log
 from sepp.wire._status import StatusCode
 from sepp.wire.drivers._trio import RpcError

@@ -10,10 +10,10 @@ from collections.abc import Callable, Generator
 import pytest
 
 import sepp
-from sepp._client.blocking_runtime import BLOCKING, run_blocking
-from sepp._client.runtime import Runtime
-from sepp._client.trio_runtime import TRIO
 from sepp._model.errors import ClientInternalError
+from sepp._runtime.blocking_runtime import BLOCKING, run_blocking
+from sepp._runtime.protocol import Runtime
+from sepp._runtime.trio_runtime import TRIO
 
 
 @types.coroutine

@@ -9,11 +9,11 @@ import pytest
 import trio
 
 import sepp
-from sepp._client.asyncio_runtime import ASYNCIO
 from sepp._client.client import Client
 from sepp._client.retry import NO_RETRY
-from sepp._client.runtime import Runtime
-from sepp._client.trio_runtime import TRIO
+from sepp._runtime.asyncio_runtime import ASYNCIO
+from sepp._runtime.protocol import Runtime
+from sepp._runtime.trio_runtime import TRIO
 from sepp._util.log import Log
 from sepp.testing import job_context
 from sepp.wire._status import StatusCode

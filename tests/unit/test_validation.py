@@ -258,7 +258,7 @@ def exploding_client() -> sepp.Client:
     """A client whose channel would fail any call: validation must raise first."""
     from sepp._client.client import Client
     from sepp._client.retry import NO_RETRY
-    from sepp._client.trio_runtime import TRIO
+    from sepp._runtime.trio_runtime import TRIO
     from sepp._util.log import Log
 
     return Client(

@@ -25,7 +25,7 @@ from h2.errors import ErrorCodes
 from h2.settings import SettingCodes
 from test_wire_transport import GUARD_S, echo, timeout_seconds, tls_contexts
 
-from sepp._client.blocking_runtime import run_blocking
+from sepp._runtime.blocking_runtime import run_blocking
 from sepp.wire._failure import FailureKind
 from sepp.wire._status import StatusCode
 from sepp.wire.drivers._base import MAX_TRANSPARENT_ATTEMPTS, Endpoint, RpcError

@@ -20,7 +20,7 @@ import pytest
 import trio
 from fixtures.h2_server import H2Server, ServerCall, ServerConnection
 
-from sepp._client.blocking_runtime import run_blocking
+from sepp._runtime.blocking_runtime import run_blocking
 from sepp.wire._failure import FailureKind
 from sepp.wire.drivers._base import Attempt, Endpoint, RpcError
 from sepp.wire.drivers._blocking import BlockingChannel

@@ -23,7 +23,7 @@ from fixtures.fake_scheduler_server import FakeServer
 
 import sepp
 from sepp import Retry
-from sepp._worker import concurrency
+from sepp._runtime import concurrency
 
 if sys.version_info < (3, 11):
     from exceptiongroup import BaseExceptionGroup
@@ -314,8 +314,8 @@ def test_a_worker_under_asyncio_without_anyio_says_what_to_install(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setitem(sys.modules, "anyio", None)
-    monkeypatch.delitem(sys.modules, "sepp._worker.anyio_concurrency", raising=False)
-    monkeypatch.delattr(sepp._worker, "anyio_concurrency", raising=False)
+    monkeypatch.delitem(sys.modules, "sepp._runtime.anyio_concurrency", raising=False)
+    monkeypatch.delattr(sepp._runtime, "anyio_concurrency", raising=False)
     worker = make_worker(FakeClient())
 
     async def main() -> None:

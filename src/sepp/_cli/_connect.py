@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 import sepp
 
-from .._worker import concurrency
+from .._runtime import concurrency
 from ._values import positive_seconds
 
 T = TypeVar("T")

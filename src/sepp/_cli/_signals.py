@@ -12,7 +12,7 @@ from contextlib import AbstractContextManager
 
 import trio
 
-from .._worker import concurrency
+from .._runtime import concurrency
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 log = logging.getLogger("sepp.cli")

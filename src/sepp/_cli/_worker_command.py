@@ -12,7 +12,7 @@ import trio
 import sepp
 
 from .._model import validate as _validate
-from .._worker import concurrency
+from .._runtime import concurrency
 from ._connect import run_connected
 from ._failures import EXIT_FAILURE, EXIT_OK, UsageError
 from ._signals import run_until_signalled

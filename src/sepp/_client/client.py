@@ -35,6 +35,7 @@ from .._model.types import (
     ServerInfo,
     TraceContext,
 )
+from .._runtime.protocol import Runtime, TaskGroup
 from .._util.log import Log, LoggerLike
 from ..wire._engine import WireEngine
 from ..wire._status import StatusCode
@@ -49,7 +50,6 @@ from .opening import Opening
 from .options import DEFAULT_MAX_RECEIVE_MESSAGE_BYTES as DEFAULT_MAX_RECEIVE_MESSAGE_BYTES
 from .options import ConnectOptions
 from .retry import RetryPolicy, call_with_retry
-from .runtime import Runtime, TaskGroup
 
 _FORKED_HINT = (
     "Open a new client in the child, in its own trio.run (the parent's trio.run and the"

@@ -10,9 +10,9 @@ from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING
 
 from .._model.types import EnqueueRequest, ServerInfo
+from .._runtime.protocol import EventLike, Runtime, TaskGroup
 from .._util.lazy import lazy_module
 from .._util.log import Log
-from .runtime import EventLike, Runtime, TaskGroup
 
 if TYPE_CHECKING:
     from .._model import rejection_reasons as rj

@@ -12,7 +12,7 @@ from typing import Any, NoReturn, TypeVar
 
 import sniffio
 
-from .runtime import Runtime
+from .._runtime.protocol import Runtime
 
 T = TypeVar("T")
 
@@ -71,11 +71,11 @@ def current_runtime(what: str) -> Runtime:
     except sniffio.AsyncLibraryNotFoundError:
         library = None
     if library == "trio":
-        from .trio_runtime import TRIO
+        from .._runtime.trio_runtime import TRIO
 
         return TRIO
     if library == "asyncio":
-        from .asyncio_runtime import ASYNCIO
+        from .._runtime.asyncio_runtime import ASYNCIO
 
         return ASYNCIO
     raise RuntimeError(

@@ -30,17 +30,17 @@ from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypedDict, TypeVa
 import outcome
 
 from .._model.errors import ClientError
+from .._runtime.blocking_runtime import BLOCKING, run_blocking
+from .._runtime.protocol import CallSoon, CancelScope, EventLike, Runtime, TaskGroup
+from .._runtime.trio_runtime import TRIO
 from .._util.log import LoggerLike
 from ..wire._engine import WireEngine
 from . import fork
 from .batching import Batching
-from .blocking_runtime import BLOCKING, run_blocking
 from .client import Client, client_for
 from .client import open as open_client
 from .options import ConnectOptions
 from .retry import RetryPolicy
-from .runtime import CallSoon, CancelScope, EventLike, Runtime, TaskGroup
-from .trio_runtime import TRIO
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack

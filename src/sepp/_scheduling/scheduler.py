@@ -14,15 +14,15 @@ from typing import Protocol
 from .._model import validate as v
 from .._model.errors import JobRejectedError, SeppError, UnauthenticatedError, ValidationError
 from .._model.types import EnqueueAck, EnqueueRequest, ServerInfo
-from .._util.log import Log, LoggerLike
-from .._worker.concurrency import (
+from .._runtime.concurrency import (
     TASK_STATUS_IGNORED,
     TRIO,
     RunHandle,
     TaskStatus,
     current,
 )
-from .._worker.shutdown import ShutdownHandle
+from .._runtime.shutdown_handle import ShutdownHandle
+from .._util.log import Log, LoggerLike
 from .schedule import (
     MISSED_POLICIES,
     Entry,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import anyio
 import anyio.abc
 
-from .concurrency import TaskStatus
+from .._runtime.concurrency import TaskStatus
 from .http_responder import WRITE_TIMEOUT_S, Responder, read_head, render
 
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from datetime import datetime
 
 from .._model.types import Job
-from .concurrency import TRIO, CancelScope, Concurrency, Event
+from .._runtime.concurrency import TRIO, CancelScope, Concurrency, Event
 
 
 class Phase(enum.Enum):

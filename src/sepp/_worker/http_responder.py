@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable, Mapping
 
 import trio
 
-from .concurrency import CancelScope
+from .._runtime.concurrency import CancelScope
 
 MAX_REQUEST_BYTES = 8192  # the request line and headers; a probe sends a few hundred
 READ_TIMEOUT_S = 5.0  # to receive the whole request head

@@ -10,9 +10,9 @@ from datetime import datetime
 
 from .._model.errors import AttemptMismatchError, JobNotFoundError
 from .._model.settlement import describe
+from .._runtime.concurrency import TRIO, Concurrency, Nursery
 from .._util.log import Log
 from .client_calls import WorkerClient
-from .concurrency import TRIO, Concurrency, Nursery
 from .held_job import HeldJob, Phase
 
 # Extend once a third of what is left of the granted lease has passed (two thirds still

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from .._model.errors import ValidationError
-from .concurrency import TASK_STATUS_IGNORED, TaskStatus, running_library
+from .._runtime.concurrency import TASK_STATUS_IGNORED, TaskStatus, running_library
 from .http_responder import TEXT, Responder, Response, Route
 
 if TYPE_CHECKING:

@@ -15,9 +15,9 @@ from .._model.errors import (
 )
 from .._model.settlement import HandlerError
 from .._model.types import JobContext
+from .._runtime.concurrency import TRIO, Concurrency
 from .._util.log import Log
 from .client_calls import WorkerClient
-from .concurrency import TRIO, Concurrency
 
 # A job type without a handler is logged at ERROR at most once per this many seconds.
 UNKNOWN_TYPE_LOG_INTERVAL_S = 60.0

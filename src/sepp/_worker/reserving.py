@@ -7,7 +7,7 @@ import random
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from .concurrency import TRIO, Concurrency
+from .._runtime.concurrency import TRIO, Concurrency
 
 if TYPE_CHECKING:
     from .._client.otel import WorkerMetrics

@@ -8,7 +8,7 @@ import inspect
 from collections.abc import Awaitable, Callable
 
 from .._model.types import JobContext, Payload
-from .concurrency import run_sync_in_thread
+from .._runtime.concurrency import run_sync_in_thread
 
 SyncHandler = Callable[[Payload | None, JobContext], None]
 """A plain function `(payload, ctx) -> None` that processes one job in a worker thread."""

@@ -17,10 +17,18 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 from .._client import otel as _otel
 from .._model.settlement import HandlerError as HandlerError
 from .._model.types import JobContext
+from .._runtime.concurrency import (
+    TASK_STATUS_IGNORED,
+    TRIO,
+    Concurrency,
+    Event,
+    TaskStatus,
+    current,
+)
+from .._runtime.shutdown_handle import ShutdownHandle as ShutdownHandle
 from .._util.log import LoggerLike
 from .backoff import DEFAULT_BACKOFF, DEFAULT_UNKNOWN_TYPE_BACKOFF, Backoff
 from .client_calls import WorkerClient
-from .concurrency import TASK_STATUS_IGNORED, TRIO, Concurrency, Event, TaskStatus, current
 from .events import WorkerEvents
 from .held_job import HeldJobs
 from .lease_keeper import LeaseKeeper
@@ -41,7 +49,6 @@ from .router import (
 from .router import DuplicateHandlerError as DuplicateHandlerError
 from .router import Handler as Handler
 from .settings import WorkerSettings
-from .shutdown import ShutdownHandle as ShutdownHandle
 from .shutdown import WorkerShutdown
 from .slots import WorkerSlots
 from .thread_handlers import SyncHandler

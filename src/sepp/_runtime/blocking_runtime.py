@@ -14,7 +14,7 @@ from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from .._model.errors import ClientInternalError
-from .runtime import CallSoon, CancelScope, EventLike, TaskGroup, Waiter
+from .protocol import CallSoon, CancelScope, EventLike, TaskGroup, Waiter
 
 if TYPE_CHECKING:
     from ..wire.drivers._base import ChannelOptions, Endpoint

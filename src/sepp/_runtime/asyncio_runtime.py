@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, cast
 from ..wire.drivers._asyncio import AsyncioChannel
 from ..wire.drivers._asyncio_scopes import MoveOnAt, enclosing_deadline
 from ..wire.drivers._base import ChannelOptions, Endpoint
-from .runtime import CallSoon, EventLike, Runtime, TaskGroup, Waiter
+from .protocol import CallSoon, EventLike, Runtime, TaskGroup, Waiter
 
 if TYPE_CHECKING:
     from typing_extensions import TypeVarTuple, Unpack

@@ -10,7 +10,7 @@ from trio.lowlevel import Abort, current_root_task, current_task, reschedule, wa
 
 from ..wire.drivers._base import ChannelOptions, Endpoint
 from ..wire.drivers._trio import Channel
-from .runtime import CallSoon, EventLike, Runtime, TaskGroup
+from .protocol import CallSoon, EventLike, Runtime, TaskGroup
 
 
 class TrioRuntime:
