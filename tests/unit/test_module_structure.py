@@ -90,6 +90,7 @@ def test_sepp_modules_import_each_other_without_cycles() -> None:
 # The layers, lowest first: a module may import its own layer and the ones before it. The
 # package namespace (`sepp`), `sepp.__main__`, the command line and `sepp.testing` sit on top
 # and may import anything. docs/contributing.md ("Architecture") draws the same picture.
+# `_runtime` is the one seam to trio, asyncio and anyio that the client and the services share.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("sepp._version", "sepp._pb", "sepp._util"),
     ("sepp.wire",),
@@ -97,14 +98,16 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("sepp._runtime",),
     ("sepp._client",),
     ("sepp._payloads",),
-    ("sepp._worker",),
-    ("sepp._scheduling",),
+    ("sepp._worker", "sepp._scheduling"),
 )
 TOP = ("sepp", "sepp.__main__", "sepp._cli", "sepp.testing")
-# Inside `wire`: the two engines never import each other, and only drivers import drivers.
-WIRE_RULES = (
-    ("sepp.wire.codec", "sepp.wire.h2ref"),
-    ("sepp.wire.h2ref", "sepp.wire.codec"),
+# Within a layer, packages that never import each other: the two engines inside `wire` (and
+# only drivers import drivers), and the two services, whose shared parts are `_runtime`'s.
+INDEPENDENT = (
+    ("sepp.wire.codec", "sepp.wire.h2ref", "the engines are independent"),
+    ("sepp.wire.h2ref", "sepp.wire.codec", "the engines are independent"),
+    ("sepp._worker", "sepp._scheduling", "the services are independent"),
+    ("sepp._scheduling", "sepp._worker", "the services are independent"),
 )
 
 
@@ -130,9 +133,9 @@ def layer_violations(graph: dict[str, set[str]]) -> list[str]:
             target_rank = layer_of(target)
             if rank is not None and (target_rank is None or target_rank > rank):
                 found.append(f"{module} imports {target}, a layer above it")
-            for importer, forbidden in WIRE_RULES:
+            for importer, forbidden, why in INDEPENDENT:
                 if _within(module, importer) and _within(target, forbidden):
-                    found.append(f"{module} imports {target}: the engines are independent")
+                    found.append(f"{module} imports {target}: {why}")
             if _within(target, "sepp.wire.drivers") and not _within(module, "sepp.wire.drivers"):
                 if _within(module, "sepp.wire"):
                     found.append(f"{module} imports {target}: the engines know no driver")
@@ -148,8 +151,15 @@ def test_the_layer_check_sees_an_upward_import() -> None:
     graph["sepp._model.types"] = {*graph["sepp._model.types"], "sepp._client.client"}
     graph["sepp.wire._framing"] = {*graph["sepp.wire._framing"], "sepp._model.errors"}
     graph["sepp.wire.codec._connection"] = {"sepp.wire.h2ref._connection"}
+    graph["sepp._scheduling.scheduler"] = {
+        *graph["sepp._scheduling.scheduler"],
+        "sepp._worker.shutdown",
+    }
+    graph["sepp._runtime.concurrency"] = {*graph["sepp._runtime.concurrency"], "sepp._client.sync"}
     assert layer_violations(graph) == [
         "sepp._model.types imports sepp._client.client, a layer above it",
+        "sepp._runtime.concurrency imports sepp._client.sync, a layer above it",
+        "sepp._scheduling.scheduler imports sepp._worker.shutdown: the services are independent",
         "sepp.wire._framing imports sepp._model.errors, a layer above it",
         "sepp.wire.codec._connection imports sepp.wire.h2ref._connection: the engines are"
         " independent",
@@ -192,6 +202,31 @@ def test_the_worker_and_the_scheduler_reach_trio_only_through_their_seam() -> No
         name for name in trio_importers("sepp._worker", "sepp._scheduling") if name not in TRIO_SEAM
     ] == []
     assert trio_importers("sepp._runtime.concurrency") == ["sepp._runtime.concurrency"]
+
+
+# Within the runtime layer, each library is imported by its own implementations only: the
+# protocols (`protocol`, `primitives`) and `shutdown_handle` import none of them, so each
+# implementation is one module beside them.
+RUNTIME_IMPORTERS = {
+    "trio": ["sepp._runtime.concurrency", "sepp._runtime.trio_runtime"],
+    "anyio": ["sepp._runtime.anyio_concurrency"],
+    # the trio module's only inside functions that run under asyncio
+    "asyncio": [
+        "sepp._runtime.anyio_concurrency",
+        "sepp._runtime.asyncio_runtime",
+        "sepp._runtime.concurrency",
+    ],
+}
+
+
+def test_in_the_runtime_layer_each_library_is_imported_by_its_implementations_only() -> None:
+    for library, importers in RUNTIME_IMPORTERS.items():
+        found = [
+            _module_name(path)
+            for path in sorted((SRC / "sepp" / "_runtime").rglob("*.py"))
+            if imports_trio(path.read_text(encoding="utf-8"), library)
+        ]
+        assert found == importers, library
 
 
 # Under asyncio they run on anyio, which only these two modules import: the primitives, and the

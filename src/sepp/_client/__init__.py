@@ -1,3 +1,4 @@
-"""The client: every operation written once (`operations`), the trio `Client` and the blocking
-`SyncClient` that send them, the runtimes those run on, auto-batching, local limit checks,
-retries, connection options and OpenTelemetry glue. Built on `wire` and `_model`."""
+"""The client: every operation written once (`operations`), the `Client` (trio, asyncio and
+uvloop) and the blocking `SyncClient` that send them, auto-batching, local limit checks,
+retries, connection options and OpenTelemetry glue. Built on `wire`, `_model` and the runtime
+each front end runs its operations on (`_runtime`)."""

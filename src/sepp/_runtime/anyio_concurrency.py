@@ -11,16 +11,22 @@ import math
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import anyio
 import anyio.lowlevel
 import anyio.to_thread
 
-from .primitives import CancelScope, Concurrency, Nursery
+from .primitives import Concurrency
+from .protocol import CancelScope, Nursery
 
 if sys.version_info < (3, 11):  # pragma: no cover - 3.10
     from exceptiongroup import BaseExceptionGroup
+
+if TYPE_CHECKING:
+    from typing_extensions import TypeVarTuple, Unpack
+
+    PosArgs = TypeVarTuple("PosArgs")
 
 T = TypeVar("T")
 
@@ -103,7 +109,10 @@ class _JobTasks:
         self._cancelling = False
 
     def start_soon(
-        self, fn: Callable[..., Awaitable[object]], *args: Any, name: object = None
+        self,
+        fn: Callable[[Unpack[PosArgs]], Awaitable[object]],
+        *args: Unpack[PosArgs],
+        name: object = None,
     ) -> None:
         task = self._loop.create_task(self._run(fn, args), name=None if name is None else str(name))
         self._tasks.add(task)

@@ -10,7 +10,7 @@ import math
 import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine
-from contextlib import AbstractAsyncContextManager, AbstractContextManager
+from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from .._model.errors import ClientInternalError
@@ -46,7 +46,7 @@ class BlockingRuntime:
     async def sleep(self, seconds: float) -> None:
         time.sleep(seconds)  # noqa: ASYNC251 - this runtime blocks by design
 
-    def move_on_at(self, deadline: float) -> AbstractContextManager[CancelScope]:
+    def move_on_at(self, deadline: float) -> CancelScope:
         _needs_an_event_loop("a cancel scope")
 
     async def bounded(self, work: Callable[[float | None], Awaitable[None]], until: float) -> None:

@@ -47,13 +47,13 @@ from typing import TYPE_CHECKING, TypeVar
 import sniffio
 import trio
 
-from .primitives import CancelScope as CancelScope
 from .primitives import Concurrency as Concurrency
-from .primitives import Event as Event
-from .primitives import Lock as Lock
-from .primitives import Nursery as Nursery
-from .primitives import ParkingLot as ParkingLot
-from .primitives import Spawner as Spawner
+from .protocol import CancelScope as CancelScope
+from .protocol import Event as Event
+from .protocol import Lock as Lock
+from .protocol import Nursery as Nursery
+from .protocol import ParkingLot as ParkingLot
+from .protocol import Spawner as Spawner
 
 if TYPE_CHECKING:
     import asyncio

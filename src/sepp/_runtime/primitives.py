@@ -1,77 +1,13 @@
-"""The shape of what the Worker and the Scheduler take from a concurrency library: the
-`Concurrency` of primitives one run uses, and the protocols its scopes, nurseries, events,
-locks and parking lots meet (trio's and anyio's both do). `concurrency` says what each means."""
+"""What the Worker and the Scheduler take from a concurrency library: the `Concurrency` of
+primitives one run uses, made of the scopes, nurseries, events, locks and parking lots of
+`protocol` (trio's and anyio's both meet them). `concurrency` says what each means."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
-from types import TracebackType
-from typing import Any, Protocol, TypeVar
 
-S = TypeVar("S")
-
-
-class CancelScope(Protocol):
-    """What the services use of a cancel scope (trio's and anyio's have it)."""
-
-    @property
-    def deadline(self) -> float: ...
-    @deadline.setter
-    def deadline(self, value: float) -> None: ...
-    @property
-    def cancelled_caught(self) -> bool: ...
-    def cancel(self) -> None: ...
-    def __enter__(self: S) -> S: ...
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-        /,
-    ) -> bool: ...
-
-
-class Spawner(Protocol):
-    """Where the Worker starts its jobs' tasks: a nursery, or a lighter group of them."""
-
-    def start_soon(
-        self, fn: Callable[..., Awaitable[object]], *args: Any, name: object = ...
-    ) -> None: ...
-
-
-class Nursery(Protocol):
-    @property
-    def cancel_scope(self) -> CancelScope: ...
-    def start_soon(
-        self, fn: Callable[..., Awaitable[object]], *args: Any, name: object = ...
-    ) -> None: ...
-    async def start(
-        self, fn: Callable[..., Awaitable[object]], *args: Any, name: object = ...
-    ) -> Any: ...
-
-
-class Event(Protocol):
-    def set(self) -> None: ...
-    def is_set(self) -> bool: ...
-    async def wait(self) -> None: ...
-
-
-class Lock(Protocol):
-    async def __aenter__(self) -> object: ...
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-        /,
-    ) -> object: ...
-
-
-class ParkingLot(Protocol):
-    def __bool__(self) -> bool: ...
-    async def park(self) -> None: ...
-    def unpark_all(self) -> object: ...
+from .protocol import CancelScope, Event, Lock, Nursery, ParkingLot, Spawner
 
 
 class Concurrency:

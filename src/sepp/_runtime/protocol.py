@@ -1,22 +1,31 @@
-"""What the shared client code needs from the world it runs in: the `Runtime` protocol.
+"""What the package needs from the library it runs on, said once: the protocols every
+runtime's scopes, task groups and events meet, the client's `Runtime` and the services'
+`Concurrency` (`primitives`) built on them.
 
-The operations of `Client` are coroutines written once, and every suspension, clock reading,
-task, cancel scope and wake-up they need goes through the runtime they were given (never a
-default: a forgotten runtime is a type error). One module per runtime implements it:
-`trio_runtime` (`TRIO`: awaited as usual) and `blocking_runtime` (`BLOCKING`: every await
-completes without suspending, so `SyncClient` runs each operation to its end with one
-`coroutine.send(None)`). An asyncio front end is one more such module.
+The vocabulary is trio's (cancel scopes, task groups that wait for their tasks, parking a task
+until something wakes it). Two bundles use it, one per kind of caller:
 
-The vocabulary is trio's (task groups with a cancel scope, parking a task until something wakes
-it); the blocking runtime has no event loop, and what needs one (tasks, cancel scopes, parking,
-calls from other threads) is never reached under it: those members raise `ClientInternalError`.
+- `Runtime`, what the shared client code awaits: the operations of `Client` are coroutines
+  written once, and every suspension, clock reading, task, cancel scope and wake-up they need
+  goes through the runtime they were given (never a default: a forgotten runtime is a type
+  error). One per front end: `trio_runtime` (`TRIO`: awaited as usual), `asyncio_runtime`
+  (`ASYNCIO`, uvloop too: plain asyncio, so a client needs nothing more) and `blocking_runtime`
+  (`BLOCKING`: every await completes without suspending, so `SyncClient` runs each operation to
+  its end with one `coroutine.send(None)`; what needs an event loop (tasks, cancel scopes,
+  parking, calls from other threads) is never reached under it: those members raise
+  `ClientInternalError`).
+- `Concurrency` (`primitives`), what the long-running services (the Worker, the Scheduler) and
+  their parts hold: trio's own functions (`concurrency.TRIO`), or anyio's on asyncio
+  (`anyio_concurrency.ANYIO`), whose scopes keep trio's semantics (level-triggered, deadlines
+  that move) that the services are written for.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from contextlib import AbstractAsyncContextManager, AbstractContextManager
-from typing import TYPE_CHECKING, Any, Protocol
+from contextlib import AbstractAsyncContextManager
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 if TYPE_CHECKING:
     from typing_extensions import TypeVarTuple, Unpack
@@ -25,14 +34,12 @@ if TYPE_CHECKING:
 
     PosArgs = TypeVarTuple("PosArgs")
 
-
-class EventLike(Protocol):
-    def set(self) -> None: ...
-    def is_set(self) -> bool: ...
+S = TypeVar("S")
 
 
-class CancelScope(Protocol):
-    """A scope whose body `cancel()` (from the scope's own run) ends at its next suspension."""
+class Cancellable(Protocol):
+    """What every runtime's cancel scopes and task groups have: `cancel()` ends the body at its
+    next suspension (at once if it is suspended), and the scope swallows that cancellation."""
 
     @property
     def cancelled_caught(self) -> bool:
@@ -41,12 +48,29 @@ class CancelScope(Protocol):
     def cancel(self) -> None: ...
 
 
-class TaskGroup(Protocol):
-    """Where background tasks run (a trio nursery is one): every task in it ends before it
-    closes."""
+class CancelScope(Cancellable, Protocol):
+    """A cancel scope entered with `with` (trio's, anyio's, the asyncio driver's `MoveOnAt`),
+    with a deadline on the runtime's clock (inf: none). The services make a scope (and may
+    cancel it, or move its deadline) before a task enters it, and move its deadline at any
+    time after (trio's and anyio's follow; `MoveOnAt`, the client's on asyncio, reads it as it
+    is entered)."""
 
     @property
-    def cancel_scope(self) -> CancelScope: ...
+    def deadline(self) -> float: ...
+    @deadline.setter
+    def deadline(self, value: float) -> None: ...
+    def __enter__(self: S) -> S: ...
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+        /,
+    ) -> bool: ...
+
+
+class Spawner(Protocol):
+    """Where tasks start (the Worker's jobs' tasks: a nursery, or a lighter group of them)."""
 
     def start_soon(
         self,
@@ -57,6 +81,54 @@ class TaskGroup(Protocol):
         """Start `async_fn(*args)` in the group; RuntimeError once the group is closing."""
 
 
+class TaskGroup(Spawner, Protocol):
+    """Where background tasks run (a trio nursery is one): every task in it ends before it
+    closes, and cancelling it cancels them."""
+
+    @property
+    def cancel_scope(self) -> Cancellable: ...
+
+
+class Nursery(TaskGroup, Protocol):
+    """A trio nursery or an anyio task group, as the services use it."""
+
+    @property
+    def cancel_scope(self) -> CancelScope: ...
+    async def start(
+        self, fn: Callable[..., Awaitable[object]], *args: Any, name: object = ...
+    ) -> Any: ...
+
+
+class EventLike(Protocol):
+    """An event as the client sets and reads it (a threading.Event under the blocking runtime)."""
+
+    def set(self) -> None: ...
+    def is_set(self) -> bool: ...
+
+
+class Event(EventLike, Protocol):
+    """An event a task waits for (trio's, anyio's)."""
+
+    async def wait(self) -> None: ...
+
+
+class Lock(Protocol):
+    async def __aenter__(self) -> object: ...
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+        /,
+    ) -> object: ...
+
+
+class ParkingLot(Protocol):
+    def __bool__(self) -> bool: ...
+    async def park(self) -> None: ...
+    def unpark_all(self) -> object: ...
+
+
 Waiter = Any
 """What `park` suspends and `unpark` wakes (trio: the task itself)."""
 
@@ -65,6 +137,8 @@ CallSoon = Callable[[Callable[[], object]], bool]
 
 
 class Runtime(Protocol):
+    """What the shared client code awaits (see the module's docstring)."""
+
     # -- time ----------------------------------------------------------------------------
     def now(self) -> float:
         """The clock deadlines are kept in, in seconds."""
@@ -74,7 +148,7 @@ class Runtime(Protocol):
 
     async def sleep(self, seconds: float) -> None: ...
 
-    def move_on_at(self, deadline: float) -> AbstractContextManager[CancelScope]:
+    def move_on_at(self, deadline: float) -> CancelScope:
         """A cancel scope that cancels its body when the clock reaches `deadline` (inf:
         only when cancelled), swallowing that cancellation."""
 

@@ -3,4 +3,4 @@ handlers, middleware), job slots, lease keeping, shutdown and the health/metrics
 Worker (`worker`) is put together from its settings, reserve loop, job processing, shutdown and
 log lines, one module each; it uses only the client calls of `client_calls.WorkerClient`, tells
 its monitor what happens through `events`, and takes its concurrency library (trio, or anyio
-on asyncio) only from `concurrency`."""
+on asyncio) only from `_runtime.concurrency`."""
