@@ -17,8 +17,9 @@ import asyncio
 import math
 import os
 import socket
-import ssl
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from .._engine import GrpcConnection
@@ -31,16 +32,13 @@ from ._base import (
     ChannelOptions,
     Endpoint,
     RpcError,
-    closed_error,
-    connect_error,
     deadline_exceeded,
     describe_io_error,
-    no_alpn_h2_error,
     unprocessed_error,
 )
-from ._core import ChannelCore, ConnectionCore
+from ._core import ChannelCore, ConnectionCore, Dialling
 from ._sending import Buffers, advance, send_some
-from ._tls import HANDSHAKE_EOF, Tls
+from ._tls import Tls
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -297,7 +295,7 @@ class _Connection(ConnectionCore[_Waiter]):
         return waiter.result
 
 
-class AsyncioChannel(ChannelCore[_Connection]):
+class AsyncioChannel(ChannelCore[_Connection, socket.socket]):
     """Places unary calls on one shared HTTP/2 connection from the tasks of one event loop,
     opening a new connection when needed."""
 
@@ -365,44 +363,49 @@ class AsyncioChannel(ChannelCore[_Connection]):
             return conn
         raise deadline_exceeded(timeout)
 
-    async def _connect(self, own_deadline: float, timeout: float | None) -> _Connection:
+    # -- connecting: the core's steps (`ChannelCore._connect`), on the loop's sockets ----------
+
+    @contextmanager
+    def _connect_limit(self, dialling: Dialling[socket.socket, _Connection]) -> Iterator[None]:
         # The call's own deadline reaches this through _wait_for_slot's scope.
-        ep = self.endpoint
-        loop = self._loop
-        sock: socket.socket | None = None
-        conn: _Connection | None = None
-        scope = MoveOnAt(loop.time() + self._connect_timeout)
-        try:
-            with scope:
-                sock = await _open_socket(loop, ep.host, ep.port)
-                tls = None
-                if ep.ssl_context is not None:
-                    tls = Tls(ep)
-                    await _handshake(loop, tls, sock)
-                    if not tls.alpn_h2:
-                        raise no_alpn_h2_error()
-                if self._closed:
-                    raise closed_error()
-                conn = _Connection(sock, self.new_protocol(), self, tls, loop)
-                conn.flush()  # the preface
-                # The server's SETTINGS is its half of the preface (see the trio driver).
-                await conn.ready
-                if conn.dead:
-                    raise conn.died_connecting()
-            if scope.cancelled_caught:
-                raise self._connect_timed_out(connected=conn is not None)
-        except RpcError as exc:
-            _abandon_connect(sock, conn, exc.details)
-            raise
-        except (OSError, ssl.SSLError) as exc:
-            _abandon_connect(sock, conn, describe_io_error(exc))
-            raise connect_error(exc, connected=sock is not None) from exc
-        except BaseException:
-            # Cancelled mid-connect (the caller's deadline or task): do not leak the socket.
-            _abandon_connect(sock, conn, "connect cancelled")
-            raise
-        assert conn is not None
+        scope = MoveOnAt(dialling.limit)
+        with scope:
+            yield
+        if scope.cancelled_caught:
+            raise self._connect_timed_out(connected=dialling.conn is not None)
+
+    async def _open_transport(
+        self, dialling: Dialling[socket.socket, _Connection]
+    ) -> socket.socket:
+        return await _open_socket(self._loop, self.endpoint.host, self.endpoint.port)
+
+    async def _send_handshake(
+        self, dialling: Dialling[socket.socket, _Connection], data: bytes
+    ) -> None:
+        assert dialling.transport is not None
+        await self._loop.sock_sendall(dialling.transport, data)
+
+    async def _receive_handshake(self, dialling: Dialling[socket.socket, _Connection]) -> bytes:
+        assert dialling.transport is not None
+        return await self._loop.sock_recv(dialling.transport, _RECEIVE_BYTES)
+
+    async def _start_connection(
+        self, dialling: Dialling[socket.socket, _Connection], tls: Tls | None
+    ) -> _Connection:
+        assert dialling.transport is not None
+        conn = _Connection(dialling.transport, self.new_protocol(), self, tls, self._loop)
+        dialling.conn = conn
+        conn.flush()  # the preface
+        await conn.ready
         return conn
+
+    async def _abandon_connect(
+        self, dialling: Dialling[socket.socket, _Connection], reason: str
+    ) -> None:
+        if dialling.conn is not None:
+            dialling.conn.die(reason)  # closes the socket
+        elif dialling.transport is not None:
+            dialling.transport.close()
 
 
 async def _open_socket(loop: asyncio.AbstractEventLoop, host: str, port: int) -> socket.socket:
@@ -429,23 +432,3 @@ async def _open_socket(loop: asyncio.AbstractEventLoop, host: str, port: int) ->
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return sock
     raise first or OSError(f"no address for {host}")
-
-
-async def _handshake(loop: asyncio.AbstractEventLoop, tls: Tls, sock: socket.socket) -> None:
-    done, data = tls.handshake_step()
-    while True:
-        if data:
-            await loop.sock_sendall(sock, data)
-        if done:
-            return
-        received = await loop.sock_recv(sock, _RECEIVE_BYTES)
-        if not received:
-            raise ConnectionResetError(HANDSHAKE_EOF)
-        done, data = tls.handshake_step(received)
-
-
-def _abandon_connect(sock: socket.socket | None, conn: _Connection | None, reason: str) -> None:
-    if conn is not None:
-        conn.die(reason)  # closes the socket
-    elif sock is not None:
-        sock.close()

@@ -20,12 +20,11 @@ import os
 import queue
 import select
 import socket
-import ssl
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import TYPE_CHECKING
 
 from .._engine import GrpcConnection
@@ -37,15 +36,13 @@ from ._base import (
     ChannelOptions,
     Endpoint,
     RpcError,
-    connect_error,
     deadline_exceeded,
     describe_io_error,
-    no_alpn_h2_error,
     unprocessed_error,
 )
-from ._core import ChannelCore, ConnectionCore
+from ._core import ChannelCore, ConnectionCore, Dialling
 from ._sending import Buffers, advance, send_some
-from ._tls import HANDSHAKE_EOF, Tls
+from ._tls import Tls
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -462,27 +459,7 @@ class _BlockingConnection(ConnectionCore[_Waiter]):
             writer.join(_WRITER_JOIN_S)
 
 
-def _handshake(tls: Tls, sock: socket.socket, deadline: float) -> None:
-    done, data = tls.handshake_step()
-    while True:
-        if data:
-            sock.setblocking(True)
-            sock.settimeout(max(deadline - time.monotonic(), 1e-3))
-            try:
-                sock.sendall(data)
-            finally:
-                sock.setblocking(False)
-        if done:
-            return
-        if not _wait_for(sock, _POLL_IN, deadline):
-            raise TimeoutError
-        received = sock.recv(_RECEIVE_BYTES)
-        if not received:
-            raise ConnectionResetError(HANDSHAKE_EOF)
-        done, data = tls.handshake_step(received)
-
-
-class BlockingChannel(ChannelCore[_BlockingConnection]):
+class BlockingChannel(ChannelCore[_BlockingConnection, socket.socket]):
     """Places unary calls from any number of threads on one shared HTTP/2 connection, opening
     a new one when needed."""
 
@@ -520,55 +497,76 @@ class BlockingChannel(ChannelCore[_BlockingConnection]):
             if waiter is not None:
                 return conn.wait(waiter)
 
-    async def _connect(self, own_deadline: float, timeout: float | None) -> _BlockingConnection:
-        ep = self.endpoint
-        limit = time.monotonic() + self._connect_timeout
-        deadline = min(limit, own_deadline)
-        sock: socket.socket | None = None
-        tls: Tls | None = None
-        connected = False
+    # -- connecting: the core's steps (`ChannelCore._connect`), each I/O bounded by the
+    # attempt's deadline (the connect timeout's end, or the call's own if sooner) ------------
+
+    @contextmanager
+    def _connect_limit(
+        self, dialling: Dialling[socket.socket, _BlockingConnection]
+    ) -> Iterator[None]:
         try:
-            sock = socket.create_connection(
-                (ep.host, ep.port), timeout=max(deadline - time.monotonic(), 1e-3)
-            )
+            yield
+        except TimeoutError:
+            if time.monotonic() >= dialling.limit or dialling.own_deadline > dialling.limit:
+                raise self._connect_timed_out(dialling.conn is not None) from None
+            raise deadline_exceeded(dialling.timeout) from None
+
+    async def _open_transport(
+        self, dialling: Dialling[socket.socket, _BlockingConnection]
+    ) -> socket.socket:
+        ep = self.endpoint
+        sock = socket.create_connection(
+            (ep.host, ep.port), timeout=max(dialling.deadline - time.monotonic(), 1e-3)
+        )
+        try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.setblocking(False)
-            if ep.ssl_context is not None:
-                tls = Tls(ep)
-                _handshake(tls, sock, deadline)
-                if not tls.alpn_h2:
-                    raise no_alpn_h2_error()
-            connected = True  # a stall from here on is the missing SETTINGS
-            proto = self.new_protocol()
-            conn = _BlockingConnection(sock, tls, proto, self)
-            conn.flush()
-            # The server's SETTINGS is its half of the preface: until it arrives its stream
-            # limit is unknown, and a peer that never sends it is not an HTTP/2 server.
-            while not proto.remote_settings_received:
-                if conn.dead:
-                    raise conn.died_connecting()
-                if not _wait_for(sock, _POLL_IN, deadline):
-                    raise TimeoutError
-                with conn.lock:
-                    conn._read_what_arrived()
-                conn.flush()
-            if conn.dead:
-                raise conn.died_connecting()
-        except RpcError:
-            _close_quietly(sock)
-            raise
-        except TimeoutError:
-            _close_quietly(sock)
-            if time.monotonic() >= limit or own_deadline > limit:
-                raise self._connect_timed_out(connected) from None
-            raise deadline_exceeded(timeout) from None
-        except (OSError, ssl.SSLError) as exc:
-            _close_quietly(sock)
-            raise connect_error(exc, connected=connected) from exc
         except BaseException:
             _close_quietly(sock)
             raise
+        return sock
+
+    async def _send_handshake(
+        self, dialling: Dialling[socket.socket, _BlockingConnection], data: bytes
+    ) -> None:
+        sock = dialling.transport
+        assert sock is not None
+        sock.setblocking(True)
+        sock.settimeout(max(dialling.deadline - time.monotonic(), 1e-3))
+        try:
+            sock.sendall(data)
+        finally:
+            sock.setblocking(False)
+
+    async def _receive_handshake(
+        self, dialling: Dialling[socket.socket, _BlockingConnection]
+    ) -> bytes:
+        sock = dialling.transport
+        assert sock is not None
+        if not _wait_for(sock, _POLL_IN, dialling.deadline):
+            raise TimeoutError
+        return sock.recv(_RECEIVE_BYTES)
+
+    async def _start_connection(
+        self, dialling: Dialling[socket.socket, _BlockingConnection], tls: Tls | None
+    ) -> _BlockingConnection:
+        sock = dialling.transport
+        assert sock is not None
+        proto = self.new_protocol()
+        conn = dialling.conn = _BlockingConnection(sock, tls, proto, self)
+        conn.flush()
+        while not proto.remote_settings_received and not conn.dead:
+            if not _wait_for(sock, _POLL_IN, dialling.deadline):
+                raise TimeoutError
+            with conn.lock:
+                conn._read_what_arrived()
+            conn.flush()
         return conn
+
+    async def _abandon_connect(
+        self, dialling: Dialling[socket.socket, _BlockingConnection], reason: str
+    ) -> None:
+        _close_quietly(dialling.transport)  # the connection, if any, has no call yet
 
 
 def _wait_for(sock: socket.socket, events: int, deadline: float) -> bool:

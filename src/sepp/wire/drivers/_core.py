@@ -7,20 +7,23 @@ I/O and its wake-ups and calls in here for the rest.
   caller giving up, starting a stream.
 - `ChannelCore`, a channel's connections: the one new calls go on, retiring it (GOAWAY, a
   failed write, stream ids spent) so the callers parked on it move on, the GOAWAY verdicts,
-  dialling (again while the server ends new connections before use), the connect-failure
-  gate, close.
+  connecting (the TCP connection, the TLS handshake and its ALPN check, the server's
+  SETTINGS, and what each failure is called: one `connect_error` for every driver), dialling
+  again while the server ends new connections before use, the connect-failure gate, close.
 
-What a driver implements is under "what a driver supplies" in each class. It runs a
-connection's methods one at a time (the trio driver in its one thread, the blocking one under
-the connection's lock). No event loop here: the shared coroutines await only what the driver
-supplies, and the blocking driver's never suspend.
+What a driver implements is under "what a driver supplies" in each class: its I/O (trio
+streams, asyncio's loop, blocking sockets) and wake-ups. It runs a connection's methods one at
+a time (the trio driver in its one thread, the asyncio one in its loop's, the blocking one
+under the connection's lock). No event loop here: the shared coroutines await only what the
+driver supplies, and the blocking driver's never suspend.
 """
 
 from __future__ import annotations
 
 import math
 import ssl
-from contextlib import AbstractAsyncContextManager
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from .._engine import GrpcConnection
@@ -44,10 +47,12 @@ from ._base import (
     RpcError,
     closed_error,
     conn_reason,
+    connect_error,
     describe_io_error,
+    no_alpn_h2_error,
 )
 from ._sending import Buffers, take_output
-from ._tls import Tls
+from ._tls import HANDSHAKE_EOF, Tls
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -68,12 +73,15 @@ class CallWaiter(Protocol):
 
 W = TypeVar("W", bound=CallWaiter)
 ConnT = TypeVar("ConnT", bound="ConnectionCore[Any]")
+TransportT = TypeVar("TransportT")
 
 
 class ConnectionCore(Generic[W]):
     """One HTTP/2 connection's shared state; a driver subclass does its I/O and wake-ups."""
 
-    def __init__(self, proto: GrpcConnection, channel: ChannelCore[Any], tls: Tls | None) -> None:
+    def __init__(
+        self, proto: GrpcConnection, channel: ChannelCore[Any, Any], tls: Tls | None
+    ) -> None:
         self.proto = proto
         self.waiters: dict[int, W] = {}
         self.dead = False
@@ -247,8 +255,25 @@ class ConnectionCore(Generic[W]):
         return failure(StatusCode.UNAVAILABLE, self.reason, FailureKind.CONNECT)
 
 
-class ChannelCore(ChannelBase, Generic[ConnT]):
-    """A channel's connections to its endpoint; a driver subclass connects and places calls."""
+@dataclass(slots=True)
+class Dialling(Generic[TransportT, ConnT]):
+    """One connect attempt, as far as it got: what a failure closes, and what it is called."""
+
+    own_deadline: float  # the call's own (inf: none); a trio caller's cancel scopes bound it too
+    timeout: float | None  # the call's, for its deadline_exceeded
+    limit: float  # the connect timeout's end, on the channel's clock
+    transport: TransportT | None = None  # the TCP connection, once up
+    conn: ConnT | None = None  # the connection, once TLS (if any) is up and the preface goes
+
+    @property
+    def deadline(self) -> float:
+        """When the attempt gives up, for a driver that bounds each of its I/O itself."""
+        return min(self.limit, self.own_deadline)
+
+
+class ChannelCore(ChannelBase, Generic[ConnT, TransportT]):
+    """A channel's connections to its endpoint; a driver subclass does their I/O and places
+    calls."""
 
     def __init__(self, endpoint: Endpoint, **options: Unpack[ChannelOptions]) -> None:
         super().__init__(endpoint, **options)
@@ -268,11 +293,94 @@ class ChannelCore(ChannelBase, Generic[ConnT]):
         already bound it."""
         raise NotImplementedError
 
+    def _connect_limit(
+        self, dialling: Dialling[TransportT, ConnT]
+    ) -> AbstractContextManager[object]:
+        """Around a connect attempt: ends it at `dialling.limit`, raising the connect
+        timeout's error (`_connect_timed_out`), or at the call's own deadline
+        (deadline_exceeded) where the driver's cancel scopes do not already bound it."""
+        raise NotImplementedError
+
+    async def _open_transport(self, dialling: Dialling[TransportT, ConnT]) -> TransportT:
+        """A TCP connection to the endpoint (the first address that answers; else the OSError
+        of the first address, worded as the OS words it)."""
+        raise NotImplementedError
+
+    async def _send_handshake(self, dialling: Dialling[TransportT, ConnT], data: bytes) -> None:
+        """Send TLS handshake bytes on `dialling.transport`."""
+        raise NotImplementedError
+
+    async def _receive_handshake(self, dialling: Dialling[TransportT, ConnT]) -> bytes:
+        """What the server sent next on `dialling.transport` (b"" once it closed it)."""
+        raise NotImplementedError
+
+    async def _start_connection(
+        self, dialling: Dialling[TransportT, ConnT], tls: Tls | None
+    ) -> ConnT:
+        """The connection on `dialling.transport`: set as `dialling.conn` as soon as it owns the
+        transport, its preface sent, returned once the server's SETTINGS (its half of the
+        preface: until it arrives its stream limit is unknown, and a peer that never sends it
+        is not an HTTP/2 server; grpc-go waits for it too) arrived or the connection died."""
+        raise NotImplementedError
+
+    def _io_failure(self, exc: BaseException) -> BaseException | None:
+        """The OSError or ssl.SSLError that `exc`, raised by the driver's I/O, is (unwrapped from
+        its library's own exceptions); None for anything else (a cancellation)."""
+        return exc if isinstance(exc, (OSError, ssl.SSLError)) else None
+
+    async def _abandon_connect(self, dialling: Dialling[TransportT, ConnT], reason: str) -> None:
+        """Close what a failed or cancelled attempt opened: the connection (dying of `reason`)
+        or else the transport, so that no socket leaks."""
+        raise NotImplementedError
+
+    # -- shared ---------------------------------------------------------------------------------
+
     async def _connect(self, own_deadline: float, timeout: float | None) -> ConnT:
         """A new connection, the server's SETTINGS received. Raises RpcError: EndedBeforeUse
         when the server ended it before use (see connect_error, died_connecting), and the
-        connect timeout's error (_connect_timed_out); `own_deadline` as for _connect_turn."""
-        raise NotImplementedError
+        connect timeout's error (_connect_timed_out)."""
+        dialling: Dialling[TransportT, ConnT] = Dialling(
+            own_deadline, timeout, self._now() + self._connect_timeout
+        )
+        try:
+            with self._connect_limit(dialling):
+                dialling.transport = await self._open_transport(dialling)
+                tls = None
+                if self.endpoint.ssl_context is not None:
+                    tls = Tls(self.endpoint)
+                    await self._tls_handshake(dialling, tls)
+                    if not tls.alpn_h2:
+                        raise no_alpn_h2_error()
+                if self._closed:
+                    raise closed_error()
+                conn = await self._start_connection(dialling, tls)
+                if conn.dead:
+                    raise conn.died_connecting()
+        except RpcError as exc:
+            await self._abandon_connect(dialling, exc.details)
+            raise
+        except BaseException as exc:
+            cause = self._io_failure(exc)
+            if cause is None:
+                # Cancelled mid-connect (the caller's deadline or task): no socket leaks.
+                await self._abandon_connect(dialling, "connect cancelled")
+                raise
+            failure = connect_error(cause, connected=dialling.transport is not None)
+            await self._abandon_connect(dialling, failure.details)
+            raise failure from exc
+        return conn
+
+    async def _tls_handshake(self, dialling: Dialling[TransportT, ConnT], tls: Tls) -> None:
+        done, data = tls.handshake_step()
+        while True:
+            if data:
+                await self._send_handshake(dialling, data)
+            if done:
+                return
+            received = await self._receive_handshake(dialling)
+            if not received:
+                raise ConnectionResetError(HANDSHAKE_EOF)
+            done, data = tls.handshake_step(received)
 
     # -- shared ---------------------------------------------------------------------------------
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import socket
 import ssl
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 import trio
@@ -25,15 +27,13 @@ from ._base import (
     RpcError,
     closed_error,
     conn_reason,
-    connect_error,
     deadline_exceeded,
-    no_alpn_h2_error,
 )
 from ._base import describe_io_error as _describe_io_error
 from ._base import unprocessed_error as _unprocessed_error
-from ._core import ChannelCore, ConnectionCore
+from ._core import ChannelCore, ConnectionCore, Dialling
 from ._sending import Buffers, advance, send_some
-from ._tls import HANDSHAKE_EOF, Tls
+from ._tls import Tls
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -283,7 +283,7 @@ def _raw_socket(stream: trio.abc.Stream) -> socket.socket | None:
     return raw
 
 
-class Channel(ChannelCore[_Connection]):
+class Channel(ChannelCore[_Connection, trio.abc.Stream]):
     """Places unary calls on one shared HTTP/2 connection, opening a new one when needed;
     its connections' tasks run in `nursery`."""
 
@@ -337,74 +337,65 @@ class Channel(ChannelCore[_Connection]):
             return conn
         raise deadline_exceeded(timeout)
 
-    async def _connect(self, own_deadline: float, timeout: float | None) -> _Connection:
+    # -- connecting: the core's steps (`ChannelCore._connect`), on trio's streams --------------
+
+    @contextmanager
+    def _connect_limit(self, dialling: Dialling[trio.abc.Stream, _Connection]) -> Iterator[None]:
         # The call's own deadline reaches this through the caller's cancel scope.
-        ep = self.endpoint
-        stream: trio.abc.Stream | None = None
-        conn: _Connection | None = None
         try:
             with trio.fail_after(self._connect_timeout):
-                stream = await trio.open_tcp_stream(ep.host, ep.port)
-                tls = None
-                if ep.ssl_context is not None:
-                    tls = Tls(ep)
-                    await _handshake(tls, stream)
-                    if not tls.alpn_h2:
-                        raise no_alpn_h2_error()
-                proto = self.new_protocol()
-                preface = proto.data_to_send()
-                await stream.send_all(preface if tls is None else tls.encrypt(preface))
-                conn = _Connection(stream, proto, self, tls)
-                try:
-                    await self._nursery.start(conn.run)
-                except RuntimeError as exc:  # the client's nursery is closing
-                    conn = None
-                    raise closed_error() from exc
-                # The server's SETTINGS frame is its half of the connection preface: until it
-                # arrives its MAX_CONCURRENT_STREAMS is unknown, and a peer that never sends it is
-                # not an HTTP/2 server. (grpc-go also waits for it before using a connection.)
-                await conn.ready.wait()
-                if conn.dead:
-                    raise conn.died_connecting()
+                yield
         except trio.TooSlowError:
-            failure = self._connect_timed_out(connected=conn is not None)
-            await _abandon_connect(stream, conn, failure.details)
-            raise failure from None
-        except RpcError as exc:
-            await _abandon_connect(stream, conn, exc.details)
-            raise
-        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError, ssl.SSLError) as exc:
-            await _abandon_connect(stream, conn, conn_reason(_cause(exc)))
-            raise connect_error(_cause(exc), connected=stream is not None) from exc
-        except BaseException:
-            # Cancelled mid-connect (the caller's deadline or scope): do not leak the socket.
-            await _abandon_connect(stream, conn, "connect cancelled")
-            raise
+            raise self._connect_timed_out(connected=dialling.conn is not None) from None
+
+    async def _open_transport(
+        self, dialling: Dialling[trio.abc.Stream, _Connection]
+    ) -> trio.abc.Stream:
+        return await trio.open_tcp_stream(self.endpoint.host, self.endpoint.port)
+
+    async def _send_handshake(
+        self, dialling: Dialling[trio.abc.Stream, _Connection], data: bytes
+    ) -> None:
+        assert dialling.transport is not None
+        await dialling.transport.send_all(data)
+
+    async def _receive_handshake(self, dialling: Dialling[trio.abc.Stream, _Connection]) -> bytes:
+        assert dialling.transport is not None
+        return bytes(await dialling.transport.receive_some(_RECEIVE_BYTES))
+
+    async def _start_connection(
+        self, dialling: Dialling[trio.abc.Stream, _Connection], tls: Tls | None
+    ) -> _Connection:
+        stream = dialling.transport
+        assert stream is not None
+        proto = self.new_protocol()
+        preface = proto.data_to_send()
+        await stream.send_all(preface if tls is None else tls.encrypt(preface))
+        conn = dialling.conn = _Connection(stream, proto, self, tls)
+        try:
+            await self._nursery.start(conn.run)
+        except RuntimeError as exc:  # the client's nursery is closing
+            dialling.conn = None
+            raise closed_error() from exc
+        await conn.ready.wait()
         return conn
 
+    def _io_failure(self, exc: BaseException) -> BaseException | None:
+        if isinstance(
+            exc, (OSError, trio.BrokenResourceError, trio.ClosedResourceError, ssl.SSLError)
+        ):
+            return _cause(exc)
+        return None
 
-async def _handshake(tls: Tls, stream: trio.abc.Stream) -> None:
-    done, data = tls.handshake_step()
-    while True:
-        if data:
-            await stream.send_all(data)
-        if done:
-            return
-        received = await stream.receive_some(_RECEIVE_BYTES)
-        if not received:
-            raise ConnectionResetError(HANDSHAKE_EOF)
-        done, data = tls.handshake_step(bytes(received))
+    async def _abandon_connect(
+        self, dialling: Dialling[trio.abc.Stream, _Connection], reason: str
+    ) -> None:
+        if dialling.conn is not None:
+            dialling.conn.die(reason)  # its run() closes the stream
+        else:
+            await _close_quietly(dialling.transport)
 
 
 async def _close_quietly(stream: trio.abc.Stream | None) -> None:
     if stream is not None:
         await trio.aclose_forcefully(stream)
-
-
-async def _abandon_connect(
-    stream: trio.abc.Stream | None, conn: _Connection | None, reason: str
-) -> None:
-    if conn is not None:
-        conn.die(reason)  # its run() closes the stream
-    else:
-        await _close_quietly(stream)
