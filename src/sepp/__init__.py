@@ -1,18 +1,22 @@
-"""sepp-trio: a pure-Python, trio-native client for the sepp durable job queue.
+"""sepp-trio: a pure-Python client for the sepp durable job queue, trio-native, with the same
+`Client`, `Worker` and `Scheduler` on asyncio (uvloop too) and a blocking `SyncClient`.
 
 The package is built in layers, each a folder that imports only the layers below it
 (tests/unit/test_module_structure.py holds this; docs/contributing.md draws it):
 
+- `_util/`: lazy imports and the logging adaptor, for every layer;
 - `wire/`: gRPC over HTTP/2 with no domain types: the shared sans-IO pieces, the engines
   (`codec/`, ours and the default; `h2ref/`, the reference on h2) and the `drivers/` that give
-  them sockets (trio, blocking);
-- `_util/`: lazy imports and the logging adaptor, for every layer;
+  them sockets, one per front end (trio, asyncio, blocking) on a core that holds the rest;
 - `_model/`: the values users handle, errors, rejections, validation, message conversion;
-- `_client/`: the operations (written once), `Client`, `SyncClient`, the runtimes they run
-  on, batching, local limits, retries, options;
+- `_runtime/`: the one seam to the library the code runs on: the protocols (cancel scopes,
+  task groups, events), the client's runtimes (trio, asyncio, blocking) and the Worker's and
+  the Scheduler's primitives (trio; anyio on asyncio);
+- `_client/`: the operations (written once), `Client`, `SyncClient`, batching, local limits,
+  retries, options;
 - `_payloads/`: payload codecs and typed tasks;
-- `_worker/`: `Worker`, `Router`, handlers, middleware, lease keeping, the monitor;
-- `_scheduling/`: `Schedule` and `Scheduler`;
+- `_worker/` (`Worker`, `Router`, handlers, middleware, lease keeping, the monitor) and
+  `_scheduling/` (`Schedule` and `Scheduler`), which never import each other;
 - `_cli/` (the `sepp-trio` command) and `testing/` (public: a real server for tests) on top.
 
 The public API is the table below, and nothing else: every name in it presents as `sepp.X`.

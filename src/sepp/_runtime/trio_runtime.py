@@ -1,4 +1,5 @@
-"""The trio runtime (`TRIO`): the one module of the client that imports trio."""
+"""The client's trio runtime (`TRIO`): with the services' `concurrency`, the only modules of the
+runtime layer that import trio."""
 
 from __future__ import annotations
 

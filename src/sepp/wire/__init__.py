@@ -3,7 +3,8 @@
 Two sans-IO engines behind one interface (`_engine`): our codec (`codec/`, the default) and h2
 (`h2ref/`, the reference). The pieces both share sit here: gRPC framing (`_framing`), the calls
 in flight (`_calls`), reading a response (`_response`), HPACK (`_hpack`), events, status codes,
-failure kinds and constants. `drivers/` gives an engine its socket: trio or blocking."""
+failure kinds and constants. `drivers/` gives an engine its socket: trio, asyncio (uvloop too)
+or blocking."""
 
 from typing import TYPE_CHECKING
 

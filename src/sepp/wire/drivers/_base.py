@@ -1,8 +1,9 @@
 """What every driver of a GrpcConnection shares: the endpoint, the error a call raises, and one
 unary call's loop: deadline and transparent retry of calls the server never processed. A
-driver (the trio `Channel`, the blocking `BlockingChannel`) supplies the clock and one attempt
-on a connection; the connections themselves are `_core`'s. No event loop here: a driver hands
-these helpers the OS or TLS error itself, unwrapped from its library's own exceptions.
+driver (the trio `Channel`, the asyncio `AsyncioChannel`, the blocking `BlockingChannel`)
+supplies the clock and one attempt on a connection; the connections themselves are `_core`'s.
+No event loop here: a driver hands these helpers the OS or TLS error itself, unwrapped from its
+library's own exceptions, and `connect_error` words a failed connect the same for all three.
 """
 
 from __future__ import annotations
@@ -288,9 +289,9 @@ def no_alpn_h2_error() -> RpcError:
 
 
 def conn_reason(exc: BaseException) -> str:
-    """`Type: message` of what broke, worded the same by both clients: a refused connection
+    """`Type: message` of what broke, worded the same by every driver: a refused connection
     is `ConnectionRefusedError: [Errno 111] Connection refused` from trio's sockets as from
-    the blocking ones."""
+    asyncio's and the blocking ones."""
     attempt = _first_attempt(exc)
     if attempt is not None:
         if isinstance(attempt.errno, int) and attempt.errno > 0:
