@@ -167,10 +167,14 @@ def test_the_layer_check_sees_an_upward_import() -> None:
 
 
 # The Worker and the Scheduler take what they need of trio (clock, sleeping, cancel scopes,
-# nurseries, events, threads, calls from other threads) from `_runtime/concurrency.py` alone, so
-# that another runtime provides one module; the monitor's HTTP responder owns its sockets, as a
-# wire driver does.
-TRIO_SEAM = ("sepp._runtime.concurrency", "sepp._worker.http_responder")
+# nurseries, events, threads, calls from other threads) from `_runtime/concurrency.py` alone
+# (trio's primitives are `trio_concurrency`'s), so that another runtime provides one module; the
+# monitor's HTTP responder owns its sockets, as a wire driver does.
+TRIO_SEAM = (
+    "sepp._runtime.concurrency",
+    "sepp._runtime.trio_concurrency",
+    "sepp._worker.http_responder",
+)
 
 
 def imports_trio(source: str, library: str = "trio") -> bool:
@@ -208,7 +212,11 @@ def test_the_worker_and_the_scheduler_reach_trio_only_through_their_seam() -> No
 # protocols (`protocol`, `primitives`) and `shutdown_handle` import none of them, so each
 # implementation is one module beside them.
 RUNTIME_IMPORTERS = {
-    "trio": ["sepp._runtime.concurrency", "sepp._runtime.trio_runtime"],
+    "trio": [
+        "sepp._runtime.concurrency",
+        "sepp._runtime.trio_concurrency",
+        "sepp._runtime.trio_runtime",
+    ],
     "anyio": ["sepp._runtime.anyio_concurrency"],
     # the trio module's only inside functions that run under asyncio
     "asyncio": [

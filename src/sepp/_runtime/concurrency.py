@@ -1,11 +1,11 @@
 """Everything the Worker (with its slots and lease keeper) and the Scheduler take from their
 concurrency library, in one module: they import these names, never trio or anyio itself.
 
-A service picks its `Concurrency` once, when its `run()` starts (`current()`): `TRIO` under
-trio, trio's own functions and classes, so nothing sits between the Worker and trio; under
-asyncio (and uvloop) the one `anyio_concurrency` builds, on anyio, whose task groups and
-cancel scopes have trio's semantics. Each part of a service holds the one it runs with (built
-with `TRIO`, given another by `use(cc)` before the run). What a `Concurrency` provides:
+A service picks its `Concurrency` once, when its `run()` starts (`current()`): under trio
+`trio_concurrency.TRIO`, trio's own functions and classes, so nothing sits between the Worker
+and trio; under asyncio (and uvloop) `anyio_concurrency.ANYIO`, on anyio, whose task groups
+and cancel scopes have trio's semantics. Each part of a service holds the one it runs with
+(built with `TRIO`, given another by `use(cc)` before the run). What a `Concurrency` provides:
 
 - `current_time()`: a monotonic clock in seconds that deadlines are kept in (trio's MockClock
   in tests; the loop's clock on asyncio); `sleep(s)`, `sleep_until(t)`; `checkpoint()`: let
@@ -38,10 +38,9 @@ the Worker that uses trio: it owns its sockets, as a wire driver does.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
 import sniffio
@@ -54,6 +53,7 @@ from .protocol import Lock as Lock
 from .protocol import Nursery as Nursery
 from .protocol import ParkingLot as ParkingLot
 from .protocol import Spawner as Spawner
+from .trio_concurrency import TRIO as TRIO
 
 if TYPE_CHECKING:
     import asyncio
@@ -63,29 +63,6 @@ T = TypeVar("T")
 TooSlowError = trio.TooSlowError
 TaskStatus = trio.TaskStatus
 TASK_STATUS_IGNORED = trio.TASK_STATUS_IGNORED
-
-
-@contextlib.asynccontextmanager
-async def _in_the_nursery(nursery: Nursery) -> AsyncIterator[Spawner]:
-    yield nursery
-
-
-TRIO = Concurrency(
-    "trio",
-    current_time=trio.current_time,
-    sleep=trio.sleep,
-    sleep_until=trio.sleep_until,
-    checkpoint=trio.lowlevel.checkpoint,
-    checkpoint_if_cancelled=trio.lowlevel.checkpoint_if_cancelled,
-    cancel_scope=trio.CancelScope,
-    move_on_at=trio.move_on_at,
-    move_on_after=trio.move_on_after,
-    open_nursery=trio.open_nursery,
-    open_job_tasks=_in_the_nursery,
-    event=trio.Event,
-    lock=trio.Lock,
-    parking_lot=trio.lowlevel.ParkingLot,
-)
 
 
 def running_library() -> str:

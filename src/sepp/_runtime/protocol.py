@@ -15,7 +15,7 @@ until something wakes it). Two bundles use it, one per kind of caller:
   parking, calls from other threads) is never reached under it: those members raise
   `ClientInternalError`).
 - `Concurrency` (`primitives`), what the long-running services (the Worker, the Scheduler) and
-  their parts hold: trio's own functions (`concurrency.TRIO`), or anyio's on asyncio
+  their parts hold: trio's own functions (`trio_concurrency.TRIO`), or anyio's on asyncio
   (`anyio_concurrency.ANYIO`), whose scopes keep trio's semantics (level-triggered, deadlines
   that move) that the services are written for.
 """
