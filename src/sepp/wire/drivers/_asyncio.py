@@ -366,7 +366,7 @@ class AsyncioChannel(ChannelCore[_Connection, socket.socket]):
     # -- connecting: the core's steps (`ChannelCore._connect`), on the loop's sockets ----------
 
     @contextmanager
-    def _connect_limit(self, dialling: Dialling[socket.socket, _Connection]) -> Iterator[None]:
+    def _connect_limit(self, dialling: Dialling[_Connection, socket.socket]) -> Iterator[None]:
         # The call's own deadline reaches this through _wait_for_slot's scope.
         scope = MoveOnAt(dialling.limit)
         with scope:
@@ -375,22 +375,22 @@ class AsyncioChannel(ChannelCore[_Connection, socket.socket]):
             raise self._connect_timed_out(connected=dialling.conn is not None)
 
     async def _open_transport(
-        self, dialling: Dialling[socket.socket, _Connection]
+        self, dialling: Dialling[_Connection, socket.socket]
     ) -> socket.socket:
         return await _open_socket(self._loop, self.endpoint.host, self.endpoint.port)
 
     async def _send_handshake(
-        self, dialling: Dialling[socket.socket, _Connection], data: bytes
+        self, dialling: Dialling[_Connection, socket.socket], data: bytes
     ) -> None:
         assert dialling.transport is not None
         await self._loop.sock_sendall(dialling.transport, data)
 
-    async def _receive_handshake(self, dialling: Dialling[socket.socket, _Connection]) -> bytes:
+    async def _receive_handshake(self, dialling: Dialling[_Connection, socket.socket]) -> bytes:
         assert dialling.transport is not None
         return await self._loop.sock_recv(dialling.transport, _RECEIVE_BYTES)
 
     async def _start_connection(
-        self, dialling: Dialling[socket.socket, _Connection], tls: Tls | None
+        self, dialling: Dialling[_Connection, socket.socket], tls: Tls | None
     ) -> _Connection:
         assert dialling.transport is not None
         conn = _Connection(dialling.transport, self.new_protocol(), self, tls, self._loop)
@@ -400,7 +400,7 @@ class AsyncioChannel(ChannelCore[_Connection, socket.socket]):
         return conn
 
     async def _abandon_connect(
-        self, dialling: Dialling[socket.socket, _Connection], reason: str
+        self, dialling: Dialling[_Connection, socket.socket], reason: str
     ) -> None:
         if dialling.conn is not None:
             dialling.conn.die(reason)  # closes the socket

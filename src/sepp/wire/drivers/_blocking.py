@@ -502,7 +502,7 @@ class BlockingChannel(ChannelCore[_BlockingConnection, socket.socket]):
 
     @contextmanager
     def _connect_limit(
-        self, dialling: Dialling[socket.socket, _BlockingConnection]
+        self, dialling: Dialling[_BlockingConnection, socket.socket]
     ) -> Iterator[None]:
         try:
             yield
@@ -512,7 +512,7 @@ class BlockingChannel(ChannelCore[_BlockingConnection, socket.socket]):
             raise deadline_exceeded(dialling.timeout) from None
 
     async def _open_transport(
-        self, dialling: Dialling[socket.socket, _BlockingConnection]
+        self, dialling: Dialling[_BlockingConnection, socket.socket]
     ) -> socket.socket:
         ep = self.endpoint
         sock = socket.create_connection(
@@ -527,7 +527,7 @@ class BlockingChannel(ChannelCore[_BlockingConnection, socket.socket]):
         return sock
 
     async def _send_handshake(
-        self, dialling: Dialling[socket.socket, _BlockingConnection], data: bytes
+        self, dialling: Dialling[_BlockingConnection, socket.socket], data: bytes
     ) -> None:
         sock = dialling.transport
         assert sock is not None
@@ -539,7 +539,7 @@ class BlockingChannel(ChannelCore[_BlockingConnection, socket.socket]):
             sock.setblocking(False)
 
     async def _receive_handshake(
-        self, dialling: Dialling[socket.socket, _BlockingConnection]
+        self, dialling: Dialling[_BlockingConnection, socket.socket]
     ) -> bytes:
         sock = dialling.transport
         assert sock is not None
@@ -548,7 +548,7 @@ class BlockingChannel(ChannelCore[_BlockingConnection, socket.socket]):
         return sock.recv(_RECEIVE_BYTES)
 
     async def _start_connection(
-        self, dialling: Dialling[socket.socket, _BlockingConnection], tls: Tls | None
+        self, dialling: Dialling[_BlockingConnection, socket.socket], tls: Tls | None
     ) -> _BlockingConnection:
         sock = dialling.transport
         assert sock is not None
@@ -564,7 +564,7 @@ class BlockingChannel(ChannelCore[_BlockingConnection, socket.socket]):
         return conn
 
     async def _abandon_connect(
-        self, dialling: Dialling[socket.socket, _BlockingConnection], reason: str
+        self, dialling: Dialling[_BlockingConnection, socket.socket], reason: str
     ) -> None:
         _close_quietly(dialling.transport)  # the connection, if any, has no call yet
 

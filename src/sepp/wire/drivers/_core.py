@@ -256,7 +256,7 @@ class ConnectionCore(Generic[W]):
 
 
 @dataclass(slots=True)
-class Dialling(Generic[TransportT, ConnT]):
+class Dialling(Generic[ConnT, TransportT]):
     """One connect attempt, as far as it got: what a failure closes, and what it is called."""
 
     own_deadline: float  # the call's own (inf: none); a trio caller's cancel scopes bound it too
@@ -294,28 +294,28 @@ class ChannelCore(ChannelBase, Generic[ConnT, TransportT]):
         raise NotImplementedError
 
     def _connect_limit(
-        self, dialling: Dialling[TransportT, ConnT]
+        self, dialling: Dialling[ConnT, TransportT]
     ) -> AbstractContextManager[object]:
         """Around a connect attempt: ends it at `dialling.limit`, raising the connect
         timeout's error (`_connect_timed_out`), or at the call's own deadline
         (deadline_exceeded) where the driver's cancel scopes do not already bound it."""
         raise NotImplementedError
 
-    async def _open_transport(self, dialling: Dialling[TransportT, ConnT]) -> TransportT:
+    async def _open_transport(self, dialling: Dialling[ConnT, TransportT]) -> TransportT:
         """A TCP connection to the endpoint (the first address that answers; else the OSError
         of the first address, worded as the OS words it)."""
         raise NotImplementedError
 
-    async def _send_handshake(self, dialling: Dialling[TransportT, ConnT], data: bytes) -> None:
+    async def _send_handshake(self, dialling: Dialling[ConnT, TransportT], data: bytes) -> None:
         """Send TLS handshake bytes on `dialling.transport`."""
         raise NotImplementedError
 
-    async def _receive_handshake(self, dialling: Dialling[TransportT, ConnT]) -> bytes:
+    async def _receive_handshake(self, dialling: Dialling[ConnT, TransportT]) -> bytes:
         """What the server sent next on `dialling.transport` (b"" once it closed it)."""
         raise NotImplementedError
 
     async def _start_connection(
-        self, dialling: Dialling[TransportT, ConnT], tls: Tls | None
+        self, dialling: Dialling[ConnT, TransportT], tls: Tls | None
     ) -> ConnT:
         """The connection on `dialling.transport`: set as `dialling.conn` as soon as it owns the
         transport, its preface sent, returned once the server's SETTINGS (its half of the
@@ -328,7 +328,7 @@ class ChannelCore(ChannelBase, Generic[ConnT, TransportT]):
         its library's own exceptions); None for anything else (a cancellation)."""
         return exc if isinstance(exc, (OSError, ssl.SSLError)) else None
 
-    async def _abandon_connect(self, dialling: Dialling[TransportT, ConnT], reason: str) -> None:
+    async def _abandon_connect(self, dialling: Dialling[ConnT, TransportT], reason: str) -> None:
         """Close what a failed or cancelled attempt opened: the connection (dying of `reason`)
         or else the transport, so that no socket leaks."""
         raise NotImplementedError
@@ -339,7 +339,7 @@ class ChannelCore(ChannelBase, Generic[ConnT, TransportT]):
         """A new connection, the server's SETTINGS received. Raises RpcError: EndedBeforeUse
         when the server ended it before use (see connect_error, died_connecting), and the
         connect timeout's error (_connect_timed_out)."""
-        dialling: Dialling[TransportT, ConnT] = Dialling(
+        dialling: Dialling[ConnT, TransportT] = Dialling(
             own_deadline, timeout, self._now() + self._connect_timeout
         )
         try:
@@ -370,7 +370,7 @@ class ChannelCore(ChannelBase, Generic[ConnT, TransportT]):
             raise failure from exc
         return conn
 
-    async def _tls_handshake(self, dialling: Dialling[TransportT, ConnT], tls: Tls) -> None:
+    async def _tls_handshake(self, dialling: Dialling[ConnT, TransportT], tls: Tls) -> None:
         done, data = tls.handshake_step()
         while True:
             if data:

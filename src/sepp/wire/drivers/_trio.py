@@ -340,7 +340,7 @@ class Channel(ChannelCore[_Connection, trio.abc.Stream]):
     # -- connecting: the core's steps (`ChannelCore._connect`), on trio's streams --------------
 
     @contextmanager
-    def _connect_limit(self, dialling: Dialling[trio.abc.Stream, _Connection]) -> Iterator[None]:
+    def _connect_limit(self, dialling: Dialling[_Connection, trio.abc.Stream]) -> Iterator[None]:
         # The call's own deadline reaches this through the caller's cancel scope.
         try:
             with trio.fail_after(self._connect_timeout):
@@ -349,22 +349,22 @@ class Channel(ChannelCore[_Connection, trio.abc.Stream]):
             raise self._connect_timed_out(connected=dialling.conn is not None) from None
 
     async def _open_transport(
-        self, dialling: Dialling[trio.abc.Stream, _Connection]
+        self, dialling: Dialling[_Connection, trio.abc.Stream]
     ) -> trio.abc.Stream:
         return await trio.open_tcp_stream(self.endpoint.host, self.endpoint.port)
 
     async def _send_handshake(
-        self, dialling: Dialling[trio.abc.Stream, _Connection], data: bytes
+        self, dialling: Dialling[_Connection, trio.abc.Stream], data: bytes
     ) -> None:
         assert dialling.transport is not None
         await dialling.transport.send_all(data)
 
-    async def _receive_handshake(self, dialling: Dialling[trio.abc.Stream, _Connection]) -> bytes:
+    async def _receive_handshake(self, dialling: Dialling[_Connection, trio.abc.Stream]) -> bytes:
         assert dialling.transport is not None
         return bytes(await dialling.transport.receive_some(_RECEIVE_BYTES))
 
     async def _start_connection(
-        self, dialling: Dialling[trio.abc.Stream, _Connection], tls: Tls | None
+        self, dialling: Dialling[_Connection, trio.abc.Stream], tls: Tls | None
     ) -> _Connection:
         stream = dialling.transport
         assert stream is not None
@@ -388,7 +388,7 @@ class Channel(ChannelCore[_Connection, trio.abc.Stream]):
         return None
 
     async def _abandon_connect(
-        self, dialling: Dialling[trio.abc.Stream, _Connection], reason: str
+        self, dialling: Dialling[_Connection, trio.abc.Stream], reason: str
     ) -> None:
         if dialling.conn is not None:
             dialling.conn.die(reason)  # its run() closes the stream
