@@ -325,7 +325,7 @@ class ChannelCore(ChannelBase, Generic[ConnT, TransportT]):
 
     def _io_failure(self, exc: BaseException) -> BaseException | None:
         """The OSError or ssl.SSLError that `exc`, raised by the driver's I/O, is (unwrapped from
-        its library's own exceptions); None for anything else (a cancellation)."""
+        its library's own exceptions); None for anything else (a cancellation, a bug)."""
         return exc if isinstance(exc, (OSError, ssl.SSLError)) else None
 
     async def _abandon_connect(self, dialling: Dialling[ConnT, TransportT], reason: str) -> None:
@@ -381,8 +381,6 @@ class ChannelCore(ChannelBase, Generic[ConnT, TransportT]):
             if not received:
                 raise ConnectionResetError(HANDSHAKE_EOF)
             done, data = tls.handshake_step(received)
-
-    # -- shared ---------------------------------------------------------------------------------
 
     def forget(self, conn: ConnT) -> None:
         """Stop placing new calls on `conn` (GOAWAY or death)."""
