@@ -46,6 +46,11 @@ from trio.testing import wait_all_tasks_blocked
 import sepp
 from sepp._pb import queue_pb2 as pb
 
+pytestmark = pytest.mark.both_engines
+# Once per message codec (ours and the generated protobuf classes): what the response bodies feed
+# the client.
+both_codecs = pytest.mark.both_codecs
+
 GUARD_S = 10.0  # no test may take longer than this
 CHEAP_FREEZE = not (PYPY or FREE_THREADED)  # gc.freeze() is a list splice on these alone
 E = TypeVar("E", bound=BaseException)
@@ -385,6 +390,7 @@ async def test_non_200_status_maps_to_a_typed_error_and_keeps_the_connection(
         assert len(server.connections) == 1
 
 
+@both_codecs
 @pytest.mark.parametrize("shape", ["trailers_without_status", "no_trailers", "headers_only"])
 async def test_missing_grpc_status_is_a_malformed_response(shape: str) -> None:
     async def no_status(call: ServerCall) -> None:
@@ -446,6 +452,7 @@ async def test_bad_percent_encoding_in_grpc_message_is_decoded_and_the_error_typ
         assert (bad.code, bad.details) == (sepp.StatusCode.INVALID_ARGUMENT, expected)
 
 
+@both_codecs
 async def test_response_headers_without_status_pseudo_header_are_malformed() -> None:
     async def no_status_line(call: ServerCall) -> None:
         await call.send_headers([(b"content-type", b"application/grpc")])
@@ -468,6 +475,7 @@ async def test_informational_headers_before_the_response_are_skipped() -> None:
         assert info.server_version == "hostile-1"
 
 
+@both_codecs
 @pytest.mark.parametrize(
     "content_type", [b"text/html", b"application/json", b"application/grpcx", b"application/grp"]
 )
@@ -483,6 +491,7 @@ async def test_wrong_content_type_is_a_malformed_response(content_type: bytes) -
         assert (await client.get_server_info()).server_version == "hostile-1"
 
 
+@both_codecs
 async def test_html_page_with_status_200_is_a_malformed_response() -> None:
     async def html(call: ServerCall) -> None:
         await call.send_headers([(b":status", b"200"), (b"content-type", b"text/html")])
@@ -546,6 +555,7 @@ async def test_message_split_across_one_byte_data_frames_is_reassembled() -> Non
         assert len(server.calls) == 2
 
 
+@both_codecs
 @pytest.mark.parametrize("how", ["extra_bytes_same_frame", "extra_bytes_later", "second_message"])
 async def test_more_data_than_the_length_prefix_is_malformed(how: str) -> None:
     async def overflow(call: ServerCall) -> None:
@@ -566,6 +576,7 @@ async def test_more_data_than_the_length_prefix_is_malformed(how: str) -> None:
         assert (await client.get_server_info()).server_version == "hostile-1"
 
 
+@both_codecs
 @pytest.mark.parametrize("flag", [1, 2, 0x80, 0xFF])
 async def test_compressed_or_unknown_flag_is_malformed(flag: int) -> None:
     async def compressed(call: ServerCall) -> None:
@@ -580,6 +591,7 @@ async def test_compressed_or_unknown_flag_is_malformed(flag: int) -> None:
         assert (await client.get_server_info()).server_version == "hostile-1"
 
 
+@both_codecs
 async def test_truncated_message_followed_by_ok_status_is_malformed() -> None:
     async def truncated(call: ServerCall) -> None:
         await call.send_headers()
@@ -591,6 +603,7 @@ async def test_truncated_message_followed_by_ok_status_is_malformed() -> None:
         assert "truncated" in str(exc)
 
 
+@both_codecs
 async def test_ok_status_without_any_message_is_malformed() -> None:
     async def empty(call: ServerCall) -> None:
         await call.trailers_only(0)
@@ -1080,6 +1093,7 @@ async def test_data_before_response_headers_is_refused() -> None:
 # -- response bodies that are valid gRPC but not valid sepp ---------------------------------
 
 
+@both_codecs
 @pytest.mark.parametrize("method", ["GetServerInfo", "EnqueueBatch", "Reserve", "Extend"])
 async def test_response_protobuf_that_does_not_parse_is_malformed(method: str) -> None:
     async def garbage(call: ServerCall) -> None:
@@ -1097,6 +1111,7 @@ async def test_response_protobuf_that_does_not_parse_is_malformed(method: str) -
         assert method in str(exc)
 
 
+@both_codecs
 async def test_unknown_protobuf_fields_from_a_newer_server_are_ignored() -> None:
     async def newer(call: ServerCall) -> None:
         # Field 999 (varint) and field 998 (bytes) do not exist in our schema.
@@ -1109,6 +1124,7 @@ async def test_unknown_protobuf_fields_from_a_newer_server_are_ignored() -> None
         assert jobs is not None and jobs[0].ctx.id == "j1"
 
 
+@both_codecs
 async def test_reserve_skips_malformed_jobs_logs_them_and_delivers_the_rest() -> None:
     no_lease = job_message("no-lease")
     no_lease.ClearField("lease_expires_at")
@@ -1140,6 +1156,7 @@ async def test_reserve_skips_malformed_jobs_logs_them_and_delivers_the_rest() ->
         assert any("no-lease" in w for w in warnings)
 
 
+@both_codecs
 async def test_reserve_with_only_malformed_jobs_returns_none_and_logs() -> None:
     async def all_bad(call: ServerCall) -> None:
         await call.respond(reserve_message(job_message("p", priority=12), job_message("")))
@@ -1150,6 +1167,7 @@ async def test_reserve_with_only_malformed_jobs_returns_none_and_logs() -> None:
         assert len(log.at("warning")) == 2
 
 
+@both_codecs
 @pytest.mark.parametrize(("sent", "returned"), [(1, 2), (1, 0), (3, 1), (3, 4)])
 async def test_enqueue_batch_with_the_wrong_number_of_results_is_malformed(
     sent: int, returned: int
@@ -1166,6 +1184,7 @@ async def test_enqueue_batch_with_the_wrong_number_of_results_is_malformed(
         assert f"expected {sent} results, got {returned}" in str(exc)
 
 
+@both_codecs
 @pytest.mark.parametrize("defect", ["no_outcome", "empty_job_id"])
 async def test_enqueue_result_without_an_outcome_or_job_id_is_malformed(defect: str) -> None:
     async def broken(call: ServerCall) -> None:
@@ -1176,6 +1195,7 @@ async def test_enqueue_result_without_an_outcome_or_job_id_is_malformed(defect: 
         await raises(sepp.MalformedResponseError, client.enqueue("q", "t", timeout=5), within=5)
 
 
+@both_codecs
 async def test_extend_response_without_lease_expires_at_is_malformed() -> None:
     async def no_expiry(call: ServerCall) -> None:
         await call.respond(pb.ExtendResponse(job_id="j1").SerializeToString())
@@ -1190,6 +1210,7 @@ async def test_extend_response_without_lease_expires_at_is_malformed() -> None:
         assert job.ctx.lease_expires_at == before  # the lease record was not touched
 
 
+@both_codecs
 async def test_server_info_without_server_time_is_malformed() -> None:
     async def no_time(call: ServerCall) -> None:
         await call.respond(pb.GetServerInfoResponse(server_version="x").SerializeToString())

@@ -17,6 +17,8 @@ import sepp
 from sepp._client.operations import Call
 from sepp.testing import SeppServer, sepp_server
 
+pytestmark = [pytest.mark.both_engines, pytest.mark.asyncio_too]
+
 BASE = {"admin": {"enabled": False}, "storage": {"persist_mode": "buffer"}}
 
 

@@ -35,6 +35,8 @@ from fixtures.proxy_load import (
 import sepp
 from sepp.testing import SeppServer
 
+pytestmark = [pytest.mark.both_engines, pytest.mark.asyncio_too]
+
 TEST_TIMEOUT_S = 120.0
 
 

@@ -31,7 +31,7 @@ from sepp.wire._status import StatusCode
 from sepp.wire.drivers._base import MAX_TRANSPARENT_ATTEMPTS, Endpoint, RpcError
 from sepp.wire.drivers._blocking import BlockingChannel, _Waiter
 
-pytestmark = pytest.mark.fixture
+pytestmark = [pytest.mark.fixture, pytest.mark.both_engines]
 
 Outcome = bytes | RpcError
 

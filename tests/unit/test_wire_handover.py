@@ -22,7 +22,7 @@ from sepp.wire._failure import FailureKind
 from sepp.wire._status import StatusCode
 from sepp.wire.drivers._trio import MAX_TRANSPARENT_ATTEMPTS, Channel, RpcError
 
-pytestmark = pytest.mark.fixture
+pytestmark = [pytest.mark.fixture, pytest.mark.both_engines]
 
 LAST_STREAM_ID = 2**31 - 1
 

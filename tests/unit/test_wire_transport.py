@@ -20,7 +20,7 @@ from sepp.wire._failure import FailureKind
 from sepp.wire._status import StatusCode
 from sepp.wire.drivers._trio import Channel, Endpoint, RpcError
 
-pytestmark = pytest.mark.fixture
+pytestmark = [pytest.mark.fixture, pytest.mark.both_engines]
 
 GUARD_S = 10.0  # no test may take longer than this
 
