@@ -854,8 +854,9 @@ async def test_a_hostile_response_fails_only_its_own_call() -> None:
             await call.send_headers()
             await call.send_data(struct.pack(">BI", 1, len(message)) + message)
             await call.send_trailers(0)
-        else:
-            await trio.sleep(0.05)
+        else:  # answered once the hostile response went out: in flight when it came
+            server = call.conn.server
+            await server.wait_until(lambda: len(server.calls) > 3 and server.calls[3].finished)
             await behave(call)
 
     async with hostile(handler) as (server, client):

@@ -15,6 +15,7 @@ from fixtures.h2_server import H2Server, ServerCall
 from h2.errors import ErrorCodes
 from h2.settings import SettingCodes
 from test_wire_transport import GUARD_S, echo, serving
+from trio.testing import wait_all_tasks_blocked
 
 import sepp
 from sepp._client.otel import count_transparent_retry
@@ -235,7 +236,7 @@ async def test_calls_refused_when_the_server_lowers_its_stream_limit_go_out_agai
             lowered = True
             for call in held[2:]:
                 await call.reset(ErrorCodes.REFUSED_STREAM)
-            await trio.sleep(0.05)
+            await wait_all_tasks_blocked()  # the client has taken in the resets
             assert results == {}  # the refused calls wait for one of the two streams
             for call in held[:2]:
                 await call.respond(b"kept")
