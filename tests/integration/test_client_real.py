@@ -435,7 +435,9 @@ async def test_server_stopped_mid_call_then_next_call_reconnects(sepp_server: Se
         await client.get_server_info()
 
         async def kill_soon() -> None:
-            await trio.sleep(0.3)
+            # Once the reserve is in flight (its stream open), however long that takes.
+            while not (conn := client._channel._current) or not conn.proto.active_calls:  # noqa: ASYNC110
+                await trio.sleep(0.01)
             await sepp_server.stop(kill=True)
 
         with trio.fail_after(15):
@@ -541,20 +543,26 @@ async def test_user_exception_leaves_open_block_unwrapped(client: sepp.Client) -
             raise Boom
 
 
-async def test_retry_policy_survives_a_server_restart(sepp_server: SeppServer) -> None:
-    policy = sepp.RetryPolicy(max_attempts=8, initial_backoff=0.1, max_backoff=0.5)
+async def test_retry_policy_survives_a_server_restart(
+    sepp_server: SeppServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Retries enough to outlast any restart: the hang guard ends the test, not the policy.
+    policy = sepp.RetryPolicy(max_attempts=1000, initial_backoff=0.1, max_backoff=0.5)
     async with sepp.open(sepp_server.address, retry_policy=policy) as client:
         await client.get_server_info()
         await sepp_server.stop()
 
-        async def restart_soon() -> None:
-            await trio.sleep(0.5)
+        async def restart_after_a_retry() -> None:
+            while "retry 1 of" not in caplog.text:  # noqa: ASYNC110  (the client's log, polled)
+                await trio.sleep(0.01)
             await sepp_server.start()
 
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(restart_soon)
-            ack = await client.enqueue("retry", "t", idempotency_key="r-1")
+        with trio.fail_after(HANG_GUARD_S):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(restart_after_a_retry)
+                ack = await client.enqueue("retry", "t", idempotency_key="r-1")
         assert ack.job_id
+        assert "retry 1 of 999" in caplog.text  # it failed while the server was down
 
 
 async def test_pointed_at_the_admin_ui_both_clients_say_it_is_probably_not_the_grpc_port() -> None:
