@@ -44,30 +44,18 @@ _CATEGORY_BY_DIR = {
     "chaos": "real_server",
     "proxies": "real_server",
 }
-# Tests that talk to our misbehaving h2 server or to a scripted fake client.
-_FIXTURE_FILES = {
-    "test_wire_transport.py",
-    "test_wire_handover.py",
-    "test_wire_blocking.py",
-    "test_worker.py",
-}
 _passed: Counter[str] = Counter()
-# The suites that run once per wire engine (our codec and the h2 reference): the sans-IO
-# engine tests, the transport and hostile-server suites, the real-server client tests and
-# the proxy tests.
-_BOTH_ENGINES = {
-    "test_wire_connection.py",
-    "test_wire_limits.py",
-    "test_wire_transport.py",
-    "test_wire_handover.py",
-    "test_wire_blocking.py",
-    "test_hostile_server.py",
-    "test_client_real.py",
-    "test_proxies_real.py",
-    "test_sync_client_real.py",
-    "test_sync_threads_real.py",
-    "test_proxies_sync_real.py",
-}
+# Which tests run where is declared in the test modules, by markers registered in pyproject.toml
+# (`--strict-markers`: a misspelt one fails the collection):
+# - `fixture`, `real_server`, `unit` say a test's kind, where its directory does not;
+# - `both_engines`: the module runs once per wire engine (our codec and the h2 reference): the
+#   sans-IO engine tests, the transport and hostile-server suites, the real-server client tests
+#   and the proxy tests;
+# - `asyncio_too`: the module (a real-server client or proxy suite) also runs on the asyncio
+#   front end, on the default engine; `trio_only("why")` keeps one of its tests on trio;
+# - `both_codecs`: the test runs once per message codec (ours and the generated protobuf
+#   classes): the hostile-server tests of what response bodies the client is fed.
+# tests/unit/test_test_selection.py checks the declarations against the files on disk.
 
 
 def _engines_to_run() -> tuple[str, ...]:
@@ -88,50 +76,19 @@ def _engines_to_run() -> tuple[str, ...]:
 _ENGINES = _engines_to_run()
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    for name, doc in (
-        ("unit", "no sockets"),
-        ("fixture", "against a fixture server or a scripted fake"),
-        ("real_server", "against the real sepp server"),
-    ):
-        config.addinivalue_line("markers", f"{name}: {doc}")
-    config.addinivalue_line(
-        "markers",
-        "trio_only(why): in a suite that also runs on the asyncio front end, run on trio alone",
-    )
-    config.addinivalue_line(
-        "markers",
-        "needs(tool): the test needs a tool that some interpreters cannot have (msgspec, mypy:"
-        " tests/fixtures/interpreters.py); it is excluded there, and counted",
-    )
-
-
 def _category(item: pytest.Item) -> str:
     for marker in ("real_server", "fixture", "unit"):
         if item.get_closest_marker(marker) is not None:
             return marker
     rel = Path(str(item.fspath)).resolve().relative_to(_TESTS.resolve())
-    if rel.name in _FIXTURE_FILES:
-        return "fixture"
     return _CATEGORY_BY_DIR.get(rel.parts[0], "unit")
 
 
-# The hostile-server tests of response bodies run once per message codec (ours and the
-# generated protobuf classes): those whose names say what they feed the client.
-_BOTH_CODECS = ("test_hostile_server.py", ("malformed", "protobuf", "unknown", "rejection"))
-
-# The real-server client and proxy suites also run on the asyncio front end: the client
-# opened in an asyncio loop of its own and driven from the trio test bodies
-# (fixtures/asyncio_front.py), on the default engine only (the engines are the same code under
-# every front end). `@pytest.mark.trio_only("why")` keeps a test on trio.
-_ASYNCIO_TOO = {"test_client_real.py", "test_proxies_real.py"}
-
-
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    name = Path(str(metafunc.definition.fspath)).name
-    if name in _ASYNCIO_TOO and "client_front_end" in metafunc.fixturenames:
+    marked = metafunc.definition.get_closest_marker
+    if marked("asyncio_too") and "client_front_end" in metafunc.fixturenames:
         combos = [(engine, "trio") for engine in _ENGINES]
-        if metafunc.definition.get_closest_marker("trio_only") is None:
+        if marked("trio_only") is None:
             combos.append((_engine.DEFAULT_WIRE_ENGINE, "asyncio"))
         metafunc.parametrize(
             ("wire_engine", "client_front_end"),
@@ -139,9 +96,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
             indirect=["wire_engine"],
             ids=[f"{engine}-{front}" for engine, front in combos],
         )
-    elif name in _BOTH_ENGINES:
+    elif marked("both_engines"):
         metafunc.parametrize("wire_engine", _ENGINES, indirect=True)
-    if name == _BOTH_CODECS[0] and any(w in metafunc.function.__name__ for w in _BOTH_CODECS[1]):
+    if marked("both_codecs"):
         metafunc.parametrize("message_codec", message_codec_module.NAMES, indirect=True)
 
 

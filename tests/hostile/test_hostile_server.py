@@ -46,6 +46,11 @@ from trio.testing import wait_all_tasks_blocked
 import sepp
 from sepp._pb import queue_pb2 as pb
 
+pytestmark = pytest.mark.both_engines
+# Once per message codec (ours and the generated protobuf classes): what the response bodies feed
+# the client.
+both_codecs = pytest.mark.both_codecs
+
 GUARD_S = 10.0  # no test may take longer than this
 CHEAP_FREEZE = not (PYPY or FREE_THREADED)  # gc.freeze() is a list splice on these alone
 E = TypeVar("E", bound=BaseException)
@@ -334,13 +339,10 @@ async def hostile(handler: Any, **options: Any) -> AsyncIterator[tuple[H2Server,
     assert not server.protocol_errors, server.protocol_errors  # the client never broke HTTP/2
 
 
-async def raises(expected: type[E], call: Awaitable[object], *, within: float) -> E:
-    """Await `call`, expecting `expected` in less than `within` seconds."""
-    start = trio.current_time()
+async def raises(expected: type[E], call: Awaitable[object]) -> E:
+    """Await `call`, expecting `expected` (a hang ends at the test's GUARD_S, and fails it)."""
     with pytest.raises(expected) as info:
         await call
-    elapsed = trio.current_time() - start
-    assert elapsed < within, f"{expected.__name__} took {elapsed:.2f}s (deadline {within}s)"
     return info.value
 
 
@@ -373,7 +375,7 @@ async def test_non_200_status_maps_to_a_typed_error_and_keeps_the_connection(
         await call.send_data(b"<html><body>upstream trouble</body></html>", end=True)
 
     async with hostile(only("GetServerInfo", proxy_page)) as (server, client):
-        exc = await raises(error, client.get_server_info(timeout=5), within=5)
+        exc = await raises(error, client.get_server_info(timeout=5))
         assert exc.code is code
         assert f"HTTP {http_status}" in str(exc)
         # A proxy's 429/503 means a busy or absent backend; any other HTTP answer, another
@@ -385,6 +387,7 @@ async def test_non_200_status_maps_to_a_typed_error_and_keeps_the_connection(
         assert len(server.connections) == 1
 
 
+@both_codecs
 @pytest.mark.parametrize("shape", ["trailers_without_status", "no_trailers", "headers_only"])
 async def test_missing_grpc_status_is_a_malformed_response(shape: str) -> None:
     async def no_status(call: ServerCall) -> None:
@@ -399,7 +402,7 @@ async def test_missing_grpc_status_is_a_malformed_response(shape: str) -> None:
             await call.send_headers([(b"x-something", b"else")], end=True)
 
     async with hostile(first_call(no_status)) as (_, client):
-        exc = await raises(sepp.MalformedResponseError, client.get_server_info(timeout=5), within=5)
+        exc = await raises(sepp.MalformedResponseError, client.get_server_info(timeout=5))
         assert "grpc-status" in str(exc)
         assert (await client.get_server_info()).server_version == "hostile-1"
 
@@ -412,7 +415,7 @@ async def test_garbage_grpc_status_is_a_server_internal_error(garbage: bytes) ->
         await call.send_trailers(garbage, b"what")
 
     async with hostile(first_call(bad_status)) as (_, client):
-        exc = await raises(sepp.ServerInternalError, client.get_server_info(timeout=5), within=5)
+        exc = await raises(sepp.ServerInternalError, client.get_server_info(timeout=5))
         assert exc.code is sepp.StatusCode.UNKNOWN
         assert exc.details == "what"
         # A garbage status is never read as OK, even though a message arrived.
@@ -440,12 +443,13 @@ async def test_bad_percent_encoding_in_grpc_message_is_decoded_and_the_error_typ
     expected = "job %ZZ gone \u2717 \ufffd tail %"
     async with hostile(handler) as (_, client):
         job = await reserved_job(client)
-        lost = await raises(sepp.JobNotFoundError, client.ack(job.ctx, timeout=5), within=5)
+        lost = await raises(sepp.JobNotFoundError, client.ack(job.ctx, timeout=5))
         assert (lost.code, lost.details) == (sepp.StatusCode.NOT_FOUND, expected)
-        bad = await raises(sepp.InvalidRequestError, client.get_server_info(timeout=5), within=5)
+        bad = await raises(sepp.InvalidRequestError, client.get_server_info(timeout=5))
         assert (bad.code, bad.details) == (sepp.StatusCode.INVALID_ARGUMENT, expected)
 
 
+@both_codecs
 async def test_response_headers_without_status_pseudo_header_are_malformed() -> None:
     async def no_status_line(call: ServerCall) -> None:
         await call.send_headers([(b"content-type", b"application/grpc")])
@@ -453,7 +457,7 @@ async def test_response_headers_without_status_pseudo_header_are_malformed() -> 
         await call.send_trailers(0)
 
     async with hostile(first_call(no_status_line)) as (_, client):
-        exc = await raises(sepp.MalformedResponseError, client.get_server_info(timeout=5), within=5)
+        exc = await raises(sepp.MalformedResponseError, client.get_server_info(timeout=5))
         assert ":status" in str(exc)
         assert (await client.get_server_info()).server_version == "hostile-1"
 
@@ -468,6 +472,7 @@ async def test_informational_headers_before_the_response_are_skipped() -> None:
         assert info.server_version == "hostile-1"
 
 
+@both_codecs
 @pytest.mark.parametrize(
     "content_type", [b"text/html", b"application/json", b"application/grpcx", b"application/grp"]
 )
@@ -478,18 +483,19 @@ async def test_wrong_content_type_is_a_malformed_response(content_type: bytes) -
         await call.send_trailers(0)
 
     async with hostile(first_call(wrong_type)) as (_, client):
-        exc = await raises(sepp.MalformedResponseError, client.get_server_info(timeout=5), within=5)
+        exc = await raises(sepp.MalformedResponseError, client.get_server_info(timeout=5))
         assert "content-type" in str(exc)
         assert (await client.get_server_info()).server_version == "hostile-1"
 
 
+@both_codecs
 async def test_html_page_with_status_200_is_a_malformed_response() -> None:
     async def html(call: ServerCall) -> None:
         await call.send_headers([(b":status", b"200"), (b"content-type", b"text/html")])
         await call.send_data(b"<html>maintenance</html>", end=True)
 
     async with hostile(first_call(html)) as (_, client):
-        await raises(sepp.MalformedResponseError, client.enqueue("q", "t", timeout=5), within=5)
+        await raises(sepp.MalformedResponseError, client.enqueue("q", "t", timeout=5))
 
 
 # -- gRPC message framing -------------------------------------------------------------------
@@ -505,7 +511,7 @@ async def test_length_prefix_over_the_receive_cap_is_refused_unread() -> None:
         server,
         client,
     ):
-        exc = await raises(sepp.MessageTooLargeError, client.get_server_info(timeout=5), within=2)
+        exc = await raises(sepp.MessageTooLargeError, client.get_server_info(timeout=5))
         assert exc.code is sepp.StatusCode.RESOURCE_EXHAUSTED
         assert "4096" in str(exc) and "1024" in str(exc)
         # The stream is cancelled, the connection kept.
@@ -527,7 +533,7 @@ async def test_receive_cap_is_exact(declared: int, ok: bool) -> None:
             ack = await client.enqueue("q", "t", timeout=5)
             assert ack.job_id.startswith("id-xxx") and ack.job_id.endswith("-0")
         else:
-            await raises(sepp.MessageTooLargeError, client.enqueue("q", "t", timeout=5), within=5)
+            await raises(sepp.MessageTooLargeError, client.enqueue("q", "t", timeout=5))
 
 
 async def test_message_split_across_one_byte_data_frames_is_reassembled() -> None:
@@ -546,6 +552,7 @@ async def test_message_split_across_one_byte_data_frames_is_reassembled() -> Non
         assert len(server.calls) == 2
 
 
+@both_codecs
 @pytest.mark.parametrize("how", ["extra_bytes_same_frame", "extra_bytes_later", "second_message"])
 async def test_more_data_than_the_length_prefix_is_malformed(how: str) -> None:
     async def overflow(call: ServerCall) -> None:
@@ -561,11 +568,12 @@ async def test_more_data_than_the_length_prefix_is_malformed(how: str) -> None:
         await call.send_trailers(0)
 
     async with hostile(first_call(overflow)) as (_, client):
-        exc = await raises(sepp.MalformedResponseError, client.get_server_info(timeout=5), within=5)
+        exc = await raises(sepp.MalformedResponseError, client.get_server_info(timeout=5))
         assert "length prefix" in str(exc) or "more than one message" in str(exc)
         assert (await client.get_server_info()).server_version == "hostile-1"
 
 
+@both_codecs
 @pytest.mark.parametrize("flag", [1, 2, 0x80, 0xFF])
 async def test_compressed_or_unknown_flag_is_malformed(flag: int) -> None:
     async def compressed(call: ServerCall) -> None:
@@ -575,11 +583,12 @@ async def test_compressed_or_unknown_flag_is_malformed(flag: int) -> None:
         await call.send_trailers(0)
 
     async with hostile(first_call(compressed)) as (_, client):
-        exc = await raises(sepp.MalformedResponseError, client.get_server_info(timeout=5), within=5)
+        exc = await raises(sepp.MalformedResponseError, client.get_server_info(timeout=5))
         assert "compress" in str(exc)
         assert (await client.get_server_info()).server_version == "hostile-1"
 
 
+@both_codecs
 async def test_truncated_message_followed_by_ok_status_is_malformed() -> None:
     async def truncated(call: ServerCall) -> None:
         await call.send_headers()
@@ -587,18 +596,17 @@ async def test_truncated_message_followed_by_ok_status_is_malformed() -> None:
         await call.send_trailers(0)
 
     async with hostile(first_call(truncated)) as (_, client):
-        exc = await raises(sepp.MalformedResponseError, client.get_server_info(timeout=5), within=5)
+        exc = await raises(sepp.MalformedResponseError, client.get_server_info(timeout=5))
         assert "truncated" in str(exc)
 
 
+@both_codecs
 async def test_ok_status_without_any_message_is_malformed() -> None:
     async def empty(call: ServerCall) -> None:
         await call.trailers_only(0)
 
     async with hostile(first_call(empty)) as (_, client):
-        exc = await raises(
-            sepp.MalformedResponseError, client.enqueue("q", "t", timeout=5), within=5
-        )
+        exc = await raises(sepp.MalformedResponseError, client.enqueue("q", "t", timeout=5))
         assert "no response message" in str(exc)
 
 
@@ -639,9 +647,7 @@ async def test_stall_with_a_deadline_is_deadline_exceeded_in_time(stage: str) ->
     timeout = 0.3
     async with hostile(first_call(STALLS[stage])) as (server, client):
         start = trio.current_time()
-        exc = await raises(
-            sepp.TransportError, client.get_server_info(timeout=timeout), within=timeout + 1.5
-        )
+        exc = await raises(sepp.TransportError, client.get_server_info(timeout=timeout))
         assert trio.current_time() - start >= timeout
         assert exc.code is sepp.StatusCode.DEADLINE_EXCEEDED
         await server.wait_until(lambda: server.resets.get((0, 1)) == ErrorCodes.CANCEL)
@@ -652,7 +658,7 @@ async def test_stall_with_a_deadline_is_deadline_exceeded_in_time(stage: str) ->
 
 async def test_stall_with_the_client_wide_rpc_timeout_is_deadline_exceeded() -> None:
     async with hostile(first_call(_trailers_never_come), rpc_timeout=0.3) as (_, client):
-        exc = await raises(sepp.TransportError, client.enqueue("q", "t"), within=2.0)
+        exc = await raises(sepp.TransportError, client.enqueue("q", "t"))
         assert exc.code is sepp.StatusCode.DEADLINE_EXCEEDED
 
 
@@ -666,7 +672,7 @@ async def test_stall_without_a_deadline_is_bounded_by_the_callers_cancel_scope(
         with trio.move_on_after(0.3) as scope:
             await client.get_server_info()
         assert scope.cancelled_caught  # a trio cancellation stays a cancellation
-        assert trio.current_time() - start < 1.5
+        assert trio.current_time() - start >= 0.3
         await server.wait_until(lambda: server.resets.get((0, 1)) == ErrorCodes.CANCEL)
         # The same connection serves the next call.
         assert (await client.get_server_info()).server_version == "hostile-1"
@@ -695,7 +701,7 @@ async def test_a_deadline_gone_before_the_call_can_wait_fails_it_typed_and_in_ti
             release.set()
             await server.connections[0].close()
             await wait_all_tasks_blocked()  # the trio client saw it; SyncClient reads when used
-        exc = await raises(sepp.TransportError, client.get_server_info(timeout=1e-6), within=1)
+        exc = await raises(sepp.TransportError, client.get_server_info(timeout=1e-6))
         expected = {sepp.StatusCode.DEADLINE_EXCEEDED}
         if behind == "a_lost_connection":  # or it went out on the lost one, and died with it
             expected.add(sepp.StatusCode.UNAVAILABLE)
@@ -726,7 +732,7 @@ async def test_rst_stream_mid_response_is_typed_and_keeps_the_connection(
         await call.reset(rst)
 
     async with hostile(first_call(reset_mid_response)) as (server, client):
-        exc = await raises(error, client.get_server_info(timeout=5), within=5)
+        exc = await raises(error, client.get_server_info(timeout=5))
         assert exc.code is code
         assert (await client.get_server_info()).server_version == "hostile-1"
         assert len(server.connections) == 1
@@ -788,9 +794,7 @@ def _goaway_handler(release: trio.Event) -> Any:
 async def test_goaway_resends_calls_above_last_stream_id_and_completes_those_below() -> None:
     release = trio.Event()
     async with hostile(_goaway_handler(release)) as (server, client):
-        start = trio.current_time()
         a, b = await _goaway_scenario(client, server, release)
-        assert trio.current_time() - start < 5
         assert isinstance(a, sepp.ServerInfo) and a.server_version == "hostile-1"
         # No retry policy, un-keyed: sent again all the same, as it was never processed.
         assert b == sepp.EnqueueAck("c1-0", False)
@@ -824,7 +828,7 @@ async def test_connection_closed_mid_message_then_the_next_call_reconnects(cut_a
         await call.conn.close()
 
     async with hostile(only("GetServerInfo", cut)) as (server, client):
-        exc = await raises(sepp.TransportError, client.get_server_info(timeout=5), within=5)
+        exc = await raises(sepp.TransportError, client.get_server_info(timeout=5))
         assert exc.code is sepp.StatusCode.UNAVAILABLE
         assert await client.enqueue("q", "t", timeout=5) == sepp.EnqueueAck("c1-0", False)
         assert len(server.connections) == 2
@@ -850,8 +854,9 @@ async def test_a_hostile_response_fails_only_its_own_call() -> None:
             await call.send_headers()
             await call.send_data(struct.pack(">BI", 1, len(message)) + message)
             await call.send_trailers(0)
-        else:
-            await trio.sleep(0.05)
+        else:  # answered once the hostile response went out: in flight when it came
+            server = call.conn.server
+            await server.wait_until(lambda: len(server.calls) > 3 and server.calls[3].finished)
             await behave(call)
 
     async with hostile(handler) as (server, client):
@@ -898,15 +903,14 @@ async def test_ping_flood_from_a_server_that_never_reads_fails_the_call_in_time(
         while not call.conn.closed:
             await call.conn.ping_flood(10_000)
 
-    # The hang this guards against lasts until keepalive (GUARD_S); the bound sits halfway, as
-    # parsing 10,000 PINGs per burst with h2 under a loaded CI took the call 1.7 s past its
-    # deadline.
+    # The hang this guards against lasts until keepalive (GUARD_S), and ends as a keepalive
+    # failure or at the test's guard: either fails it. (Parsing 10,000 PINGs per burst with h2
+    # under a loaded CI took the call 1.7 s past its deadline.)
     timeout = 2.0
     async with hostile(first_call(flood), keepalive_timeout=GUARD_S) as (server, client):
         exc = await raises(
             sepp.TransportError,
             client.get_server_info(timeout=timeout),
-            within=(timeout + GUARD_S) / 2,
         )
         if exc.code is sepp.StatusCode.UNAVAILABLE:
             assert "did not read" in str(exc)
@@ -927,7 +931,7 @@ async def test_zero_window_forever_ends_every_call_at_its_deadline() -> None:
     ):
         for i in range(4):
             start = trio.current_time()
-            exc = await raises(sepp.TransportError, client.get_server_info(timeout=0.2), within=1.7)
+            exc = await raises(sepp.TransportError, client.get_server_info(timeout=0.2))
             assert exc.code is sepp.StatusCode.DEADLINE_EXCEEDED
             assert trio.current_time() - start >= 0.2
             await server.wait_until(lambda i=i: len(server.resets) == i + 1)
@@ -959,7 +963,7 @@ async def test_withheld_window_blocks_only_the_request_that_needs_it() -> None:
             await server.wait_until(lambda: len(server.calls) == 1)
             for _ in range(3):
                 assert (await client.get_server_info(timeout=5)).server_version == "hostile-1"
-        assert 0.5 <= trio.current_time() - start < 2.0
+        assert trio.current_time() - start >= 0.5
         assert len(outcome) == 1 and isinstance(outcome[0], sepp.TransportError)
         assert outcome[0].code is sepp.StatusCode.DEADLINE_EXCEEDED
         assert not server.calls[0].ended
@@ -1017,17 +1021,15 @@ async def test_response_header_block_over_the_limit_breaks_only_that_connection(
         await call.stall()
 
     async with hostile(only("GetServerInfo", big_headers)) as (server, client):
-        start = trio.current_time()
         if ok:
             assert (await client.get_server_info(timeout=5)).server_version == "hostile-1"
             assert await client.enqueue("q", "t", timeout=5) == sepp.EnqueueAck("c0-0", False)
             assert len(server.connections) == 1
         else:
-            exc = await raises(sepp.TransportError, client.get_server_info(timeout=5), within=5)
+            exc = await raises(sepp.TransportError, client.get_server_info(timeout=5))
             assert exc.code is sepp.StatusCode.UNAVAILABLE
             assert await client.enqueue("q", "t", timeout=5) == sepp.EnqueueAck("c1-0", False)
             assert len(server.connections) == 2
-        assert trio.current_time() - start < 2
 
 
 async def test_continuation_flood_is_refused() -> None:
@@ -1038,7 +1040,7 @@ async def test_continuation_flood_is_refused() -> None:
         await call.stall()
 
     async with hostile(only("GetServerInfo", flood)) as (server, client):
-        exc = await raises(sepp.TransportError, client.get_server_info(timeout=5), within=5)
+        exc = await raises(sepp.TransportError, client.get_server_info(timeout=5))
         assert exc.code is sepp.StatusCode.UNAVAILABLE
         assert "CONTINUATION" in str(exc) or "continuation" in str(exc)
         assert await client.enqueue("q", "t", timeout=5) == sepp.EnqueueAck("c1-0", False)
@@ -1054,7 +1056,7 @@ async def test_frame_larger_than_the_advertised_max_frame_size_is_refused() -> N
         await call.stall()
 
     async with hostile(only("GetServerInfo", oversized_frame)) as (server, client):
-        exc = await raises(sepp.TransportError, client.get_server_info(timeout=5), within=5)
+        exc = await raises(sepp.TransportError, client.get_server_info(timeout=5))
         assert exc.code is sepp.StatusCode.UNAVAILABLE
         assert "protocol error" in str(exc)
         assert await client.enqueue("q", "t", timeout=5) == sepp.EnqueueAck("c1-0", False)
@@ -1069,7 +1071,7 @@ async def test_data_before_response_headers_is_refused() -> None:
         await call.stall()
 
     async with hostile(only("GetServerInfo", data_first)) as (server, client):
-        exc = await raises(sepp.TransportError, client.get_server_info(timeout=5), within=5)
+        exc = await raises(sepp.TransportError, client.get_server_info(timeout=5))
         assert exc.code is sepp.StatusCode.UNAVAILABLE
         assert "data before headers" in str(exc).lower()
         # A peer that breaks HTTP/2 is not trusted again: the next call gets a new connection.
@@ -1080,6 +1082,7 @@ async def test_data_before_response_headers_is_refused() -> None:
 # -- response bodies that are valid gRPC but not valid sepp ---------------------------------
 
 
+@both_codecs
 @pytest.mark.parametrize("method", ["GetServerInfo", "EnqueueBatch", "Reserve", "Extend"])
 async def test_response_protobuf_that_does_not_parse_is_malformed(method: str) -> None:
     async def garbage(call: ServerCall) -> None:
@@ -1093,10 +1096,11 @@ async def test_response_protobuf_that_does_not_parse_is_malformed(method: str) -
             "Reserve": lambda: client.reserve("q", wait_timeout=0),
             "Extend": lambda: client.extend(job.ctx, 30, timeout=5),  # type: ignore[union-attr]
         }
-        exc = await raises(sepp.MalformedResponseError, calls[method](), within=5)
+        exc = await raises(sepp.MalformedResponseError, calls[method]())
         assert method in str(exc)
 
 
+@both_codecs
 async def test_unknown_protobuf_fields_from_a_newer_server_are_ignored() -> None:
     async def newer(call: ServerCall) -> None:
         # Field 999 (varint) and field 998 (bytes) do not exist in our schema.
@@ -1109,6 +1113,7 @@ async def test_unknown_protobuf_fields_from_a_newer_server_are_ignored() -> None
         assert jobs is not None and jobs[0].ctx.id == "j1"
 
 
+@both_codecs
 async def test_reserve_skips_malformed_jobs_logs_them_and_delivers_the_rest() -> None:
     no_lease = job_message("no-lease")
     no_lease.ClearField("lease_expires_at")
@@ -1140,6 +1145,7 @@ async def test_reserve_skips_malformed_jobs_logs_them_and_delivers_the_rest() ->
         assert any("no-lease" in w for w in warnings)
 
 
+@both_codecs
 async def test_reserve_with_only_malformed_jobs_returns_none_and_logs() -> None:
     async def all_bad(call: ServerCall) -> None:
         await call.respond(reserve_message(job_message("p", priority=12), job_message("")))
@@ -1150,6 +1156,7 @@ async def test_reserve_with_only_malformed_jobs_returns_none_and_logs() -> None:
         assert len(log.at("warning")) == 2
 
 
+@both_codecs
 @pytest.mark.parametrize(("sent", "returned"), [(1, 2), (1, 0), (3, 1), (3, 4)])
 async def test_enqueue_batch_with_the_wrong_number_of_results_is_malformed(
     sent: int, returned: int
@@ -1162,10 +1169,11 @@ async def test_enqueue_batch_with_the_wrong_number_of_results_is_malformed(
             call = client.enqueue("q", "t", timeout=5)
         else:
             call = client.enqueue_batch([sepp.EnqueueRequest("q", "t")] * sent, timeout=5)
-        exc = await raises(sepp.MalformedResponseError, call, within=5)
+        exc = await raises(sepp.MalformedResponseError, call)
         assert f"expected {sent} results, got {returned}" in str(exc)
 
 
+@both_codecs
 @pytest.mark.parametrize("defect", ["no_outcome", "empty_job_id"])
 async def test_enqueue_result_without_an_outcome_or_job_id_is_malformed(defect: str) -> None:
     async def broken(call: ServerCall) -> None:
@@ -1173,9 +1181,10 @@ async def test_enqueue_result_without_an_outcome_or_job_id_is_malformed(defect: 
         await call.respond(pb.EnqueueBatchResponse(results=[result]).SerializeToString())
 
     async with hostile(only("EnqueueBatch", broken)) as (_, client):
-        await raises(sepp.MalformedResponseError, client.enqueue("q", "t", timeout=5), within=5)
+        await raises(sepp.MalformedResponseError, client.enqueue("q", "t", timeout=5))
 
 
+@both_codecs
 async def test_extend_response_without_lease_expires_at_is_malformed() -> None:
     async def no_expiry(call: ServerCall) -> None:
         await call.respond(pb.ExtendResponse(job_id="j1").SerializeToString())
@@ -1183,19 +1192,18 @@ async def test_extend_response_without_lease_expires_at_is_malformed() -> None:
     async with hostile(only("Extend", no_expiry)) as (_, client):
         job = await reserved_job(client)
         before = job.ctx.lease_expires_at
-        exc = await raises(
-            sepp.MalformedResponseError, client.extend(job.ctx, 60, timeout=5), within=5
-        )
+        exc = await raises(sepp.MalformedResponseError, client.extend(job.ctx, 60, timeout=5))
         assert "lease_expires_at" in str(exc)
         assert job.ctx.lease_expires_at == before  # the lease record was not touched
 
 
+@both_codecs
 async def test_server_info_without_server_time_is_malformed() -> None:
     async def no_time(call: ServerCall) -> None:
         await call.respond(pb.GetServerInfoResponse(server_version="x").SerializeToString())
 
     async with hostile(first_call(no_time)) as (_, client):
-        exc = await raises(sepp.MalformedResponseError, client.get_server_info(timeout=5), within=5)
+        exc = await raises(sepp.MalformedResponseError, client.get_server_info(timeout=5))
         assert "server_time" in str(exc)
 
 
@@ -1216,7 +1224,7 @@ async def test_receive_cap_holds_when_the_server_declares_small_and_sends_more(
             await call.send_trailers(0)
 
     async with hostile(first_call(liar), max_receive_message_bytes=1024) as (server, client):
-        exc = await raises(sepp.MalformedResponseError, client.get_server_info(timeout=5), within=2)
+        exc = await raises(sepp.MalformedResponseError, client.get_server_info(timeout=5))
         assert "more data than the length prefix" in str(exc)
         if then == "stall":
             # Refused on the first byte too many, not at the end of the stream.
@@ -1233,7 +1241,7 @@ async def test_receive_cap_holds_when_the_server_declares_a_huge_message(cap: in
         await call.stall()
 
     async with hostile(first_call(liar), max_receive_message_bytes=cap) as (server, client):
-        exc = await raises(sepp.MessageTooLargeError, client.get_server_info(timeout=5), within=2)
+        exc = await raises(sepp.MessageTooLargeError, client.get_server_info(timeout=5))
         assert str(0xFFFFFFFF) in str(exc)
         limit = cap if cap is not None else sepp.DEFAULT_MAX_RECEIVE_MESSAGE_BYTES
         assert str(limit) in str(exc)
@@ -1260,8 +1268,9 @@ async def test_server_that_never_sends_settings_is_a_connect_error_within_connec
             with pytest.raises(sepp.ConnectError) as info:
                 async with open_client(f"{scheme}127.0.0.1:{server.port}", connect_timeout=0.3):
                     raise AssertionError("connected to a server that never sent SETTINGS")
-            assert 0.3 <= trio.current_time() - start < 1.8
+            assert trio.current_time() - start >= 0.3
             assert info.value.reason.startswith(reason)
+            assert "within 0.3s" in info.value.reason  # its connect timeout, no other
             assert info.value.addr == f"127.0.0.1:{server.port}"
             assert not leaked_tasks()
             await server.wait_until(lambda: all(c.closed for c in server.connections))
@@ -1312,11 +1321,10 @@ async def test_http1_server_on_the_port_is_a_connect_error(linger: bool) -> None
     with trio.fail_after(GUARD_S), every_socket_closed():
         async with trio.open_nursery() as nursery:
             port, seen = await _http1_server(nursery, linger=linger)
-            start = trio.current_time()
             with pytest.raises(sepp.ConnectError) as info:
-                async with open_client(f"127.0.0.1:{port}", connect_timeout=5):
+                # Refused on sight: a connect timeout past GUARD_S would fail the test.
+                async with open_client(f"127.0.0.1:{port}", connect_timeout=2 * GUARD_S):
                     raise AssertionError("connected to an HTTP/1.1 server")
-            assert trio.current_time() - start < 1.0  # refused on sight, not by a timeout
             assert info.value.code is sepp.StatusCode.UNAVAILABLE
             if linger:  # the reply itself gave it away, not the closed socket
                 assert "HTTP/2" in info.value.reason and "HTTP/1.1 400" in info.value.reason
@@ -1344,11 +1352,11 @@ async def tls_server(ctx: ssl.SSLContext) -> AsyncIterator[H2Server]:
 
 
 async def _refused_tls(server: H2Server, **options: Any) -> sepp.ConnectError:
-    start = trio.current_time()
+    # Refused by the handshake: a connect timeout past GUARD_S would fail the test.
+    address = f"https://127.0.0.1:{server.port}"
     with pytest.raises(sepp.ConnectError) as info:
-        async with open_client(f"https://127.0.0.1:{server.port}", connect_timeout=3, **options):
+        async with open_client(address, connect_timeout=2 * GUARD_S, **options):
             raise AssertionError("TLS connection accepted")
-    assert trio.current_time() - start < 3
     assert not server.calls  # not one request reached the server
     return info.value
 
@@ -1400,15 +1408,13 @@ async def test_https_address_never_falls_back_to_plaintext() -> None:
     with trio.fail_after(GUARD_S), every_socket_closed():
         async with trio.open_nursery() as nursery:
             server = await H2Server(behave).start(nursery)  # plaintext h2
-            start = trio.current_time()
             with pytest.raises(sepp.ConnectError):
                 async with open_client(
                     f"https://127.0.0.1:{server.port}",
                     tls_ca_cert=ca.cert_pem,
-                    connect_timeout=3,
+                    connect_timeout=2 * GUARD_S,  # refused on sight: a timeout fails the guard
                 ):
                     raise AssertionError("an https:// address connected without TLS")
-            assert trio.current_time() - start < 3
             # The server saw a TLS ClientHello, not an HTTP/2 preface, and no request at all.
             assert not server.calls
             # Turning TLS off for an https:// address is refused before any socket is opened.

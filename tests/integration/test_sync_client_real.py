@@ -25,6 +25,8 @@ import trio
 import sepp
 from sepp.testing import SeppServer
 
+pytestmark = pytest.mark.both_engines
+
 T = TypeVar("T")
 FORK_WAIT_S = 60  # only a bound on a hung child; never part of an assertion
 

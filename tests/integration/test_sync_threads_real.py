@@ -17,6 +17,7 @@ import threading
 from collections import Counter
 from collections.abc import Callable
 
+import pytest
 import trio
 from fixtures.proxy_load import (
     QUEUE,
@@ -31,6 +32,8 @@ from fixtures.tcp_relay import TcpRelay
 
 import sepp
 from sepp.testing import SeppServer
+
+pytestmark = pytest.mark.both_engines
 
 THREADS = 8
 GUARD_S = 120.0  # a hung thread fails the test here; never part of an assertion

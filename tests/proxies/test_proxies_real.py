@@ -35,6 +35,8 @@ from fixtures.proxy_load import (
 import sepp
 from sepp.testing import SeppServer
 
+pytestmark = [pytest.mark.both_engines, pytest.mark.asyncio_too]
+
 TEST_TIMEOUT_S = 120.0
 
 
@@ -135,7 +137,9 @@ async def test_long_poll_through_nginx_survives_goaway_and_is_woken_by_an_enqueu
 
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(long_poll)
-                await trio.sleep(0.5)  # let it park on the server (no job yet either way)
+                # Once it is in flight (its stream open): it parks on the server, no job yet.
+                while not (conn := client._channel._current) or not conn.proto.active_calls:  # noqa: ASYNC110
+                    await trio.sleep(0.01)
                 # 150 more calls on the same client: nginx ends the long-poll's connection
                 # with GOAWAY after its 100th call, and the long-poll must live on.
                 for _ in range(150):

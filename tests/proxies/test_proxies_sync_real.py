@@ -38,6 +38,8 @@ from fixtures.proxy_load_sync import enqueue_one, enqueue_through_sync
 import sepp
 from sepp.testing import SeppServer
 
+pytestmark = pytest.mark.both_engines
+
 TEST_TIMEOUT_S = 150.0  # above fixtures.proxy_load_sync.HUNG_AFTER_S: a hang fails by name
 _WORKER_EXITED = re.compile(r"worker process \d+ exited")
 

@@ -31,7 +31,7 @@ from sepp.wire._status import StatusCode
 from sepp.wire.drivers._base import MAX_TRANSPARENT_ATTEMPTS, Endpoint, RpcError
 from sepp.wire.drivers._blocking import BlockingChannel, _Waiter
 
-pytestmark = pytest.mark.fixture
+pytestmark = [pytest.mark.fixture, pytest.mark.both_engines]
 
 Outcome = bytes | RpcError
 
@@ -628,10 +628,12 @@ async def test_threads_parked_for_a_stream_move_to_the_new_connection_at_once() 
 
 
 async def test_goaway_then_close_before_answering_fails_the_calls_it_kept() -> None:
+    channel: BlockingChannel
+
     async def handler(call: ServerCall) -> None:
         if call.conn.index == 0:
             await call.conn.goaway(call.stream_id)
-            await trio.sleep(0.05)
+            await until(lambda: channel._current is None)  # the client read it and retired it
             await call.conn.close()
         else:
             await echo(call)
@@ -685,9 +687,10 @@ async def test_a_goaway_that_came_while_idle_is_noticed_before_the_next_call(
         assert await call(channel, b"a") == b"echo:a"
         conn = server.connections[0]
         await conn.goaway(1)
+        client_socket = channel._current.sock  # type: ignore[union-attr]
         if then_close:
             await conn.close()
-        await trio.sleep(0.05)  # let the bytes reach the client's socket
+        await trio.lowlevel.wait_readable(client_socket)  # the bytes reached the client's socket
         # The fixture's h2 would take a new stream after its raw GOAWAY: the client must not
         # send one. Closed, the call would fail on the dead socket.
         assert await call(channel, b"b") == b"echo:b"
@@ -699,8 +702,9 @@ async def test_a_connection_the_server_closed_while_idle_is_not_used() -> None:
     async with serving(echo) as (server, channel):
         assert await call(channel, b"a") == b"echo:a"
         conn = server.connections[0]
+        client_socket = channel._current.sock  # type: ignore[union-attr]
         await conn.close()
-        await trio.sleep(0.05)  # let the FIN reach the client's socket
+        await trio.lowlevel.wait_readable(client_socket)  # the FIN reached the client's socket
         assert await call(channel, b"b") == b"echo:b"
         assert [(c.conn.index, c.message) for c in server.calls] == [(0, b"a"), (1, b"b")]
 

@@ -55,6 +55,8 @@ from sepp.wire._failure import FailureKind
 from sepp.wire._framing import encode_message
 from sepp.wire._status import StatusCode
 
+pytestmark = pytest.mark.both_engines
+
 SC = h2.settings.SettingCodes
 OK_HEADERS = [(b":status", b"200"), (b"content-type", b"application/grpc")]
 

@@ -26,6 +26,8 @@ from sepp.wire._failure import FailureKind
 from sepp.wire._framing import encode_message
 from sepp.wire._status import StatusCode
 
+pytestmark = pytest.mark.both_engines
+
 _FRAME = struct.Struct(">HBBBL")
 PING, SETTINGS, HEADERS, CONTINUATION, DATA = 0x6, 0x4, 0x1, 0x9, 0x0
 END_STREAM, END_HEADERS = 0x1, 0x4

@@ -14,13 +14,14 @@ import pytest
 import trio
 from fixtures.h2_server import H2Server, ServerCall, frame_message
 from h2.errors import ErrorCodes
+from trio.testing import wait_all_tasks_blocked
 
 from sepp.wire._constants import MAX_QUEUED_CONTROL_REPLY_BYTES
 from sepp.wire._failure import FailureKind
 from sepp.wire._status import StatusCode
 from sepp.wire.drivers._trio import Channel, Endpoint, RpcError
 
-pytestmark = pytest.mark.fixture
+pytestmark = [pytest.mark.fixture, pytest.mark.both_engines]
 
 GUARD_S = 10.0  # no test may take longer than this
 
@@ -71,7 +72,9 @@ def timeout_seconds(value: bytes | None) -> float:
 
 async def test_64_concurrent_calls_share_one_connection() -> None:
     async def handler(call: ServerCall) -> None:
-        await trio.sleep(0.01 * (call.index % 5))
+        # Answered once another call is in too: they overlap, whatever the machine's speed.
+        server = call.conn.server
+        await server.wait_until(lambda: server.active > 1 or len(server.calls) == 64)
         await call.respond(call.message[::-1])
 
     async with serving(handler) as (server, channel):
@@ -97,7 +100,10 @@ async def test_64_concurrent_calls_share_one_connection() -> None:
 
 async def test_max_concurrent_streams_queues_excess_calls() -> None:
     async def handler(call: ServerCall) -> None:
-        await trio.sleep(0.05)
+        # Held until both streams the limit allows are open (or the last call is in): the
+        # client fills the limit, however fast the calls are answered.
+        server = call.conn.server
+        await server.wait_until(lambda: server.active >= 2 or len(server.calls) == 10)
         await call.respond(b"ok")
 
     # The late SETTINGS makes the limit unknown while the calls queue up: the client must not
@@ -178,7 +184,7 @@ async def test_call_timeout_raises_deadline_exceeded_when_the_server_stalls() ->
             StatusCode.DEADLINE_EXCEEDED,
             FailureKind.DEADLINE,
         )
-        assert 0.3 <= elapsed < 2.5  # generous: shared CI machines
+        assert elapsed >= 0.3  # the stall ended by the timeout (DEADLINE), not a hang guard
         sent = timeout_seconds(server.calls[0].header(b"grpc-timeout"))
         assert start + 0.3 - seen_at[0] <= sent <= 0.3 + 1e-6
         await server.wait_until(lambda: (0, 1) in server.resets)
@@ -197,15 +203,15 @@ async def test_stall_mid_response_with_a_deadline_ends_in_time() -> None:
         start = trio.current_time()
         with pytest.raises(RpcError) as info:
             await channel.call("Ack", b"x", timeout=0.25)
-        assert info.value.code is StatusCode.DEADLINE_EXCEEDED
-        assert trio.current_time() - start < 2.0
+        assert info.value.code is StatusCode.DEADLINE_EXCEEDED  # not the GUARD_S hang guard
+        assert trio.current_time() - start >= 0.25
 
 
 async def test_without_a_timeout_the_enclosing_deadline_is_sent() -> None:
     async with serving(echo) as (server, channel):
         assert await channel.call("Ack", b"x", timeout=None) == b"echo:x"
         # serving() runs under a GUARD_S deadline: that is what bounds this call.
-        assert 0.5 * GUARD_S < timeout_seconds(server.calls[0].header(b"grpc-timeout")) <= GUARD_S
+        assert 0 < timeout_seconds(server.calls[0].header(b"grpc-timeout")) <= GUARD_S
 
 
 # -- broken connections and reconnects ------------------------------------------------------------
@@ -302,8 +308,8 @@ async def test_server_that_never_sends_settings_is_a_connect_error() -> None:
         with pytest.raises(RpcError) as info:
             await channel.call("Ack", b"x", timeout=5)
         assert (info.value.code, info.value.kind) == (StatusCode.UNAVAILABLE, FailureKind.CONNECT)
-        assert "SETTINGS" in info.value.details
-        assert trio.current_time() - start < 3.0
+        assert "SETTINGS" in info.value.details  # its connect timeout, not the call's (DEADLINE)
+        assert trio.current_time() - start >= 0.3
         assert channel.connections_opened == 0
         # The half-open connection was closed, not leaked.
         await server.wait_until(lambda: all(c.closed for c in server.connections))
@@ -385,7 +391,7 @@ async def test_goaway_while_idle_then_close_reconnects_quietly() -> None:
         await conn.goaway(1)
         await conn.close()
         await server.wait_until(lambda: conn.closed)
-        await trio.sleep(0.05)
+        await wait_all_tasks_blocked()  # the client has read the GOAWAY and the close
         assert await channel.call("Ack", b"b", timeout=5) == b"echo:b"
         assert channel.connections_opened == 2
 
@@ -394,7 +400,7 @@ async def test_goaway_then_close_before_answering_fails_the_survivors() -> None:
     async def handler(call: ServerCall) -> None:
         if call.conn.index == 0:
             await call.conn.goaway(call.stream_id)
-            await trio.sleep(0.05)
+            await wait_all_tasks_blocked()  # the client has read the GOAWAY
             await call.conn.close()
         else:
             await echo(call)
@@ -429,8 +435,8 @@ async def test_keepalive_timeout_kills_a_silent_connection() -> None:
             StatusCode.UNAVAILABLE,
             FailureKind.CONNECTION,
         )
-        assert "keepalive" in info.value.details
-        assert trio.current_time() - start < 3.0
+        assert "keepalive" in info.value.details  # not the call's timeout (DEADLINE)
+        assert trio.current_time() - start >= 0.2  # at least the keepalive timeout
         assert await channel.call("Ack", b"y", timeout=5) == b"echo:y"
         assert channel.connections_opened == 2
         server.connections[0].resume_reading()

@@ -26,6 +26,8 @@ from sepp._util.log import Log
 from sepp._worker import lease_keeper
 from sepp._worker.held_job import HeldJob, Phase
 
+pytestmark = pytest.mark.fixture  # a scripted FakeClient
+
 
 def make_worker(fake: FakeClient, **options: Any) -> sepp.Worker:
     options.setdefault("queues", ["q"])

@@ -70,8 +70,10 @@ def lifespan_call(lifespan: object) -> LifespanCall:
             f"the lifespan {name!r} is an async function, not a callable returning an async"
             " context manager: decorate it with @contextlib.asynccontextmanager"
         )
-    try:
-        signature = inspect.signature(lifespan)
+    from .typed_handler import unevaluated_signature
+
+    try:  # only its parameters matter: its annotations may not resolve yet (PEP 649)
+        signature = unevaluated_signature(lifespan)
     except (TypeError, ValueError):  # a builtin without a signature: trusted to take the Worker
         return lifespan
     try:

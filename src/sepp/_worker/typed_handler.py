@@ -6,6 +6,7 @@ PoisonPayload: a HandlerError that dead-letters the job (or retries it, if so co
 from __future__ import annotations
 
 import inspect
+import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -24,14 +25,27 @@ class PoisonPayload(HandlerError):
 
 
 def _signature(fn: Callable[..., Any]) -> tuple[inspect.Signature | None, Exception | None]:
-    """`fn`'s signature, with string annotations evaluated if they can be (else left as
+    """`fn`'s signature, with its annotations evaluated if they can be (else left as
     strings, and the error that stopped them)."""
     try:
         return inspect.signature(fn, eval_str=True), None
     except (TypeError, ValueError):
         return None, None  # a builtin or C callable without a signature: trusted
     except Exception as exc:  # NameError: a name imported only under TYPE_CHECKING, ...
-        return inspect.signature(fn), exc
+        return unevaluated_signature(fn), exc
+
+
+def unevaluated_signature(fn: Callable[..., Any]) -> inspect.Signature:
+    """`fn`'s signature without evaluating its annotations: those written as code come back
+    as their source text. Before 3.14 annotations are evaluated when `fn` is defined (or are
+    strings already); from 3.14 (PEP 649) they are evaluated on request, so a name imported
+    only under TYPE_CHECKING, or a class defined after a decorator ran, raises NameError
+    unless asked for as strings."""
+    if sys.version_info >= (3, 14):
+        from annotationlib import Format
+
+        return inspect.signature(fn, annotation_format=Format.STRING)
+    return inspect.signature(fn)
 
 
 def _first_parameter(fn: Callable[..., Any], where: str) -> tuple[inspect.Parameter | None, str]:
