@@ -98,6 +98,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("sepp._payloads",),
     ("sepp._worker",),
     ("sepp._scheduling",),
+    ("sepp._outbox",),
 )
 TOP = ("sepp", "sepp.__main__", "sepp._cli", "sepp.testing")
 # Inside `wire`: the two engines never import each other, and only drivers import drivers.
