@@ -46,6 +46,7 @@ class Outbox:
 
     @property
     def table(self) -> str:
+        """The table's name."""
         return self._table
 
     def __repr__(self) -> str:

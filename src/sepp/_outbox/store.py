@@ -58,7 +58,7 @@ class Store:
     def backlog(self) -> Backlog:
         raise NotImplementedError
 
-    def _connection(self) -> Any:
+    def connection(self) -> Any:
         raise NotImplementedError
 
     def _begin(self, connection: Any) -> None:
@@ -83,7 +83,7 @@ class Store:
         """In one transaction: delete `done` (the server has them), mark `rejected` with their
         reasons, and give `released` back (this relay's claim only)."""
         p, t = self.placeholder, self.table
-        connection = self._connection()
+        connection = self.connection()
         self._begin(connection)
         try:
             cursor = connection.cursor()
@@ -111,7 +111,7 @@ class Store:
 
     def requeue_rejected(self) -> int:
         """Make every rejected row pending again (after fixing what the server refused)."""
-        connection = self._connection()
+        connection = self.connection()
         self._begin(connection)
         try:
             cursor = connection.cursor()
@@ -138,7 +138,7 @@ class SqliteStore(Store):
         self._busy_timeout_s = busy_timeout_s
         self._conn: Any = None
 
-    def _connection(self) -> Any:
+    def connection(self) -> Any:
         if self._conn is None:
             import sqlite3
 
@@ -158,7 +158,7 @@ class SqliteStore(Store):
     def claim(self, limit: int, claim_s: float) -> Claim:
         token = str(uuid.uuid4())
         t = self.table
-        connection = self._connection()
+        connection = self.connection()
         self._begin(connection)
         try:
             now = time.time()
@@ -179,7 +179,7 @@ class SqliteStore(Store):
 
     def backlog(self) -> Backlog:
         row = (
-            self._connection()
+            self.connection()
             .execute(
                 "SELECT COUNT(*) FILTER (WHERE state = 'pending'),"
                 " MIN(created_at) FILTER (WHERE state = 'pending'),"
@@ -222,7 +222,7 @@ class PostgresStore(Store):
             ) from None
         return psycopg
 
-    def _connection(self) -> Any:
+    def connection(self) -> Any:
         if self._conn is None or self._conn.closed:
             self._conn = self._psycopg().connect(self.url)
         return self._conn
@@ -233,7 +233,7 @@ class PostgresStore(Store):
     def claim(self, limit: int, claim_s: float) -> Claim:
         token = str(uuid.uuid4())
         t = self.table
-        connection = self._connection()
+        connection = self.connection()
         try:
             rows = connection.execute(
                 f"UPDATE {t} SET claimed_by = %s, claimed_until = now() + make_interval(secs =>"
@@ -250,7 +250,7 @@ class PostgresStore(Store):
         return Claim(token, [OutboxRow(row[0], tuple(row[1:])) for row in rows])
 
     def backlog(self) -> Backlog:
-        connection = self._connection()
+        connection = self.connection()
         try:
             row = connection.execute(
                 "SELECT COUNT(*) FILTER (WHERE state = 'pending'),"
