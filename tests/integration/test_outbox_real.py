@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import threading
+import urllib.request
 
 import pytest
 import trio
@@ -126,6 +127,11 @@ async def test_two_relays_on_one_table_never_send_a_row_twice(
     assert all(r.counters.relayed > 0 for r in relays)
 
 
+def scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as response:
+        return response.read().decode()
+
+
 async def test_the_relay_wakes_for_new_rows_and_reports_its_backlog(
     database: str, sepp_server: SeppServer
 ) -> None:
@@ -138,12 +144,15 @@ async def test_the_relay_wakes_for_new_rows_and_reports_its_backlog(
         await sepp_server.stop()
         add_orders(database, ["stuck-1", "stuck-2"])
         await until(lambda: relay.backlog.waiting == 2)
-        text = relay.prometheus_text()
+        port = await nursery.start(relay.serve_metrics, 0)
+        text = await trio.to_thread.run_sync(scrape, port)
         assert 'sepp_outbox_waiting{table="sepp_outbox"} 2' in text
         assert 'sepp_outbox_relayed_total{table="sepp_outbox"} 3' in text
+        assert 'sepp_outbox_failures_in_a_row{table="sepp_outbox"} 0' not in text
         await sepp_server.start()
         await drain_when_empty(database)
         relay.shutdown()
+        nursery.cancel_scope.cancel()  # the metrics server
     assert relay.counters.relayed == 5
 
 

@@ -146,7 +146,7 @@ class OutboxRelay:
                     await self._relay_batch(client, claim)
                 delay = self._policy.backoff_s()
                 idle = claim is not None and not claim.rows
-                if idle:
+                if idle or delay:  # counted when it waits, never between batches
                     backlog = await self._db_call(self._store.backlog)
                     self._note_backlog(backlog)
                 if self._stopping or not (delay or idle):
@@ -203,7 +203,7 @@ class OutboxRelay:
                     self._db_call_sync(self._settle, claim, settlement)
                 delay = self._policy.backoff_s()
                 idle = claim is not None and not claim.rows
-                if idle:
+                if idle or delay:
                     self._note_backlog(self._db_call_sync(self._store.backlog))
                 if self._stopping or not (delay or idle):
                     continue
