@@ -298,3 +298,18 @@ def test_sqlite_claims_are_exclusive_until_they_expire(db: sqlite3.Connection) -
     db.execute("UPDATE sepp_outbox SET claimed_until = 0")
     db.commit()
     assert [r.id for r in a.claim(10, 60.0).rows] == [2, 3, 4, 5]
+
+
+def test_the_commands_refuse_bad_arguments_before_touching_anything(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from sepp._cli import main
+
+    assert main(["outbox", "status"]) == 2  # no --database
+    assert main(["outbox", "relay", "--database", "mysql://db/x"]) == 2
+    assert (
+        main(["outbox", "init", "--database", f"sqlite:///{tmp_path}/a.db", "--table", "a b"]) == 2
+    )
+    assert not (tmp_path / "a.db").exists()
+    assert main(["outbox", "init", "--print", "sqlite"]) == 0
+    assert "CREATE TABLE IF NOT EXISTS sepp_outbox" in capsys.readouterr().out
