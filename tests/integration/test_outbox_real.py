@@ -37,6 +37,22 @@ def sepp_server_config() -> dict[str, object]:
     return config
 
 
+class Recording:
+    """A client that notes what the relay sends, in order."""
+
+    def __init__(self, client: sepp.Client) -> None:
+        self.client = client
+        self.sent: list[str] = []
+        self.sizes: list[int] = []
+
+    async def enqueue_batch(
+        self, jobs: list[sepp.EnqueueRequest], *, timeout: float | None = None
+    ) -> list[sepp.EnqueueAck | sepp.JobRejection]:
+        self.sent += [job.payload.json()["item"] for job in jobs if job.payload]
+        self.sizes.append(len(jobs))
+        return await self.client.enqueue_batch(jobs, timeout=timeout)
+
+
 async def test_rolled_back_jobs_never_leave_and_committed_ones_arrive_oldest_first(
     database: str, sepp_server: SeppServer
 ) -> None:
@@ -48,11 +64,14 @@ async def test_rolled_back_jobs_never_leave_and_committed_ones_arrive_oldest_fir
     add_orders(database, items)
     relay = sepp.OutboxRelay(database, batch_size=40)
     async with sepp.open(sepp_server.address) as client, trio.open_nursery() as nursery:
-        await nursery.start(relay.run, client)
+        recording = Recording(client)
+        await nursery.start(relay.run, recording)
         await drain_when_empty(database)
         relay.shutdown()
+    assert recording.sent == items  # oldest first
+    assert max(recording.sizes) == 40
     jobs = await consume_all(sepp_server.address, ["orders"], len(items))
-    assert [job.payload.json()["item"] for job in jobs if job.payload] == items  # oldest first
+    assert sorted(once_each(jobs).elements()) == items
     assert relay.counters.relayed == len(items)
     assert relay.counters.deduplicated == 0
     assert rows_left(database) == (0, 0)
@@ -156,7 +175,7 @@ async def test_the_relay_wakes_for_new_rows_and_reports_its_backlog(
     assert relay.counters.relayed == 5
 
 
-def test_the_relay_runs_in_a_thread_with_a_sync_client(
+async def test_the_relay_runs_in_a_thread_with_a_sync_client(
     database: str, sepp_server: SeppServer
 ) -> None:
     items = [f"t{i}" for i in range(50)]
@@ -166,15 +185,16 @@ def test_the_relay_runs_in_a_thread_with_a_sync_client(
         thread = threading.Thread(target=relay.run_sync, args=(client,))
         thread.start()
         try:
-            trio.run(drain_when_empty, database)
+            await drain_when_empty(database)
         finally:
             relay.shutdown()
-            thread.join()
-    jobs = trio.run(consume_all, sepp_server.address, ["orders"], len(items))
+            await trio.to_thread.run_sync(thread.join)
+    assert relay.counters.relayed == len(items)
+    jobs = await consume_all(sepp_server.address, ["orders"], len(items))
     assert sorted(once_each(jobs).elements()) == sorted(items)
 
 
-def test_the_relay_runs_under_asyncio(database: str, sepp_server: SeppServer) -> None:
+async def test_the_relay_runs_under_asyncio(database: str, sepp_server: SeppServer) -> None:
     import asyncio
 
     import anyio
@@ -190,6 +210,7 @@ def test_the_relay_runs_under_asyncio(database: str, sepp_server: SeppServer) ->
                 await asyncio.sleep(0.05)
             relay.shutdown()
 
-    asyncio.run(main())
-    jobs = trio.run(consume_all, sepp_server.address, ["orders"], len(items))
+    await trio.to_thread.run_sync(asyncio.run, main())
+    assert relay.counters.relayed == len(items)
+    jobs = await consume_all(sepp_server.address, ["orders"], len(items))
     assert sorted(once_each(jobs).elements()) == sorted(items)
