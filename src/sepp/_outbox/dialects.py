@@ -111,7 +111,7 @@ def dialect_of_module(module: str) -> str | None:
     root = module.split(".")[0]
     if root == "sqlite3":
         return SQLITE
-    if root in ("psycopg", "psycopg2"):
+    if root == "psycopg":
         return POSTGRESQL
     return None
 

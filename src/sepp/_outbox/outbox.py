@@ -27,7 +27,7 @@ class Outbox:
 
     `add()` writes a job into the table `table` in the transaction of the connection you give
     it, so the job exists if and only if your transaction commits. Connections: sqlite3,
-    psycopg (3) and psycopg2 ones or their cursors, and Django's `django.db.connection`.
+    psycopg (3) ones or their cursors, and Django's `django.db.connection`.
 
     `limits`: a `ServerInfo` (from `client.get_server_info()`) to check jobs against the
     server's advertised limits as well, as `enqueue` does when connected; without it `add()`
@@ -157,7 +157,7 @@ def _writer(connection: Any) -> tuple[str, str, Execute]:
     if dialect is None:
         raise ValidationError(
             "connection",
-            "must be a DB-API connection or cursor of sqlite3, psycopg or psycopg2, or"
+            "must be a DB-API connection or cursor of sqlite3 or psycopg (3), or"
             f" Django's django.db.connection; got {type(connection).__module__}."
             f"{type(connection).__qualname__}",
         )
