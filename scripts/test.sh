@@ -34,6 +34,9 @@ export SEPPY_PYTHON
 echo "==> nginx and HAProxy (tests/proxies; installed from the OS packages when root)"
 bash scripts/ensure-proxies.sh || echo "nginx or HAProxy unavailable: the proxy tests will fail, saying how to get them"
 
+echo "==> PostgreSQL (the outbox tests; installed from the OS packages when root)"
+bash scripts/ensure-postgres.sh || echo "PostgreSQL unavailable: the outbox tests will fail, saying how to get it"
+
 echo "==> generated code is up to date"
 bash scripts/check-gen.sh
 

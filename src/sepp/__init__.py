@@ -17,6 +17,8 @@ The package is built in layers, each a folder that imports only the layers below
 - `_payloads/`: payload codecs and typed tasks;
 - `_worker/` (`Worker`, `Router`, handlers, middleware, lease keeping, the monitor) and
   `_scheduling/` (`Schedule` and `Scheduler`), which never import each other;
+- `_outbox/`: `Outbox` (jobs written in the application's database transaction) and
+  `OutboxRelay` (forwards them);
 - `_cli/` (the `sepp-trio` command) and `testing/` (public: a real server for tests) on top.
 
 The public API is the table below, and nothing else: every name in it presents as `sepp.X`.
@@ -110,6 +112,8 @@ _PUBLIC: dict[str, tuple[str, bool]] = {
     "ShutdownHandle": ("_runtime.shutdown_handle", LAZY),
     "HandlerError": ("_model.settlement", LAZY),
     "Worker": ("_worker.worker", LAZY),
+    "Outbox": ("_outbox.outbox", LAZY),
+    "OutboxRelay": ("_outbox.relay", LAZY),
 }
 
 if TYPE_CHECKING:
@@ -170,6 +174,8 @@ if TYPE_CHECKING:
     from ._model.types import Retry as Retry
     from ._model.types import ServerInfo as ServerInfo
     from ._model.types import TraceContext as TraceContext
+    from ._outbox.outbox import Outbox as Outbox
+    from ._outbox.relay import OutboxRelay as OutboxRelay
     from ._payloads.codecs import JsonCodec as JsonCodec
     from ._payloads.codecs import MsgspecCodec as MsgspecCodec
     from ._payloads.codecs import PayloadCodec as PayloadCodec

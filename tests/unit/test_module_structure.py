@@ -99,6 +99,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("sepp._client",),
     ("sepp._payloads",),
     ("sepp._worker", "sepp._scheduling"),
+    ("sepp._outbox",),
 )
 TOP = ("sepp", "sepp.__main__", "sepp._cli", "sepp.testing")
 # Within a layer, packages that never import each other: the two engines inside `wire` (and

@@ -217,10 +217,10 @@ _THREADS: anyio.lowlevel.RunVar[anyio.CapacityLimiter] = anyio.lowlevel.RunVar(
 )
 
 
-async def run_sync_in_thread(fn: Callable[..., T], *args: object) -> T:
+async def run_sync_in_thread(fn: Callable[..., T], *args: object, abandon: bool = True) -> T:
     try:
         limiter = _THREADS.get()
     except LookupError:
         limiter = anyio.CapacityLimiter(math.inf)
         _THREADS.set(limiter)
-    return await anyio.to_thread.run_sync(fn, *args, abandon_on_cancel=True, limiter=limiter)
+    return await anyio.to_thread.run_sync(fn, *args, abandon_on_cancel=abandon, limiter=limiter)

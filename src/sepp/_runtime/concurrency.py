@@ -174,14 +174,18 @@ def _running_loop() -> asyncio.AbstractEventLoop | None:
 _THREADS: trio.lowlevel.RunVar[trio.CapacityLimiter] = trio.lowlevel.RunVar("sepp_handler_threads")
 
 
-async def run_sync_in_thread(fn: Callable[..., T], *args: object) -> T:
-    """`fn(*args)` in a worker thread; a cancellation returns at once and abandons the thread.
-    On asyncio the thread is anyio's, never the loop's default executor."""
+async def run_sync_in_thread(fn: Callable[..., T], *args: object, abandon: bool = True) -> T:
+    """`fn(*args)` in a worker thread; a cancellation returns at once and abandons the thread
+    (`abandon=False`: waits for `fn` to return, for work never to be left half done, such as
+    the outbox relay's database transactions). On asyncio the thread is anyio's, never the
+    loop's default executor."""
     if sniffio.current_async_library() == "trio":
-        return await trio.to_thread.run_sync(fn, *args, abandon_on_cancel=True, limiter=_limiter())
+        return await trio.to_thread.run_sync(
+            fn, *args, abandon_on_cancel=abandon, limiter=_limiter()
+        )
     from . import anyio_concurrency
 
-    return await anyio_concurrency.run_sync_in_thread(fn, *args)
+    return await anyio_concurrency.run_sync_in_thread(fn, *args, abandon=abandon)
 
 
 def _limiter() -> trio.CapacityLimiter:

@@ -1,0 +1,308 @@
+"""`OutboxRelay`: forwards an outbox's rows to the server, claim -> send -> settle, as a task
+(trio or asyncio; the blocking database calls run in a thread) or in a thread of its own
+(with a `SyncClient`). The decisions are `policy`'s; the SQL is `store`'s."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+from .._model import validate as v
+from .._model.errors import SeppError, ValidationError
+from .._model.rejections import JobRejection
+from .._model.types import EnqueueAck, EnqueueRequest
+from .._runtime import concurrency
+from .._runtime.concurrency import TASK_STATUS_IGNORED, RunHandle, TaskStatus
+from . import metrics
+from .outbox import Outbox
+from .policy import Counters, RelayPolicy, Settlement
+from .store import Backlog, Claim, Store, open_store
+
+if TYPE_CHECKING:
+    from .._client.sync import SyncClient
+    from .._runtime.protocol import CancelScope
+
+T = TypeVar("T")
+_log = logging.getLogger("sepp.outbox")
+
+LOG_EVERY_S = 60.0  # the status line's period while there is something to say
+LISTEN_WAIT_S = 1.0  # PostgreSQL: the longest wait on a notification (shutdown looks between)
+
+
+class _AsyncClient(Protocol):
+    async def enqueue_batch(
+        self, jobs: list[EnqueueRequest], *, timeout: float | None = None
+    ) -> list[EnqueueAck | JobRejection]: ...
+
+
+class OutboxRelay:
+    """Forwards the jobs of an `Outbox` table to the server, oldest first, in batches.
+
+    `database`: `sqlite:///path/to.db` (`sqlite:////abs/path.db`) or `postgresql://...`.
+    Run it with `await relay.run(client)` in a nursery or task group (trio, asyncio), or
+    `relay.run_sync(sync_client)` in a thread; `shutdown()` stops it after the batch in hand.
+
+    A row is deleted only once the server accepted it or already had it (its idempotency
+    key); a job the server rejects stays as a 'rejected' row with the reason; a full queue's
+    jobs and every job of a batch the server did not answer are tried again, with backoff.
+    Several relays may share a table: each claims the rows it sends for `claim_timeout`
+    seconds (a send gives up after half of it). New rows wake it through PostgreSQL's
+    LISTEN/NOTIFY; on sqlite3 it looks every `poll_interval` seconds.
+    """
+
+    def __init__(
+        self,
+        database: str,
+        *,
+        outbox: Outbox | None = None,
+        batch_size: int = 100,
+        poll_interval: float | timedelta = 0.25,
+        claim_timeout: float | timedelta = 60.0,
+        logger: logging.Logger | logging.LoggerAdapter[Any] | None = None,
+    ) -> None:
+        self._outbox = outbox if outbox is not None else Outbox()
+        if not isinstance(self._outbox, Outbox):
+            raise ValidationError("outbox", "must be a sepp.Outbox")
+        self._database = database
+        self._store: Store = open_store(database, self._outbox.table, self._outbox.channel)
+        self._batch_size = v.whole_number("batch_size", batch_size, low=1, high=10_000)
+        self._poll_s = v.seconds("poll_interval", poll_interval)
+        self._claim_s = v.seconds("claim_timeout", claim_timeout)
+        if self._claim_s < 2.0:
+            raise ValidationError("claim_timeout", f"must be at least 2s, got {self._claim_s:g}s")
+        self._log = logger if logger is not None else _log
+        self._policy = RelayPolicy(self._batch_size)
+        self._backlog = Backlog(0, 0.0, 0)
+        self._backlog_known = False
+        self._stopping = False
+        self._running = False
+        self._wake = threading.Event()  # run_sync's idle waits
+        self._idle_scope: CancelScope | None = None  # run's idle wait
+        self._handle = RunHandle()
+        self._last_log = 0.0
+        self._logged: tuple[int, ...] = ()
+
+    def __repr__(self) -> str:
+        return f"<sepp.OutboxRelay {self._outbox.table} in {self._store.dialect}>"
+
+    # -- state --------------------------------------------------------------------------------
+
+    @property
+    def counters(self) -> Counters:
+        """What this relay did: relayed, deduplicated, rejected, send and database failures."""
+        return self._policy.counters
+
+    @property
+    def backlog(self) -> Backlog:
+        """The table's rows waiting and rejected and the oldest waiting row's age, as last
+        counted (after each idle look, at most every poll)."""
+        return self._backlog
+
+    def prometheus_text(self) -> str:
+        """The relay's metrics in the Prometheus text format."""
+        return metrics.render(self._outbox.table, self._policy, self._backlog)
+
+    async def serve_metrics(
+        self,
+        port: int,
+        *,
+        host: str | None = None,
+        task_status: TaskStatus[int] = TASK_STATUS_IGNORED,
+    ) -> None:
+        """Serve `/metrics` over HTTP on `host:port` until cancelled; `nursery.start()`
+        returns the bound port."""
+        await metrics.serve(self.prometheus_text, port, host=host, task_status=task_status)
+
+    def shutdown(self) -> None:
+        """Stop after the batch in hand (from any thread, or a signal handler)."""
+        self._stopping = True
+        self._wake.set()
+        self._handle.call(self._cancel_idle, from_task=True)
+
+    def _cancel_idle(self) -> None:
+        if self._idle_scope is not None:
+            self._idle_scope.cancel()
+
+    # -- as a task ----------------------------------------------------------------------------
+
+    async def run(
+        self, client: _AsyncClient, *, task_status: TaskStatus[None] = TASK_STATUS_IGNORED
+    ) -> None:
+        """Relay until `shutdown()` (or cancelled). `client`: a connected `sepp.Client`."""
+        self._start()
+        cc = concurrency.current()
+        self._handle.enter()
+        try:
+            task_status.started()
+            while not self._stopping:
+                claim = await self._db_call(
+                    self._store.claim, self._policy.claim_limit(), self._claim_s
+                )
+                if claim is not None and claim.rows:
+                    await self._relay_batch(client, claim)
+                delay = self._policy.backoff_s()
+                idle = claim is not None and not claim.rows
+                if idle or delay:  # counted when it waits, never between batches
+                    backlog = await self._db_call(self._store.backlog)
+                    self._note_backlog(backlog)
+                if self._stopping or not (delay or idle):
+                    continue
+                scope = cc.cancel_scope()
+                self._idle_scope = scope
+                with scope:
+                    if delay or not self._store.listens:
+                        await cc.sleep(delay or self._poll_s)
+                    else:
+                        await _in_thread(self._store.wait, LISTEN_WAIT_S)
+                self._idle_scope = None
+        finally:
+            self._handle.leave()
+            self._stop()
+
+    async def _relay_batch(self, client: _AsyncClient, claim: Claim) -> None:
+        rows, requests, settlement = self._policy.jobs(claim.rows)
+        if requests:
+            try:
+                results = await client.enqueue_batch(requests, timeout=self._claim_s / 2)
+            except SeppError as exc:
+                self._send_failed(rows, exc, settlement)
+            else:
+                self._policy.answered(rows, results, settlement)
+        await self._db_call(self._settle, claim, settlement)
+
+    async def _db_call(self, fn: Callable[..., T], *args: object) -> T | None:
+        try:
+            return await _in_thread(fn, *args)
+        except Exception as exc:  # the database is down or locked: back off, reconnect
+            self._db_failed(exc)
+            return None
+
+    # -- in a thread --------------------------------------------------------------------------
+
+    def run_sync(self, client: SyncClient) -> None:
+        """Relay in the calling thread until `shutdown()`. `client`: a `sepp.SyncClient`."""
+        self._start()
+        try:
+            while not self._stopping:
+                claim = self._db_call_sync(
+                    self._store.claim, self._policy.claim_limit(), self._claim_s
+                )
+                if claim is not None and claim.rows:
+                    rows, requests, settlement = self._policy.jobs(claim.rows)
+                    if requests:
+                        try:
+                            results = client.enqueue_batch(requests, timeout=self._claim_s / 2)
+                        except SeppError as exc:
+                            self._send_failed(rows, exc, settlement)
+                        else:
+                            self._policy.answered(rows, results, settlement)
+                    self._db_call_sync(self._settle, claim, settlement)
+                delay = self._policy.backoff_s()
+                idle = claim is not None and not claim.rows
+                if idle or delay:
+                    self._note_backlog(self._db_call_sync(self._store.backlog))
+                if self._stopping or not (delay or idle):
+                    continue
+                if delay or not self._store.listens:
+                    self._wake.wait(delay or self._poll_s)
+                else:
+                    self._db_call_sync(self._store.wait, LISTEN_WAIT_S)
+        finally:
+            self._stop()
+
+    def _db_call_sync(self, fn: Callable[..., T], *args: object) -> T | None:
+        try:
+            return fn(*args)
+        except Exception as exc:
+            self._db_failed(exc)
+            return None
+
+    # -- shared -------------------------------------------------------------------------------
+
+    def _start(self) -> None:
+        if self._running:
+            raise SeppError("this OutboxRelay is already running")
+        self._running = True
+        self._stopping = False
+        self._wake.clear()
+        self._log.info(
+            "outbox relay started: table %s in %s, batches of %d",
+            self._outbox.table,
+            self._store.dialect,
+            self._batch_size,
+        )
+
+    def _stop(self) -> None:
+        self._store.close()
+        self._running = False
+        c = self._policy.counters
+        self._log.info(
+            "outbox relay stopped: relayed %d, deduplicated %d, rejected %d",
+            c.relayed,
+            c.deduplicated,
+            c.rejected,
+        )
+
+    def _settle(self, claim: Claim, settlement: Settlement) -> None:
+        self._store.settle(claim.token, settlement.done, settlement.rejected, settlement.released)
+        for row_id, reason in settlement.rejected:
+            self._log.warning("outbox row %d rejected: %s", row_id, reason)
+        self._log.debug(
+            "outbox batch: %d done, %d rejected, %d to retry",
+            len(settlement.done),
+            len(settlement.rejected),
+            len(settlement.released),
+        )
+
+    def _send_failed(self, rows: list[Any], exc: SeppError, settlement: Settlement) -> None:
+        self._policy.send_failed(rows, exc, settlement)
+        failures = self._policy.failures_in_a_row
+        self._log.warning(
+            "outbox relay: server did not take %d jobs (%s; failure %d in a row); retrying",
+            len(rows),
+            exc,
+            failures,
+        )
+
+    def _db_failed(self, exc: Exception) -> None:
+        self._policy.db_failed()
+        self._log.warning(
+            "outbox relay: database call failed (%s: %s; failure %d in a row)",
+            type(exc).__name__,
+            exc,
+            self._policy.failures_in_a_row,
+        )
+        try:
+            self._store.close()  # reconnect on the next call
+        except Exception:
+            pass
+
+    def _note_backlog(self, backlog: Backlog | None) -> None:
+        if backlog is None:
+            return
+        self._backlog = backlog
+        c = self._policy.counters
+        state = (backlog.waiting, backlog.rejected, c.relayed, c.deduplicated, c.rejected)
+        now = time.monotonic()
+        if (state != self._logged and now - self._last_log >= LOG_EVERY_S) or not self._logged:
+            self._last_log, self._logged = now, state
+            self._log.info(
+                "outbox: %d waiting (oldest %.1fs), %d rejected in the table; relayed %d,"
+                " deduplicated %d, rejected %d",
+                backlog.waiting,
+                backlog.oldest_age_s,
+                backlog.rejected,
+                c.relayed,
+                c.deduplicated,
+                c.rejected,
+            )
+
+
+async def _in_thread(fn: Callable[..., T], *args: object) -> T:
+    """A blocking database call in a worker thread, waited for even when cancelled (a
+    transaction is never left half done in an abandoned thread)."""
+    return await concurrency.run_sync_in_thread(fn, *args, abandon=False)
