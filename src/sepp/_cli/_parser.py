@@ -11,6 +11,7 @@ from . import (
     _enqueue,
     _enqueue_file,
     _info,
+    _queues,
     _scheduler_command,
     _worker_command,
 )
@@ -23,7 +24,15 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 # Each module adds its subparser and sets `run` (an async function of the parsed arguments
 # returning the exit status). The two services (worker, scheduler) share _targets.load_target
 # and _signals.run_until_signalled.
-_COMMANDS = (_info, _enqueue, _enqueue_file, _dead_letters, _worker_command, _scheduler_command)
+_COMMANDS = (
+    _info,
+    _queues,
+    _enqueue,
+    _enqueue_file,
+    _dead_letters,
+    _worker_command,
+    _scheduler_command,
+)
 
 
 class _Parser(argparse.ArgumentParser):
