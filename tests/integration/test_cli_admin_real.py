@@ -103,7 +103,7 @@ async def test_queues_shows_depths_and_dead_letters_and_consumes_nothing() -> No
         ready = await client.reserve("alpha", lease_duration=60, wait_timeout=5, max_jobs=10)
         assert len(ready or []) == 2
         drained = await client.drain_dead_letters("alpha", max=10)
-        assert [r.job.id for r in drained] == [dead.id]
+        assert [r.job_id for r in drained] == [dead.id]
         await client.ack(held.ctx)
 
 

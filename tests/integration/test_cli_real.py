@@ -506,8 +506,11 @@ async def test_enqueue_file_interrupted_says_where_to_resume_and_start_at_resume
     tmp_path: Path,
 ) -> None:
     # Lines without keys: a rerun from the start would double them, so only the reported line
-    # makes the second run exact; the first keyless line is warned about before it is sent.
-    lines = keyless_lines(300)
+    # makes the second run exact. The first keyless line is warned about before it is sent.
+    # Line 121 is invalid and sent once lines 1-120 reached the server: it is read, and
+    # reported, only after their chunk was confirmed. Ctrl-C then comes while the command waits
+    # on the open pipe, the case that used to hang in close().
+    lines = [*keyless_lines(120), "not json\n", *keyless_lines(300)[120:]]
     path = tmp_path / "jobs.jsonl"
     path.write_text("".join(lines))
     async with sepp_server(config()) as server:
@@ -515,21 +518,22 @@ async def test_enqueue_file_interrupted_says_where_to_resume_and_start_at_resume
             async with spawn(server.address, "enqueue-file", "-") as running:
                 assert running.process.stdin is not None
                 await running.process.stdin.send_all("".join(lines[:120]).encode())
-                first = await reserve_all(client, "bulk", 120)  # every one of them confirmed
-                await running.wait_for("line 1: warning: no idempotency_key")
+                first = await reserve_all(client, "bulk", 120)  # sent, maybe not yet confirmed
+                await running.process.stdin.send_all(lines[120].encode())
+                await running.wait_for("line 121: invalid: not JSON")  # read once confirmed
                 running.send(signal.SIGINT)
                 status = await running.wait()
-            assert status == 130, running.out
             stderr = running.text("stderr")
-            assert running.text("stdout") == "120 enqueued, 0 deduplicated, 0 rejected, 0 invalid\n"
+            assert status == 130, running.out
+            assert running.text("stdout") == "120 enqueued, 0 deduplicated, 0 rejected, 1 invalid\n"
             assert stderr.count("warning: no idempotency_key") == 1
             assert (
-                "interrupted before line 121 was confirmed (every line before it was handled):"
-                " resume with --start-at 121" in stderr
+                "interrupted before line 122 was confirmed (every line before it was handled):"
+                " resume with --start-at 122" in stderr
             ), stderr
             assert stderr.rstrip().endswith("sepp-trio enqueue-file: interrupted")
 
-            resumed = await cli(server.address, "enqueue-file", str(path), "--start-at", "121")
+            resumed = await cli(server.address, "enqueue-file", str(path), "--start-at", "122")
             assert resumed.returncode == 0, resumed
             assert resumed.stdout_lines == ["180 enqueued, 0 deduplicated, 0 rejected, 0 invalid"]
             rest = await reserve_all(client, "bulk", 180)

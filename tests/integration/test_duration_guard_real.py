@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 
 import pytest
+import trio
 
 import sepp
 from sepp.testing import SeppServer
@@ -55,16 +56,20 @@ async def test_a_lease_and_a_wait_over_the_maximum_warn_once_per_call_site(
         await client.ack(job.ctx)
 
 
-def test_the_blocking_client_warns_at_its_callers_line(
+async def test_the_blocking_client_warns_at_its_callers_line(
     sepp_server: SeppServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, logger="sepp")
-    with sepp.SyncClient(sepp_server.address) as client:
-        client.get_server_info()
-        client.enqueue("guarded-sync", "t")
-        jobs = client.reserve("guarded-sync", lease_duration=LEASE_MS, wait_timeout=5)
-        assert jobs is not None
-        client.ack(jobs[0].ctx)
+
+    def blocking_code() -> None:
+        with sepp.SyncClient(sepp_server.address) as client:
+            client.get_server_info()
+            client.enqueue("guarded-sync", "t")
+            jobs = client.reserve("guarded-sync", lease_duration=LEASE_MS, wait_timeout=5)
+            assert jobs is not None
+            client.ack(jobs[0].ctx)
+
+    await trio.to_thread.run_sync(blocking_code)
     (line,) = guard_lines(caplog)
     assert line.startswith("sepp: reserve(lease_duration=30000)")
     assert f"{__file__}:" in line

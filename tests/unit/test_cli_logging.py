@@ -88,13 +88,19 @@ def test_a_missing_log_config_file_is_a_usage_error(
 def clean_logging() -> Iterator[None]:
     root = logging.getLogger()
     saved = root.handlers[:], root.level
-    sepp_logger = logging.getLogger("sepp")
-    saved_sepp = sepp_logger.handlers[:], sepp_logger.propagate
+    loggers = [logging.getLogger(name) for name in ("sepp", "sepp.worker", "myapp.jobs")]
+    saved_loggers = [(lg.handlers[:], lg.propagate, lg.level, lg.disabled) for lg in loggers]
+    for lg in loggers:  # as a fresh process has them, whatever earlier tests did
+        lg.handlers[:] = [h for h in lg.handlers if isinstance(h, logging.NullHandler)]
+        lg.propagate, lg.disabled = True, False
+        lg.setLevel(logging.NOTSET)
     try:
         yield
     finally:
         root.handlers[:], _ = saved[0], root.setLevel(saved[1])
-        sepp_logger.handlers[:], sepp_logger.propagate = saved_sepp
+        for lg, (handlers, propagate, level, disabled) in zip(loggers, saved_loggers, strict=True):
+            lg.handlers[:], lg.propagate, lg.disabled = handlers, propagate, disabled
+            lg.setLevel(level)
 
 
 def test_a_line_the_applications_own_sepp_handler_prints_is_not_printed_again(
@@ -114,7 +120,7 @@ def test_a_line_the_applications_own_sepp_handler_prints_is_not_printed_again(
 
     logging.getLogger("sepp").addHandler(AppHandler())
     logging.getLogger("sepp.worker").info("a job line")
-    logging.getLogger("django.request").warning("not sepp")
+    logging.getLogger("myapp.jobs").warning("not sepp")
     stderr = capsys.readouterr().err
     assert app_lines == ["a job line"]
     assert "before the application's logging" in stderr

@@ -310,7 +310,10 @@ async def run(args: argparse.Namespace) -> int:
                 _report_interrupted(loader)
                 raise
     finally:
-        source.close()
+        if args.file != "-":
+            # Not stdin: a read abandoned by Ctrl-C may still hold the reader's lock there,
+            # and close() would wait for it (for ever, on a pipe nobody writes to).
+            source.close()
     loader.progress.clear()
     print(loader.tally, flush=True)
     if args.start_at > loader.lines_read + 1 and loader.lines_read:
