@@ -21,6 +21,7 @@ module says how each kind runs. The rules, also in docs/contributing.md:
 from __future__ import annotations
 
 import ast
+import copy
 import difflib
 import inspect
 import json
@@ -44,6 +45,7 @@ from sybil.parsers.myst import CodeBlockParser, SkipParser
 
 import sepp
 from sepp.testing import SeppServer
+from sepp.testing.pytest_plugin import DEFAULT_TEST_CONFIG
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -126,6 +128,7 @@ def shell_session(text: str) -> Iterator[tuple[str, str]]:
 def evaluate_console(example: Example) -> str | None:
     env = {k: v for k, v in os.environ.items() if k not in ("SEPP_API_KEY", "PYTHONPATH")}
     env["SEPP_ADDR"] = example.namespace["address"]
+    env["SEPP_ADMIN_URL"] = example.namespace["admin_url"]
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     for command, expected in shell_session(str(example.parsed)):
         done = subprocess.run(
@@ -192,10 +195,12 @@ async def redirected_example_address(address: str) -> AsyncIterator[None]:
         _sync._checked_options = real_options
 
 
-def evaluate_document(path: Path, address: str, cwd: Path) -> list[str]:
+def evaluate_document(
+    path: Path, address: str, cwd: Path, admin_url: str = "http://127.0.0.1:1"
+) -> list[str]:
     """Run every example in `path`; returns the reasons of the skipped ones."""
     document = SYBIL.parse(path)
-    document.namespace.update(address=address, cwd=str(cwd), Path=Path)
+    document.namespace.update(address=address, admin_url=admin_url, cwd=str(cwd), Path=Path)
     skipped: list[str] = []
     previous = os.getcwd()
     os.chdir(cwd)
@@ -216,11 +221,22 @@ def document_id(path: Path) -> str:
     return str(path.relative_to(ROOT))
 
 
+@pytest.fixture
+def sepp_server_config() -> dict[str, object]:
+    # The admin API on too (loopback, an OS-assigned port, no keys), for `sepp-trio queues`
+    # and `dead-letters list`: consoles get its URL as $SEPP_ADMIN_URL.
+    return {**copy.deepcopy(DEFAULT_TEST_CONFIG), "admin": {"enabled": True}}
+
+
 @pytest.mark.real_server
 @pytest.mark.parametrize("path", DOCUMENTS, ids=document_id)
 async def test_every_example_runs(path: Path, sepp_server: SeppServer, tmp_path: Path) -> None:
+    line = await sepp_server.wait_for_output("admin UI listening at")
+    admin_url = line.split("admin UI listening at ", 1)[1].split()[0]
     async with redirected_example_address(sepp_server.address):
-        await trio.to_thread.run_sync(evaluate_document, path, sepp_server.address, tmp_path)
+        await trio.to_thread.run_sync(
+            evaluate_document, path, sepp_server.address, tmp_path, admin_url
+        )
 
 
 @pytest.mark.parametrize("path", DOCUMENTS, ids=document_id)

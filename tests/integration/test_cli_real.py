@@ -448,7 +448,9 @@ async def test_enqueue_file_reports_invalid_and_rejected_lines_by_number(tmp_pat
         done = await cli(server.address, "enqueue-file", str(path))
         assert done.returncode == 1
         assert done.stdout_lines == ["2 enqueued, 0 deduplicated, 1 rejected, 5 invalid"]
-        reports = sorted(done.stderr.splitlines())
+        warning, *others = done.stderr.splitlines()
+        assert warning.startswith("line 1: warning: no idempotency_key: a rerun")
+        reports = sorted(others)
         assert [line.split(": ")[0:2] for line in reports] == [
             ["line 2", "invalid"],
             ["line 4", "invalid"],
@@ -486,11 +488,64 @@ async def test_enqueue_file_streams_stdin_and_says_what_was_sent_when_the_server
     found = re.fullmatch(
         r"sepp-trio enqueue-file: sending lines 101-(\d+) failed: .+\. Lines before 101 were"
         r" handled as counted on stdout; lines 101-(\d+) may or may not have been enqueued;"
-        r" nothing after line (\d+) was sent",
+        r" nothing after line (\d+) was sent; resume with --start-at 101",
         message,
     )
     assert found is not None, message
     assert len(set(found.groups())) == 1 and 101 < int(found[1]) <= 200
+
+
+def keyless_lines(count: int) -> list[str]:
+    return [
+        json.dumps({"queue": "bulk", "job_type": "import", "json": {"row": n}}) + "\n"
+        for n in range(count)
+    ]
+
+
+async def test_enqueue_file_interrupted_says_where_to_resume_and_start_at_resumes_exactly(
+    tmp_path: Path,
+) -> None:
+    # Lines without keys: a rerun from the start would double them, so only the reported line
+    # makes the second run exact. The first keyless line is warned about before it is sent.
+    # Line 121 is invalid and sent once lines 1-120 reached the server: it is read, and
+    # reported, only after their chunk was confirmed. Ctrl-C then comes while the command waits
+    # on the open pipe, the case that used to hang in close().
+    lines = [*keyless_lines(120), "not json\n", *keyless_lines(300)[120:]]
+    path = tmp_path / "jobs.jsonl"
+    path.write_text("".join(lines))
+    async with sepp_server(config()) as server:
+        async with sepp.open(server.address) as client:
+            async with spawn(server.address, "enqueue-file", "-") as running:
+                assert running.process.stdin is not None
+                await running.process.stdin.send_all("".join(lines[:120]).encode())
+                first = await reserve_all(client, "bulk", 120)  # sent, maybe not yet confirmed
+                await running.process.stdin.send_all(lines[120].encode())
+                await running.wait_for("line 121: invalid: not JSON")  # read once confirmed
+                running.send(signal.SIGINT)
+                status = await running.wait()
+            stderr = running.text("stderr")
+            assert status == 130, running.out
+            assert running.text("stdout") == "120 enqueued, 0 deduplicated, 0 rejected, 1 invalid\n"
+            assert stderr.count("warning: no idempotency_key") == 1
+            assert (
+                "interrupted before line 122 was confirmed (every line before it was handled):"
+                " resume with --start-at 122" in stderr
+            ), stderr
+            assert stderr.rstrip().endswith("sepp-trio enqueue-file: interrupted")
+
+            resumed = await cli(server.address, "enqueue-file", str(path), "--start-at", "122")
+            assert resumed.returncode == 0, resumed
+            assert resumed.stdout_lines == ["180 enqueued, 0 deduplicated, 0 rejected, 0 invalid"]
+            rest = await reserve_all(client, "bulk", 180)
+            assert await client.reserve("bulk", lease_duration=1, wait_timeout=0) is None
+    rows = sorted(job.payload.json()["row"] for job in first + rest if job.payload)
+    assert rows == list(range(300))  # each line once: none lost, none doubled
+
+
+async def test_enqueue_file_start_at_must_be_a_line_number() -> None:
+    done = await cli(UNUSED_ADDRESS, "enqueue-file", "-", "--start-at", "0")
+    assert done.returncode == 2
+    assert "expected a line number (1 or more), got '0'" in done.stderr
 
 
 async def test_enqueue_file_shows_progress_only_on_a_terminal(

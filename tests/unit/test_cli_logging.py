@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from sepp._cli._logging import JsonFormatter
+from sepp._cli._logging import JsonFormatter, setup_logging
 from sepp._cli._main import main
 from sepp.testing import job_context
 
@@ -80,3 +82,51 @@ def test_a_missing_log_config_file_is_a_usage_error(
 ) -> None:
     assert main(["--log-config", str(tmp_path / "absent.ini"), "info"]) == 2
     assert "absent.ini" in capsys.readouterr().err
+
+
+@pytest.fixture
+def clean_logging() -> Iterator[None]:
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    loggers = [logging.getLogger(name) for name in ("sepp", "sepp.worker", "myapp.jobs")]
+    saved_loggers = [(lg.handlers[:], lg.propagate, lg.level, lg.disabled) for lg in loggers]
+    for lg in loggers:  # as a fresh process has them, whatever earlier tests did
+        lg.handlers[:] = [h for h in lg.handlers if isinstance(h, logging.NullHandler)]
+        lg.propagate, lg.disabled = True, False
+        lg.setLevel(logging.NOTSET)
+    try:
+        yield
+    finally:
+        root.handlers[:], _ = saved[0], root.setLevel(saved[1])
+        for lg, (handlers, propagate, level, disabled) in zip(loggers, saved_loggers, strict=True):
+            lg.handlers[:], lg.propagate, lg.disabled = handlers, propagate, disabled
+            lg.setLevel(level)
+
+
+def test_a_line_the_applications_own_sepp_handler_prints_is_not_printed_again(
+    clean_logging: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # What a worker target's Django LOGGING = {"loggers": {"sepp": {"handlers": [...]}}} does
+    # once the command has set up its own handler on the root (pytest's own handler goes, or
+    # basicConfig would leave the root as it is).
+    logging.getLogger().handlers.clear()
+    setup_logging(argparse.Namespace(log_level="info", log_config=None, log_format=None))
+    logging.getLogger("sepp.worker").info("before the application's logging")
+    app_lines: list[str] = []
+
+    class AppHandler(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            app_lines.append(record.getMessage())
+
+    logging.getLogger("sepp").addHandler(AppHandler())
+    logging.getLogger("sepp.worker").info("a job line")
+    logging.getLogger("myapp.jobs").warning("not sepp")
+    stderr = capsys.readouterr().err
+    assert app_lines == ["a job line"]
+    assert "before the application's logging" in stderr
+    assert "a job line" not in stderr  # printed once, by the application's handler
+    assert "not sepp" in stderr
+    # A logger that does not propagate never reached the root's handler anyway.
+    logging.getLogger("sepp").propagate = False
+    logging.getLogger("sepp.worker").info("kept to itself")
+    assert "kept to itself" not in capsys.readouterr().err

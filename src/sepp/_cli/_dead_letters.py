@@ -1,4 +1,5 @@
-"""`sepp-trio dead-letters drain|replay`: take dead-lettered jobs off the server, durably."""
+"""`sepp-trio dead-letters list|drain|replay`: look at dead-lettered jobs in place (admin API),
+or take them off the server, durably."""
 
 from __future__ import annotations
 
@@ -10,14 +11,16 @@ import sys
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TextIO
+from urllib.parse import quote
 
 import trio
 
 import sepp
 
+from ._admin import AdminApi, add_admin_options
 from ._connect import open_client
 from ._failures import EXIT_FAILURE, EXIT_OK, CliError, UsageError
-from ._output import Progress, note
+from ._output import Progress, json_line, note
 from ._records import record_from_json, record_line, replay_request
 from ._values import positive_int
 
@@ -30,10 +33,23 @@ _PAUSE_BEFORE_REPLAY_ENV = "_SEPP_TRIO_TEST_PAUSE_BEFORE_REPLAY"
 def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = commands.add_parser(
         "dead-letters",
-        help="drain or replay dead-lettered jobs",
-        description="Drain dead-lettered jobs (a destructive read) or replay them as new jobs.",
+        help="list, drain or replay dead-lettered jobs",
+        description="List dead-lettered jobs where they are (the admin API), drain them (a"
+        " destructive read) or replay them as new jobs.",
     )
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+
+    listing = actions.add_parser(
+        "list",
+        help="print dead letters as JSON lines, leaving them on the server (admin API)",
+        description="Print dead letters as JSON lines (queue, job id, type, cause, failed_at,"
+        " final attempt, last reason, custom map, payload encoding and size), oldest first,"
+        " read from the server's admin API: nothing is drained. Without --queue, every queue"
+        " that has dead letters.",
+    )
+    _add_selection(listing)
+    add_admin_options(listing)
+    listing.set_defaults(run=run_list)
 
     drain = actions.add_parser(
         "drain",
@@ -293,3 +309,67 @@ async def run_replay(args: argparse.Namespace) -> int:
             await trio.to_thread.run_sync(_fsync_directory, path)
             await _pause_if_testing()
             return await _replay(client, sink.records, path, drained=True)
+
+
+ADMIN_PAGE = 100  # the admin API's largest page
+
+
+def listed_record(queue: str, entry: dict[str, object]) -> dict[str, object]:
+    """One admin API dead letter in the shape `drain` prints where they overlap (seconds and
+    ISO 8601 times, not milliseconds)."""
+
+    def iso(ms: object) -> str | None:
+        if not isinstance(ms, int) or ms <= 0:
+            return None
+        return datetime.fromtimestamp(ms / 1000, timezone.utc).isoformat()
+
+    payload = entry.get("payload")
+    return {
+        "queue": queue,
+        "job_id": entry.get("id"),
+        "job_type": entry.get("job_type"),
+        "cause": entry.get("cause"),
+        "failed_at": iso(entry.get("failed_at_ms")),
+        "final_attempt": entry.get("attempt"),
+        "max_attempts": entry.get("max_attempts"),
+        "last_reason": entry.get("last_reason"),
+        "priority": entry.get("priority"),
+        "enqueued_at": iso(entry.get("enqueued_at_ms")),
+        "custom": entry.get("custom") or {},
+        "payload": {
+            "encoding": payload.get("encoding", "") if isinstance(payload, dict) else "",
+            "size_bytes": payload.get("size_bytes", 0) if isinstance(payload, dict) else 0,
+        },
+    }
+
+
+async def run_list(args: argparse.Namespace) -> int:
+    api = AdminApi.from_args(args)
+    if args.queue is not None:
+        queues = [args.queue]
+    else:
+        listed = await api.get("/queues")
+        queues = sorted(
+            str(entry["name"])
+            for entry in listed
+            if isinstance(entry, dict)
+            and int((entry.get("depths") or {}).get("dead_lettered", 0)) > 0
+        )
+    printed = 0
+    for queue in queues:
+        cursor: str | None = None
+        while args.max is None or printed < args.max:
+            want = ADMIN_PAGE if args.max is None else min(ADMIN_PAGE, args.max - printed)
+            page = await api.get(
+                f"/queues/{quote(queue, safe='')}/jobs",
+                state="dead_letter",
+                limit=want,
+                cursor=cursor,
+            )
+            for entry in page.get("jobs", [])[:want]:
+                print(json_line(listed_record(queue, entry)))
+                printed += 1
+            cursor = page.get("next_cursor")
+            if not cursor:
+                break
+    return EXIT_OK

@@ -15,7 +15,7 @@ import sepp
 
 from ._connect import open_client
 from ._failures import EXIT_FAILURE, EXIT_OK, CliError
-from ._output import Progress
+from ._output import Progress, note
 from ._tasks import load_task, typed_payload
 from ._values import strict_json, timestamp
 
@@ -49,15 +49,35 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         " lines are reported on stderr with their numbers; the summary goes to stdout. Exit"
         " status 1 if any line was invalid or rejected. With --task MODULE:ATTR (a sepp.Task),"
         ' "queue" and "job_type" default to the task\'s, its defaults apply, and each "json"'
-        " is checked against the task's payload type (a line that does not fit is invalid).",
+        " is checked against the task's payload type (a line that does not fit is invalid)."
+        " Stopped by Ctrl-C or a failure, it prints the first line not confirmed (every line"
+        " before it was handled): --start-at that line resumes there. Lines without an"
+        ' "idempotency_key" are enqueued again by a rerun, so the first one is warned about.',
     )
     parser.add_argument("file", metavar="FILE|-")
+    parser.add_argument(
+        "--start-at",
+        metavar="LINE",
+        type=_line_number,
+        default=1,
+        help="skip the lines before LINE (1-based, as reported): resume an interrupted run",
+    )
     parser.add_argument(
         "--task",
         metavar="MODULE:ATTR",
         help='a sepp.Task: every line is one of its jobs, its "json" checked against its type',
     )
     parser.set_defaults(run=run)
+
+
+def _line_number(text: str) -> int:
+    try:
+        number = int(text)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"expected a line number (1 or more), got {text!r}")
+    return number
 
 
 class InvalidLine(ValueError):
@@ -165,6 +185,16 @@ class _Loader:
         self.lines_read = 0
         self._chunk: list[tuple[int, sepp.EnqueueRequest]] = []
         self._chunk_bytes = 0
+        self._sending_from: int | None = None  # the first line of the chunk on its way
+        self._warned_keyless = False
+
+    def first_unconfirmed(self) -> int:
+        """The first line whose outcome is not known: every line before it was enqueued,
+        deduplicated, rejected or invalid (and reported); rerunning from it loses nothing."""
+        pending = [first for first in (self._sending_from,) if first is not None]
+        if self._chunk:
+            pending.append(self._chunk[0][0])
+        return min(pending, default=self.lines_read + 1)
 
     async def add(self, line_number: int, raw: bytes) -> None:
         if not raw.strip():
@@ -175,6 +205,12 @@ class _Loader:
             self.tally.invalid += 1
             self.progress.note(f"line {line_number}: invalid: {exc}")
             return
+        if request.idempotency_key is None and not self._warned_keyless:
+            self._warned_keyless = True
+            self.progress.note(
+                f"line {line_number}: warning: no idempotency_key: a rerun of this file would"
+                " enqueue such lines again (give each line a key to make reruns exact)"
+            )
         full = len(self._chunk) >= self.max_batch
         if self._chunk and (full or self._chunk_bytes + len(raw) > MAX_CHUNK_BYTES):
             await self.flush()
@@ -185,6 +221,7 @@ class _Loader:
         chunk, self._chunk, self._chunk_bytes = self._chunk, [], 0
         if not chunk:
             return
+        self._sending_from = chunk[0][0]
         try:
             results = await self.client.enqueue_batch([request for _, request in chunk])
         except sepp.SeppError as exc:
@@ -194,8 +231,9 @@ class _Loader:
             raise CliError(
                 f"sending lines {first}-{last} failed: {exc}. Lines before {first} were"
                 f" handled as counted on stdout; lines {first}-{last} may or may not have been"
-                f" enqueued; nothing after line {last} was sent"
+                f" enqueued; nothing after line {last} was sent; resume with --start-at {first}"
             ) from exc
+        self._sending_from = None
         for (line_number, _), result in zip(chunk, results, strict=True):
             if isinstance(result, sepp.EnqueueAck):
                 if result.deduplicated:
@@ -207,6 +245,16 @@ class _Loader:
                 reason = sepp.describe_job_rejection(result)
                 self.progress.note(f"line {line_number}: rejected: {reason}")
         self.progress.update(f"{self.lines_read} lines read: {self.tally}")
+
+
+def _report_interrupted(loader: _Loader) -> None:
+    loader.progress.clear()
+    print(loader.tally, flush=True)
+    first = loader.first_unconfirmed()
+    note(
+        f"interrupted before line {first} was confirmed (every line before it was handled):"
+        f" resume with --start-at {first}"
+    )
 
 
 def _open_source(path: str) -> io.BufferedReader:
@@ -227,7 +275,7 @@ def _more_input_ready(source: io.BufferedReader) -> bool:
     return bool(poller.poll(0))
 
 
-async def _load(loader: _Loader, source: io.BufferedReader) -> None:
+async def _load(loader: _Loader, source: io.BufferedReader, start_at: int = 1) -> None:
     line_number = 0
     partial = b""
     while True:
@@ -239,7 +287,8 @@ async def _load(loader: _Loader, source: io.BufferedReader) -> None:
         for raw in lines:
             line_number += 1
             loader.lines_read = line_number
-            await loader.add(line_number, raw)
+            if line_number >= start_at:
+                await loader.add(line_number, raw)
         # A part-full chunk goes out only before a read that would wait, or at the end:
         # full chunks otherwise, whatever each read returned.
         if not data or not _more_input_ready(source):
@@ -255,9 +304,18 @@ async def run(args: argparse.Namespace) -> int:
         async with open_client(args) as client:
             info = await client.get_server_info()
             loader = _Loader(client, info.max_enqueue_batch or FALLBACK_MAX_BATCH, task)
-            await _load(loader, source)
+            try:
+                await _load(loader, source, args.start_at)
+            except KeyboardInterrupt:
+                _report_interrupted(loader)
+                raise
     finally:
-        source.close()
+        if args.file != "-":
+            # Not stdin: a read abandoned by Ctrl-C may still hold the reader's lock there,
+            # and close() would wait for it (for ever, on a pipe nobody writes to).
+            source.close()
     loader.progress.clear()
     print(loader.tally, flush=True)
+    if args.start_at > loader.lines_read + 1 and loader.lines_read:
+        note(f"--start-at {args.start_at} is past the last line ({loader.lines_read})")
     return EXIT_FAILURE if loader.tally.rejected or loader.tally.invalid else EXIT_OK

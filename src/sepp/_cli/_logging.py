@@ -49,6 +49,23 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, ensure_ascii=False, default=str)
 
 
+class NotHandledOnTheWay(logging.Filter):
+    """Lets through only the records no handler of the application's met on their way up to
+    the root: a target whose settings configure a `sepp` logger (Django's LOGGING, say)
+    already prints those, and the command's own handler on the root would print them twice."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        logger: logging.Logger | None = logging.getLogger(record.name)
+        root = logging.getLogger()
+        while logger is not None and logger is not root:
+            if any(not isinstance(h, logging.NullHandler) for h in logger.handlers):
+                return False
+            if not logger.propagate:
+                return True  # it never reaches the root anyway
+            logger = logger.parent
+        return True
+
+
 def setup_logging(args: argparse.Namespace) -> None:
     """Logging as the flags say: --log-config FILE, else --log-format on stderr at
     --log-level (default: the command's)."""
@@ -65,6 +82,7 @@ def setup_logging(args: argparse.Namespace) -> None:
         handler.setFormatter(JsonFormatter())
     else:
         handler.setFormatter(logging.Formatter(TEXT_FORMAT))
+    handler.addFilter(NotHandledOnTheWay())
     logging.basicConfig(level=level, handlers=[handler])
 
 

@@ -12,6 +12,7 @@ from . import (
     _enqueue_file,
     _info,
     _outbox_command,
+    _queues,
     _scheduler_command,
     _worker_command,
 )
@@ -26,6 +27,7 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 # and _signals.run_until_signalled.
 _COMMANDS = (
     _info,
+    _queues,
     _enqueue,
     _enqueue_file,
     _dead_letters,

@@ -45,6 +45,7 @@ from . import operations as ops
 from . import otel as _otel
 from .batching import Batching, EnqueueBatcher
 from .chunking import DEFAULT_MAX_ENQUEUE_BATCH, MAX_CONCURRENT_CHUNKS, split_batch
+from .duration_guard import DurationGuard
 from .limits import LimitsCache, ServerLimits
 from .opening import Opening
 from .options import DEFAULT_MAX_RECEIVE_MESSAGE_BYTES as DEFAULT_MAX_RECEIVE_MESSAGE_BYTES
@@ -95,6 +96,7 @@ class Client:
         self._nursery = nursery
         self._validate_locally = validate_locally
         self._limits = LimitsCache(self._fetch_server_info, log, runtime)
+        self._durations = DurationGuard(log)
         self._opened_in = fork.here()
         # The run that opened the client: its tasks serve only callers in that run.
         self._root_task = runtime.owner()
@@ -400,6 +402,13 @@ class Client:
             max_jobs=max_jobs,
             worker_id=worker_id,
         )
+        limits = self._limits.limits
+        if limits is not None:
+            info = limits.info
+            self._durations.check(
+                "reserve", "lease_duration", lease_duration, info.max_lease_duration
+            )
+            self._durations.check("reserve", "wait_timeout", wait_timeout, info.max_wait_timeout)
         attributes: dict[str, str | int | list[str]] = {"sepp.queues": names}
         if worker_id is not None:
             attributes["sepp.worker_id"] = worker_id
@@ -443,6 +452,11 @@ class Client:
         """Extend a lease to `lease_duration` from now (the server may clamp it); returns and
         records on `ctx` the new expiry."""
         call = ops.extend_call(ctx, lease_duration)
+        limits = self._limits.limits
+        if limits is not None:
+            self._durations.check(
+                "extend", "lease_duration", lease_duration, limits.info.max_lease_duration
+            )
         with _otel.client_span("sepp.extend", lambda: _lease_attributes(ctx)):
             body = await self._send(call, timeout)
         return ops.read_extend(body, ctx)
