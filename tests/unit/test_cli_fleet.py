@@ -1,0 +1,92 @@
+"""`worker --processes N`: the flag, the supervisor's words for a child's end, and the merge of
+the children's metrics into one exposition (what Prometheus parses)."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sepp._cli._fleet_http import merge_metrics, with_process_label
+from sepp._cli._parser import build_parser
+from sepp._cli._supervisor import child_arguments, describe_exit
+from sepp._cli._worker_command import usable_cpus
+from sepp._worker.monitor import WorkerMonitor, feed_of
+
+
+def parse(*extra: str) -> object:
+    return build_parser().parse_args(["worker", "app:router", "--queue", "q", *extra])
+
+
+def test_processes_defaults_to_one_and_auto_is_the_usable_cpus() -> None:
+    assert parse().processes == 1  # type: ignore[attr-defined]
+    assert parse("--processes", "3").processes == 3  # type: ignore[attr-defined]
+    assert parse("--processes", "auto").processes == usable_cpus()  # type: ignore[attr-defined]
+    assert usable_cpus() == len(os.sched_getaffinity(0))
+
+
+@pytest.mark.parametrize("bad", ["0", "-1", "two", "1.5", ""])
+def test_processes_refuses_what_is_not_a_count(
+    bad: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        parse("--processes", bad)
+    assert f"--processes: not a positive number or auto: {bad!r}" in capsys.readouterr().err
+
+
+def test_children_serve_on_free_loopback_ports_only_what_the_group_serves() -> None:
+    args = parse("--processes", "2", "--metrics-port", "9100", "--http-host", "0.0.0.0")
+    child = child_arguments(args)  # type: ignore[arg-type]
+    assert (child.processes, child.health_port, child.metrics_port) == (1, None, 0)
+    assert child.http_host == "127.0.0.1"
+    assert args.metrics_port == 9100 and args.processes == 2  # type: ignore[attr-defined]
+
+
+def test_a_childs_end_in_words() -> None:
+    assert describe_exit(0) == "exited with status 0"
+    assert describe_exit(3) == "exited with status 3"
+    assert describe_exit(-signal.SIGKILL) == "was killed by SIGKILL"
+    assert describe_exit(-signal.SIGSEGV) == "was killed by SIGSEGV"
+    assert describe_exit(None) == "is still running"
+
+
+def test_a_sample_gets_the_process_label_first() -> None:
+    assert with_process_label('m{a="b"} 1', 0) == 'm{process="0",a="b"} 1'
+    assert with_process_label("m 2.5", 1) == 'm{process="1"} 2.5'
+    assert with_process_label("m{} 1", 2) == 'm{process="2"} 1'
+    # A label value may hold spaces and braces: only the name before the first brace counts.
+    assert with_process_label('m{a="x {y} z"} 1', 0) == 'm{process="0",a="x {y} z"} 1'
+
+
+def test_the_childrens_families_are_merged_one_family_each() -> None:
+    monitor = WorkerMonitor()
+    feed_of(monitor).reserve_done(0.002, None)
+    text = monitor.prometheus_text()
+    merged = merge_metrics({0: text, 1: text})
+    helps = [line for line in merged if line.startswith("# HELP ")]
+    assert len(helps) == len(set(helps)) == text.count("# HELP ")
+    # Each family's samples follow its HELP and TYPE, from both children.
+    start = merged.index("# TYPE sepp_worker_reserves_total counter")
+    assert merged[start + 1 : start + 5] == [
+        'sepp_worker_reserves_total{process="0",result="ok"} 1',
+        'sepp_worker_reserves_total{process="0",result="error"} 0',
+        'sepp_worker_reserves_total{process="1",result="ok"} 1',
+        'sepp_worker_reserves_total{process="1",result="error"} 0',
+    ]
+    bucket = 'sepp_worker_reserve_duration_seconds_bucket{process="1",le="0.005"} 1'
+    assert bucket in merged
+    assert merge_metrics({}) == []
+
+
+@given(st.lists(st.integers(0, 5), min_size=1, max_size=4, unique=True))
+def test_every_sample_of_every_child_is_kept_once(indexes: list[int]) -> None:
+    text = WorkerMonitor().prometheus_text()
+    samples = [line for line in text.splitlines() if line and not line.startswith("#")]
+    merged = merge_metrics(dict.fromkeys(indexes, text))
+    merged_samples = [line for line in merged if not line.startswith("#")]
+    assert len(merged_samples) == len(samples) * len(indexes)
+    for index in indexes:
+        assert sum(f'{{process="{index}"' in line for line in merged_samples) == len(samples)
