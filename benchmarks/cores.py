@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import statistics
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -66,10 +68,35 @@ def free_threaded_python() -> str | None:
     return cached_interpreters().get("py3.13t")
 
 
+def thread_cpu(pids: Sequence[int]) -> dict[tuple[int, int], float]:
+    """CPU seconds so far of every thread of the processes `pids` (Linux /proc), by (pid,
+    thread id); a process's main thread (the event loop) has its pid as thread id."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[tuple[int, int], float] = {}
+    for pid in pids:
+        for task in Path(f"/proc/{pid}/task").glob("*"):
+            try:
+                fields = (task / "stat").read_text().rpartition(")")[2].split()
+            except OSError:
+                continue  # the thread ended meanwhile
+            out[(pid, int(task.name))] = (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def cores_used(
+    before: dict[tuple[int, int], float], after: dict[tuple[int, int], float], elapsed: float
+) -> dict[str, float]:
+    """Cores busy over `elapsed`: in all, and in the processes' main threads (event loops)."""
+    spent = {key: cpu - before.get(key, 0.0) for key, cpu in after.items()}
+    loops = sum(cpu for (pid, tid), cpu in spent.items() if pid == tid)
+    return {"cores": sum(spent.values()) / elapsed, "loop_cores": loops / elapsed}
+
+
 async def jobs_per_second(
     python: str, address: str, queue: str, flags: Sequence[str], jobs: int, turns: int
-) -> float:
-    """Run the worker command with `flags` on `queue` until `jobs` jobs are done: jobs/s."""
+) -> dict[str, float]:
+    """Run the worker command with `flags` on `queue` until `jobs` jobs are done: jobs/s, and
+    the cores its processes kept busy meanwhile (all threads; the event loops alone)."""
     processes = int(flags[flags.index("--processes") + 1]) if "--processes" in flags else 1
     env = _clean_env({"PYTHONPATH": str(SRC)})
     argv = [python, "-m", "sepp", "--address", address, "worker", TARGET, "--queue", queue]
@@ -99,14 +126,18 @@ async def jobs_per_second(
                 nursery.start_soon(collect)
                 ready = b") is worker " if processes > 1 else b" reserving from "
                 await until(ready, processes)
+                pids = [int(pid) for pid in re.findall(rb"started: pid (\d+)", stderr)]
+                pids = pids or [process.pid]
                 async with sepp.open(address) as client:
                     payload = sepp.Payload.json({"turns": turns})
                     requests = [sepp.EnqueueRequest(queue, "burn", payload=payload)] * jobs
+                    cpu_before = thread_cpu(pids)
                     started = trio.current_time()
                     for at in range(0, jobs, 100):
                         await client.enqueue_batch(requests[at : at + 100])
                 await until(b" finished: ack", jobs)
                 elapsed = trio.current_time() - started
+                cpu_after = thread_cpu(pids)
                 process.send_signal(signal.SIGTERM)
                 status = await process.wait()
                 if status != 0:
@@ -115,7 +146,7 @@ async def jobs_per_second(
         if process.returncode is None:
             process.kill()
             await process.wait()
-    return jobs / elapsed
+    return {"rate": jobs / elapsed, **cores_used(cpu_before, cpu_after, elapsed)}
 
 
 async def measure(
@@ -142,21 +173,23 @@ async def measure(
     }
     async with sepp.testing.sepp_server(CONFIG) as server:
         for name, (python, one, two) in cases.items():
-            runs: list[dict[str, float]] = []
+            runs: list[dict[str, Any]] = []
             for rnd in range(rounds):
-                rates: dict[str, float] = {}
-                order = [("1", one), ("2", two)]
+                got: dict[str, dict[str, float]] = {}
+                order = [("one", one), ("two", two)]
                 for label, flags in order if rnd % 2 == 0 else order[::-1]:
                     queue = f"cores.{len(out['cases'])}.r{rnd}.{label}"
-                    rates[label] = await jobs_per_second(
+                    got[label] = await jobs_per_second(
                         python, server.address, queue, flags, jobs, turns
                     )
-                runs.append(
-                    {"one": rates["1"], "two": rates["2"], "ratio": rates["2"] / rates["1"]}
-                )
+                ratio = got["two"]["rate"] / got["one"]["rate"]
+                runs.append({**got, "ratio": ratio})
                 log(
-                    f"{name} round {rnd + 1}/{rounds}: {rates['1']:.1f} -> {rates['2']:.1f}"
-                    f" jobs/s, {runs[-1]['ratio']:.2f}x"
+                    f"{name} round {rnd + 1}/{rounds}: {got['one']['rate']:.1f} ->"
+                    f" {got['two']['rate']:.1f} jobs/s, {ratio:.2f}x; cores busy"
+                    f" {got['one']['cores']:.2f} -> {got['two']['cores']:.2f} (event loops"
+                    f" {got['one']['loop_cores']:.2f} -> {got['two']['loop_cores']:.2f});"
+                    f" load {os.getloadavg()[0]:.1f}"
                 )
             out["cases"][name] = {"python": python, "runs": runs}
     return out
@@ -167,21 +200,30 @@ def render(results: dict[str, Any]) -> str:
         f"### Every core: CPU-bound `def` handlers ({results['jobs']} jobs of"
         f" ~{results['work_ms']:g} ms pure-Python CPU each)",
         "",
-        "| case | 1 | 2 | ratio (median, range over rounds) |",
-        "|---|---|---|---|",
+        "| case | 1 | 2 | ratio (median, range over rounds) | cores busy, 1 -> 2 (event loops) |",
+        "|---|---|---|---|---|",
     ]
+
+    def median(runs: list[dict[str, Any]], label: str, key: str) -> float:
+        return statistics.median(r[label][key] for r in runs)
+
     for name, case in results["cases"].items():
         runs = case["runs"]
         ratios = [r["ratio"] for r in runs]
         lines.append(
-            f"| {name} | {statistics.median(r['one'] for r in runs):.1f} jobs/s"
-            f" | {statistics.median(r['two'] for r in runs):.1f} jobs/s"
-            f" | {statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f}) |"
+            f"| {name} | {median(runs, 'one', 'rate'):.1f} jobs/s"
+            f" | {median(runs, 'two', 'rate'):.1f} jobs/s"
+            f" | {statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})"
+            f" | {median(runs, 'one', 'cores'):.2f} -> {median(runs, 'two', 'cores'):.2f}"
+            f" ({median(runs, 'one', 'loop_cores'):.2f} ->"
+            f" {median(runs, 'two', 'loop_cores'):.2f}) |"
         )
     lines += [
         "",
         "processes: `--processes 2` over `--processes 1` (`--max-in-flight 1`); threads: one"
-        " process, `--max-in-flight 2` over 1.",
+        " process, `--max-in-flight 2` over 1. Cores busy: the CPU of the worker processes'"
+        " threads (Linux /proc) over the run's time; in brackets, their main threads', which"
+        " run the event loops (reserve, ack, lease extension, logs).",
     ]
     if results["missing"]:
         lines.append(

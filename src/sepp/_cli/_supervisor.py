@@ -170,10 +170,6 @@ class Fleet:
                     exit_status=EXIT_USAGE,
                 )
                 return
-            if exitcode == 0:
-                log.warning("%s stopped by itself (exit status 0); starting another", child.label)
-                child.state = f"restarting after pid {child.pid} stopped"
-                continue
             unready_in_row = 0 if child.reserving else unready_in_row + 1
             failures_in_row = 1 if child.reserving else failures_in_row + 1
             now = trio.current_time()
@@ -193,9 +189,10 @@ class Fleet:
                 )
                 return
             delay = min(RESTART_DELAY_S * 2 ** (failures_in_row - 1), MAX_RESTART_DELAY_S)
-            log.error(
-                "%s %s unexpectedly; its jobs return to the queue when their leases expire;"
-                " starting another in %.3gs",
+            log.log(
+                logging.WARNING if exitcode == 0 else logging.ERROR,
+                "%s %s unexpectedly; the jobs it held return to the queue when their leases"
+                " expire; starting another in %.3gs",
                 child.label,
                 how,
                 delay,
