@@ -84,12 +84,23 @@ def thread_cpu(pids: Sequence[int]) -> dict[tuple[int, int], float]:
 
 
 def cores_used(
-    before: dict[tuple[int, int], float], after: dict[tuple[int, int], float], elapsed: float
+    before: dict[tuple[int, int], float],
+    after: dict[tuple[int, int], float],
+    elapsed: float,
+    jobs: int,
 ) -> dict[str, float]:
-    """Cores busy over `elapsed`: in all, and in the processes' main threads (event loops)."""
+    """Cores busy over `elapsed`, in all and in the processes' main threads (the event
+    loops), and the CPU each job cost (ms): where a second core goes that is not in the
+    jobs/s. CPU per job barely moves with the machine's load, unlike jobs/s."""
     spent = {key: cpu - before.get(key, 0.0) for key, cpu in after.items()}
+    total = sum(spent.values())
     loops = sum(cpu for (pid, tid), cpu in spent.items() if pid == tid)
-    return {"cores": sum(spent.values()) / elapsed, "loop_cores": loops / elapsed}
+    return {
+        "cores": total / elapsed,
+        "loop_cores": loops / elapsed,
+        "cpu_ms_per_job": 1000 * total / jobs,
+        "loop_ms_per_job": 1000 * loops / jobs,
+    }
 
 
 async def jobs_per_second(
@@ -146,7 +157,7 @@ async def jobs_per_second(
         if process.returncode is None:
             process.kill()
             await process.wait()
-    return {"rate": jobs / elapsed, **cores_used(cpu_before, cpu_after, elapsed)}
+    return {"rate": jobs / elapsed, **cores_used(cpu_before, cpu_after, elapsed, jobs)}
 
 
 async def measure(
@@ -188,7 +199,10 @@ async def measure(
                     f"{name} round {rnd + 1}/{rounds}: {got['one']['rate']:.1f} ->"
                     f" {got['two']['rate']:.1f} jobs/s, {ratio:.2f}x; cores busy"
                     f" {got['one']['cores']:.2f} -> {got['two']['cores']:.2f} (event loops"
-                    f" {got['one']['loop_cores']:.2f} -> {got['two']['loop_cores']:.2f});"
+                    f" {got['one']['loop_cores']:.2f} -> {got['two']['loop_cores']:.2f}); CPU"
+                    f" per job {got['one']['cpu_ms_per_job']:.1f} ->"
+                    f" {got['two']['cpu_ms_per_job']:.1f} ms (event loops"
+                    f" {got['one']['loop_ms_per_job']:.1f} -> {got['two']['loop_ms_per_job']:.1f});"
                     f" load {os.getloadavg()[0]:.1f}"
                 )
             out["cases"][name] = {"python": python, "runs": runs}
@@ -200,8 +214,9 @@ def render(results: dict[str, Any]) -> str:
         f"### Every core: CPU-bound `def` handlers ({results['jobs']} jobs of"
         f" ~{results['work_ms']:g} ms pure-Python CPU each)",
         "",
-        "| case | 1 | 2 | ratio (median, range over rounds) | cores busy, 1 -> 2 (event loops) |",
-        "|---|---|---|---|---|",
+        "| case | 1 | 2 | ratio (median, range over rounds) | cores busy, 1 -> 2 (event loops)"
+        " | CPU per job, 1 -> 2 (event loops) |",
+        "|---|---|---|---|---|---|",
     ]
 
     def median(runs: list[dict[str, Any]], label: str, key: str) -> float:
@@ -216,7 +231,11 @@ def render(results: dict[str, Any]) -> str:
             f" | {statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})"
             f" | {median(runs, 'one', 'cores'):.2f} -> {median(runs, 'two', 'cores'):.2f}"
             f" ({median(runs, 'one', 'loop_cores'):.2f} ->"
-            f" {median(runs, 'two', 'loop_cores'):.2f}) |"
+            f" {median(runs, 'two', 'loop_cores'):.2f})"
+            f" | {median(runs, 'one', 'cpu_ms_per_job'):.1f} ->"
+            f" {median(runs, 'two', 'cpu_ms_per_job'):.1f} ms"
+            f" ({median(runs, 'one', 'loop_ms_per_job'):.1f} ->"
+            f" {median(runs, 'two', 'loop_ms_per_job'):.1f}) |"
         )
     lines += [
         "",
