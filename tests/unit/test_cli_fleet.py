@@ -3,17 +3,21 @@ the children's metrics into one exposition (what Prometheus parses)."""
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
+from dataclasses import dataclass, field
 
 import pytest
+import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sepp._cli._fleet_http import merge_metrics, with_process_label
+from sepp._cli._fleet_http import GroupProbes, merge_metrics, with_process_label
 from sepp._cli._parser import build_parser
 from sepp._cli._supervisor import child_arguments, describe_exit
 from sepp._cli._worker_command import usable_cpus
+from sepp._worker.http_responder import TEXT
 from sepp._worker.monitor import WorkerMonitor, feed_of
 
 
@@ -91,3 +95,82 @@ def test_every_sample_of_every_child_is_kept_once(indexes: list[int]) -> None:
     assert len(merged_samples) == len(samples) * len(indexes)
     for index in indexes:
         assert sum(f'{{process="{index}"' in line for line in merged_samples) == len(samples)
+
+
+@dataclass
+class FakeChild:
+    index: int
+    pid: int | None
+    ports: dict[str, int] = field(default_factory=dict)
+    running: bool = True
+    state: str = "starting"
+    restarts: int = 0
+
+    @property
+    def label(self) -> str:
+        return f"child {self.index} (pid {self.pid})"
+
+
+@dataclass
+class FakeFleet:
+    children: list[FakeChild]
+    stopping: bool = False
+
+
+async def serve_answers(nursery: trio.Nursery, answers: dict[str, bytes]) -> int:
+    """A child's probe port: `answers` by path (status line and body), on 127.0.0.1."""
+
+    async def handle(stream: trio.SocketStream) -> None:
+        head = b""
+        while b"\r\n\r\n" not in head:
+            head += await stream.receive_some(4096)
+        path = head.split()[1].decode()
+        status, body = answers[path].split(b"\n", 1)
+        await stream.send_all(b"HTTP/1.1 " + status + b"\r\nConnection: close\r\n\r\n" + body)
+        await stream.aclose()
+
+    listeners = await nursery.start(functools.partial(trio.serve_tcp, handle, 0, host="127.0.0.1"))
+    return int(listeners[0].socket.getsockname()[1])
+
+
+async def test_the_group_probes_name_the_child_that_fails_and_a_restart_is_no_liveness_failure(
+    nursery: trio.Nursery,
+) -> None:
+    fine = await serve_answers(
+        nursery, {"/healthz": b"200 OK\nok: reserving\n", "/readyz": b"200 OK\nok: reserving\n"}
+    )
+    stuck = await serve_answers(
+        nursery,
+        {
+            "/healthz": b"503 Service Unavailable\nnot ready: loop blocked for 3.2s\n",
+            "/readyz": b"503 Service Unavailable\nnot ready: waiting for the server\n",
+        },
+    )
+    zero = FakeChild(0, 11, {"health": fine})
+    one = FakeChild(1, 12, {"health": fine})
+    fleet = FakeFleet([zero, one])
+    probes = GroupProbes(fleet)
+    assert await probes.readyz() == (
+        200,
+        TEXT,
+        b"ok: child 0 (pid 11): reserving; child 1 (pid 12): reserving\n",
+    )
+    one.running, one.state = False, "restarting after pid 12 was killed by SIGKILL"
+    assert (await probes.healthz())[0] == 200  # the supervisor is on it
+    assert await probes.readyz() == (
+        503,
+        TEXT,
+        b"not ready: child 1: restarting after pid 12 was killed by SIGKILL\n",
+    )
+    one.running, one.pid, one.ports = True, 13, {}
+    assert (await probes.readyz())[2] == b"not ready: child 1 (pid 13): starting\n"
+    one.ports = {"health": stuck}
+    assert await probes.healthz() == (
+        503,
+        TEXT,
+        b"not ready: child 1 (pid 13): loop blocked for 3.2s\n",
+    )
+    assert (await probes.readyz())[2] == b"not ready: child 1 (pid 13): waiting for the server\n"
+    one.ports = {"health": fine}
+    fleet.stopping = True
+    assert (await probes.readyz())[2].startswith(b"not ready: shutting down")
