@@ -240,3 +240,24 @@ async def test_a_usage_error_in_the_children_stops_the_group_at_once(app_dir: Pa
     assert "fleet_app:empty has no handlers" in stderr
     assert "a usage error, which no restart fixes" in stderr
     assert "starting another" not in stderr
+
+
+async def test_sigterm_mid_run_stops_every_child_with_each_job_done_or_back_in_the_queue(
+    sepp_server: SeppServer, app_dir: Path
+) -> None:
+    args = ("worker", "fleet_app:router", "--queue", "work", "--processes", "2")
+    async with spawn(sepp_server.address, *args, "--max-in-flight", "2", cwd=app_dir) as running:
+        await running.wait_for(") is worker ", count=2)
+        async with sepp.open(sepp_server.address) as client:
+            jobs = {(await client.enqueue("work", "burn")).job_id for _ in range(60)}
+            await wait_notes(app_dir, "done", 10)
+            running.send(signal.SIGTERM)
+            status = await running.wait()
+            assert status == 0, running.out
+            assert "all 2 worker processes stopped" in running.text("stderr")
+            done = {job_id for job_id, _ in notes(app_dir, "done")}
+            # Every job not done is reservable now, not after a lease of the stopped workers.
+            back: set[str] = set()
+            while got := await client.reserve("work", lease_duration=30, wait_timeout=0.5):
+                back |= {job.id for job in got}
+    assert done | back == jobs and not done & back
