@@ -224,7 +224,9 @@ SCENARIOS: dict[str, Scenario] = {
     )
 }
 STATIC_SCENARIOS = ("import", "rss")
-ALL_SCENARIOS = (*SCENARIOS, *STATIC_SCENARIOS)
+# Sections of their own, run after the scenarios above (and selectable the same way).
+SECTIONS = ("cores",)  # benchmarks/cores.py: --processes 2 and 3.13t threads on CPU-bound jobs
+ALL_SCENARIOS = (*SCENARIOS, *STATIC_SCENARIOS, *SECTIONS)
 # Ops sepp-rs's driver does not implement (it has no knob for them).
 RS_UNSUPPORTED: frozenset[str] = frozenset()
 
@@ -831,11 +833,15 @@ def _f(value: float | None, spec: str) -> str:
 
 def render_markdown(results: dict[str, Any]) -> str:
     tables = _render_tables(results)
-    if "platform" not in results:
-        return tables
-    from . import platforms
+    if "platform" in results:
+        from . import platforms
 
-    return f"{tables}\n\n{platforms.render(results['platform'])}"
+        tables = f"{tables}\n\n{platforms.render(results['platform'])}"
+    if "cores" in results:
+        from . import cores
+
+        tables = f"{tables}\n\n{cores.render(results['cores'])}"
+    return tables
 
 
 def _render_tables(results: dict[str, Any]) -> str:
@@ -1099,6 +1105,12 @@ async def amain(opts: Options) -> dict[str, Any]:
         log("platform section (benchmarks/platforms.py)")
         jobs, big_jobs = (1000, 30) if opts.quick else (2000, 60)
         results["platform"] = await platforms.measure(opts.rounds, jobs, big_jobs, log_dir)
+    if "cores" in opts.scenarios:
+        from . import cores
+
+        log("every-core section (benchmarks/cores.py)")
+        jobs = 100 if opts.quick else 200
+        results["cores"] = await cores.measure(min(opts.rounds, 3), jobs, 30.0)
     meta["machine"]["loadavg_end"] = list(os.getloadavg())
     meta["duration_s"] = time.monotonic() - started
     meta["driver_logs"] = str(log_dir.relative_to(REPO))

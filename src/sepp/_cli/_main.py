@@ -45,10 +45,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CliError as exc:
         return report_failure(exc, label, debug=args.debug)
     try:
-        status: int = run_on_loop(getattr(args, "loop", "trio"), args.run, args)
+        if getattr(args, "processes", 1) > 1:  # `worker --processes N`: a supervisor, on trio
+            from ._supervisor import supervise
+
+            status: int = trio.run(supervise, args, run_child)
+        else:
+            status = run_on_loop(getattr(args, "loop", "trio"), args.run, args)
     except BaseException as exc:
         return report_failure(_single(exc), label, debug=args.debug)
     return status
+
+
+def run_child(args: argparse.Namespace) -> int:
+    """One worker process under `worker --processes N` (spawned: logging is set up again)."""
+    label = f"{PROG} {args.command} (process {args.fleet.index})"
+    try:
+        setup_logging(args)
+        return run_on_loop(args.loop, args.run, args)
+    except BaseException as exc:
+        return report_failure(_single(exc), label, debug=args.debug)
 
 
 def run_on_loop(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import functools
 import logging
+import os
 import signal
 
 import trio
@@ -15,6 +16,7 @@ from .._model import validate as _validate
 from .._runtime import concurrency
 from ._connect import run_connected
 from ._failures import EXIT_FAILURE, EXIT_OK, UsageError
+from ._fleet_child import SupervisorLink
 from ._signals import run_until_signalled
 from ._targets import load_target
 from ._values import positive_int, positive_seconds, seconds
@@ -88,6 +90,15 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="the address to serve them on (default: every interface)",
     )
     parser.add_argument(
+        "--processes",
+        metavar="N",
+        type=process_count,
+        default=1,
+        help="run N worker processes of the target under a supervisor (auto: one per usable"
+        " CPU), for CPU-bound handlers; signals are passed on, a child that dies is replaced,"
+        " and --health-port/--metrics-port serve the group (default: 1, no supervisor)",
+    )
+    parser.add_argument(
         "--loop",
         choices=LOOPS,
         default="trio",
@@ -104,6 +115,29 @@ def queue_name(text: str) -> str:
         return _validate.queue_name("--queue", text)
     except sepp.ValidationError as exc:
         raise argparse.ArgumentTypeError(str(exc).partition(": ")[2]) from None
+
+
+def process_count(text: str) -> int:
+    if text == "auto":
+        return usable_cpus()
+    try:
+        count = int(text)
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise argparse.ArgumentTypeError(f"not a positive number or auto: {text!r}")
+    return count
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask, cgroup-unaware as CPython is)."""
+    counter = getattr(os, "process_cpu_count", None)  # Python 3.13
+    if counter is not None:
+        return int(counter() or 1)
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # no affinity masks (macOS)
+        return os.cpu_count() or 1
 
 
 def port_number(text: str) -> int:
@@ -125,6 +159,7 @@ def load_router(spec: str) -> sepp.Router:
 
 async def run(args: argparse.Namespace) -> int:
     router = load_router(args.target)
+    link: SupervisorLink | None = getattr(args, "fleet", None)  # under --processes N
     serving = args.health_port is not None or args.metrics_port is not None
     monitor = sepp.WorkerMonitor() if serving else None
     workers: list[sepp.Worker] = []  # the worker, once connected
@@ -176,6 +211,8 @@ async def run(args: argparse.Namespace) -> int:
 
             await nursery.start(run_worker)
             await key_accepted(client)
+            if link is not None:
+                link.report(reserving=worker.worker_id)
             handles = ", ".join(router.job_types) or "-"
             log.info(
                 "worker %s reserving from %s at %s; handles: %s%s",
@@ -189,9 +226,21 @@ async def run(args: argparse.Namespace) -> int:
     async def work() -> None:
         from .._worker.monitor import feed_of  # what the monitor is told, beside the Worker
 
+        if link is not None:
+            link.accept_signals()
         async with cc.open_nursery() as http:
             if monitor is not None:
-                await serve_monitor(http, monitor, args)
+                ports = await serve_monitor(http, monitor, args)
+                if link is not None:
+                    link.report(ports=ports)
+            if link is not None:
+
+                async def orphaned() -> None:
+                    await link.supervisor_gone()
+                    log.warning("the supervisor is gone")
+                    graceful(signal.SIGTERM)
+
+                http.start_soon(orphaned)
             with connecting:
                 await run_connected(
                     args,
@@ -229,8 +278,10 @@ async def key_accepted(client: sepp.Client) -> None:
 
 async def serve_monitor(
     nursery: concurrency.Nursery, monitor: sepp.WorkerMonitor, args: argparse.Namespace
-) -> None:
-    """The probes and the metrics, on one port or two; listening before the server is up."""
+) -> dict[str, int]:
+    """The probes and the metrics, on one port or two; listening before the server is up.
+    Returns the bound ports: "health", "metrics"."""
+    bound_ports: dict[str, int] = {}
     servers: list[tuple[int, set[str]]] = []
     if args.health_port is not None:
         servers.append((args.health_port, {"health"}))
@@ -253,3 +304,5 @@ async def serve_monitor(
             ["/metrics"] if "metrics" in what else []
         )
         log.info("serving %s on %s:%d", " ".join(paths), args.http_host or "*", bound)
+        bound_ports.update(dict.fromkeys(what, bound))
+    return bound_ports

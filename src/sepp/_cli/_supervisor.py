@@ -1,0 +1,297 @@
+"""`sepp-trio worker --processes N`: a supervisor running N worker processes of one target.
+
+Each child is the ordinary `worker` command in a process of its own, started with
+multiprocessing's spawn method (a fresh interpreter: no state forked from the supervisor, the
+same on every platform), so handlers use every core. The supervisor runs on trio whatever
+`--loop` the children use. It
+- passes SIGINT/SIGTERM on to every child as SIGTERM, so the n-th signal means for each child
+  what it means for one worker: graceful, then stop now (jobs returned), then a hard stop;
+- replaces a child that exits unexpectedly (SIGKILL, the OOM killer, a crash in a C
+  extension) after a backoff, and stops the group on a crash loop rather than spin;
+- serves the group's `/healthz`, `/readyz` and `/metrics` (`_fleet_http`), asking each child
+  on the ports it reports over its pipe (`_fleet_child`);
+- exits 0 only when the last process of every child exited 0 (it settled every job it held).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import copy
+import logging
+import multiprocessing
+import os
+import signal
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from typing import Any
+
+import trio
+
+from ._failures import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
+from ._fleet_child import child_main
+from ._signals import run_until_signalled
+
+log = logging.getLogger("sepp.cli")
+
+RESTART_DELAY_S = 0.5  # before the first restart; doubles with each failure in a row
+MAX_RESTART_DELAY_S = 30.0
+CRASH_LIMIT = 5  # unexpected exits within CRASH_WINDOW_S (all children together)
+CRASH_WINDOW_S = 60.0
+UNREADY_LIMIT = 3  # exits in a row of one child that never reached "reserving"
+
+ChildRun = Callable[[argparse.Namespace], int]
+
+
+def describe_exit(exitcode: int | None) -> str:
+    """A process's end as a person reads it (multiprocessing: -N for signal N)."""
+    if exitcode is None:
+        return "is still running"
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        return f"was killed by {name}"
+    return f"exited with status {exitcode}"
+
+
+class Child:
+    """One of the N slots: the process running in it now, and what it said."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.process: multiprocessing.process.BaseProcess | None = None
+        self.pid: int | None = None
+        self.ports: dict[str, int] = {}  # "health", "metrics": the child's own, on 127.0.0.1
+        self.reserving = False  # it said so since it started
+        self.takes_signals = False
+        self.signals_owed = 0  # stop signals to pass on once it takes them
+        self.restarts = 0
+        self.state = "starting"  # what the group's probes say while it is not running
+        self.exitcode: int | None = None  # of the last process, once it ended
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.exitcode is None
+
+    @property
+    def label(self) -> str:
+        return f"child {self.index} (pid {self.pid})"
+
+
+class Fleet:
+    """The supervisor: `await fleet.run()` until every child has stopped."""
+
+    def __init__(self, args: argparse.Namespace, count: int, child_run: ChildRun) -> None:
+        self._context = multiprocessing.get_context("spawn")
+        self._child_run = child_run
+        self._child_args = child_arguments(args)
+        self.args = args
+        self.children = [Child(index) for index in range(count)]
+        self.signals = 0  # stop signals forwarded so far
+        self._stopping = trio.Event()
+        self.failure: str | None = None  # why the group stopped by itself
+        self.exit_status = EXIT_FAILURE  # then
+        self._crashes: collections.deque[float] = collections.deque()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
+    async def run(self) -> None:
+        from ._fleet_http import serve_group
+
+        async with trio.open_nursery() as nursery:
+            await serve_group(nursery, self, self.args)
+            async with trio.open_nursery() as keepers:
+                for child in self.children:
+                    keepers.start_soon(self._keep, child)
+            nursery.cancel_scope.cancel()  # every child stopped: stop serving
+
+    # -- signals ------------------------------------------------------------------------------
+
+    def forward(self, sig: signal.Signals) -> None:
+        """A stop signal: each running child gets a SIGTERM (its n-th, as the group's)."""
+        self.signals += 1
+        step = ("shutting down gracefully", "stopping now", "stopping at once")[
+            min(self.signals, 3) - 1
+        ]
+        log.info("%s: %s; passing it on to %d worker process(es)", sig.name, step, self._running())
+        self._stop()
+
+    def fail(self, reason: str, exit_status: int = EXIT_FAILURE) -> None:
+        """Stop the group by itself (a crash loop): the others stop gracefully."""
+        if self.failure is None:
+            self.failure, self.exit_status = reason, exit_status
+            log.error("%s; stopping every worker process", reason)
+        if not self.signals:
+            self.signals = 1
+            self._stop()
+
+    def _stop(self) -> None:
+        self._stopping.set()
+        for child in self.children:
+            if not child.running:
+                continue
+            if child.takes_signals:
+                self._kill(child, signal.SIGTERM)
+            else:
+                child.signals_owed += 1  # sent once it takes them
+
+    def _running(self) -> int:
+        return sum(child.running for child in self.children)
+
+    @staticmethod
+    def _kill(child: Child, sig: signal.Signals) -> None:
+        if child.running and child.pid is not None:
+            try:
+                os.kill(child.pid, sig)  # not reaped before exitcode is set: the pid is its
+            except ProcessLookupError:
+                pass
+
+    # -- one slot -------------------------------------------------------------------------------
+
+    async def _keep(self, child: Child) -> None:
+        """Run `child`'s slot: start a process, and another after an unexpected exit."""
+        unready_in_row = 0
+        failures_in_row = 0
+        while not self._stopping.is_set():
+            exitcode = await self._run_one(child)
+            if self._stopping.is_set():  # (set meanwhile)
+                if exitcode != 0:
+                    log.error("%s %s", child.label, describe_exit(exitcode))
+                return
+            child.restarts += 1
+            how = describe_exit(exitcode)
+            if exitcode == EXIT_USAGE:
+                self.fail(
+                    f"{child.label} {how}: a usage error, which no restart fixes",
+                    exit_status=EXIT_USAGE,
+                )
+                return
+            unready_in_row = 0 if child.reserving else unready_in_row + 1
+            failures_in_row = 1 if child.reserving else failures_in_row + 1
+            now = trio.current_time()
+            self._crashes.append(now)
+            while self._crashes and self._crashes[0] <= now - CRASH_WINDOW_S:
+                self._crashes.popleft()
+            if len(self._crashes) >= CRASH_LIMIT:
+                self.fail(
+                    f"crash loop: {len(self._crashes)} unexpected exits within"
+                    f" {CRASH_WINDOW_S:g}s, the last: {child.label} {how}"
+                )
+                return
+            if unready_in_row >= UNREADY_LIMIT:
+                self.fail(
+                    f"crash loop: child {child.index} exited before reserving"
+                    f" {unready_in_row} times in a row, the last: pid {child.pid} {how}"
+                )
+                return
+            delay = min(RESTART_DELAY_S * 2 ** (failures_in_row - 1), MAX_RESTART_DELAY_S)
+            log.log(
+                logging.WARNING if exitcode == 0 else logging.ERROR,
+                "%s %s unexpectedly; the jobs it held return to the queue when their leases"
+                " expire; starting another in %.3gs",
+                child.label,
+                how,
+                delay,
+            )
+            child.state = f"restarting after pid {child.pid} {how}"
+            with trio.move_on_after(delay):
+                await self._stopping.wait()
+
+    async def _run_one(self, child: Child) -> int:
+        """Start a process in `child`'s slot and return its exit code once it ends."""
+        parent_end, child_end = self._context.Pipe()
+        process = self._context.Process(
+            target=child_main,
+            args=(self._child_run, self._child_args, child.index, child_end),
+            name=f"sepp-worker-{child.index}",
+        )
+        # Ignored, SIGINT stays ignored across exec: the child starts immune to a Ctrl-C sent
+        # to the terminal's process group until it leaves that group (see child_main).
+        handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            process.start()
+        finally:
+            signal.signal(signal.SIGINT, handler)
+            child_end.close()
+        child.process, child.pid, child.exitcode = process, process.pid, None
+        child.ports, child.reserving, child.takes_signals = {}, False, False
+        child.signals_owed = 0
+        log.info("child %d started: pid %s", child.index, child.pid)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._listen, child, parent_end)
+                await trio.lowlevel.wait_readable(process.sentinel)
+                nursery.cancel_scope.cancel()
+            process.join()
+        finally:
+            if process.exitcode is None:  # cancelled: a hard stop of the supervisor itself
+                process.kill()
+                process.join()
+            parent_end.close()
+            child.exitcode = process.exitcode
+        assert process.exitcode is not None
+        return process.exitcode
+
+    async def _listen(self, child: Child, conn: Connection) -> None:
+        """What the child says over its pipe (see `_fleet_child.SupervisorLink`)."""
+        while True:
+            await trio.lowlevel.wait_readable(conn.fileno())
+            try:
+                message: dict[str, Any] = conn.recv()
+            except (EOFError, OSError):
+                return
+            if "ports" in message:
+                child.ports = dict(message["ports"])
+            if message.get("signals"):
+                child.takes_signals = True
+                for _ in range(child.signals_owed):
+                    self._kill(child, signal.SIGTERM)
+            if "reserving" in message:
+                child.reserving = True
+                log.info("%s is worker %s", child.label, message["reserving"])
+
+
+def child_arguments(args: argparse.Namespace) -> argparse.Namespace:
+    """A child's command line: one process, its probes and metrics (if the group serves
+    them) on ports of its own on the loopback interface, for the supervisor alone."""
+    child = copy.copy(args)
+    child.processes = 1
+    child.health_port = 0 if args.health_port is not None else None
+    child.metrics_port = 0 if args.metrics_port is not None else None
+    child.http_host = "127.0.0.1"
+    return child
+
+
+async def supervise(args: argparse.Namespace, child_run: ChildRun) -> int:
+    """Run `args.processes` children, each `child_run(its args)`, until signalled; returns
+    the exit status."""
+    fleet = Fleet(args, args.processes, child_run)
+    log.info("starting %d worker processes of %s", args.processes, args.target)
+    hard_stopped = await run_until_signalled(fleet.run, [fleet.forward] * 3)
+    if hard_stopped:
+        log.error(
+            "stopped at once: every worker process killed, their jobs return when their"
+            " leases expire"
+        )
+        return EXIT_FAILURE
+    unsettled = [
+        f"{child.label} {describe_exit(child.exitcode)}"
+        for child in fleet.children
+        if child.exitcode not in (0, None)
+    ]
+    if fleet.failure is not None:
+        log.error("stopped: %s", fleet.failure)
+        return fleet.exit_status
+    if unsettled:
+        log.error(
+            "stopped, but not every job was settled: %s (see its log; its jobs return when"
+            " their leases expire)",
+            "; ".join(unsettled),
+        )
+        return EXIT_FAILURE
+    log.info("all %d worker processes stopped", len(fleet.children))
+    return EXIT_OK

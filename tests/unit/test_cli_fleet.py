@@ -1,0 +1,176 @@
+"""`worker --processes N`: the flag, the supervisor's words for a child's end, and the merge of
+the children's metrics into one exposition (what Prometheus parses)."""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+from dataclasses import dataclass, field
+
+import pytest
+import trio
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sepp._cli._fleet_http import GroupProbes, merge_metrics, with_process_label
+from sepp._cli._parser import build_parser
+from sepp._cli._supervisor import child_arguments, describe_exit
+from sepp._cli._worker_command import usable_cpus
+from sepp._worker.http_responder import TEXT
+from sepp._worker.monitor import WorkerMonitor, feed_of
+
+
+def parse(*extra: str) -> object:
+    return build_parser().parse_args(["worker", "app:router", "--queue", "q", *extra])
+
+
+def test_processes_defaults_to_one_and_auto_is_the_usable_cpus() -> None:
+    assert parse().processes == 1  # type: ignore[attr-defined]
+    assert parse("--processes", "3").processes == 3  # type: ignore[attr-defined]
+    assert parse("--processes", "auto").processes == usable_cpus()  # type: ignore[attr-defined]
+    if hasattr(os, "sched_getaffinity"):  # Linux
+        assert usable_cpus() == len(os.sched_getaffinity(0))
+
+
+@pytest.mark.parametrize("bad", ["0", "-1", "two", "1.5", ""])
+def test_processes_refuses_what_is_not_a_count(
+    bad: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        parse("--processes", bad)
+    assert f"--processes: not a positive number or auto: {bad!r}" in capsys.readouterr().err
+
+
+def test_children_serve_on_free_loopback_ports_only_what_the_group_serves() -> None:
+    args = parse("--processes", "2", "--metrics-port", "9100", "--http-host", "0.0.0.0")
+    child = child_arguments(args)  # type: ignore[arg-type]
+    assert (child.processes, child.health_port, child.metrics_port) == (1, None, 0)
+    assert child.http_host == "127.0.0.1"
+    assert args.metrics_port == 9100 and args.processes == 2  # type: ignore[attr-defined]
+
+
+def test_a_childs_end_in_words() -> None:
+    assert describe_exit(0) == "exited with status 0"
+    assert describe_exit(3) == "exited with status 3"
+    assert describe_exit(-signal.SIGKILL) == "was killed by SIGKILL"
+    assert describe_exit(-signal.SIGSEGV) == "was killed by SIGSEGV"
+    assert describe_exit(None) == "is still running"
+
+
+def test_a_sample_gets_the_process_label_first() -> None:
+    assert with_process_label('m{a="b"} 1', 0) == 'm{process="0",a="b"} 1'
+    assert with_process_label("m 2.5", 1) == 'm{process="1"} 2.5'
+    assert with_process_label("m{} 1", 2) == 'm{process="2"} 1'
+    # A label value may hold spaces and braces: only the name before the first brace counts.
+    assert with_process_label('m{a="x {y} z"} 1', 0) == 'm{process="0",a="x {y} z"} 1'
+
+
+def test_the_childrens_families_are_merged_one_family_each() -> None:
+    monitor = WorkerMonitor()
+    feed_of(monitor).reserve_done(0.002, None)
+    text = monitor.prometheus_text()
+    merged = merge_metrics({0: text, 1: text})
+    helps = [line for line in merged if line.startswith("# HELP ")]
+    assert len(helps) == len(set(helps)) == text.count("# HELP ")
+    # Each family's samples follow its HELP and TYPE, from both children.
+    start = merged.index("# TYPE sepp_worker_reserves_total counter")
+    assert merged[start + 1 : start + 5] == [
+        'sepp_worker_reserves_total{process="0",result="ok"} 1',
+        'sepp_worker_reserves_total{process="0",result="error"} 0',
+        'sepp_worker_reserves_total{process="1",result="ok"} 1',
+        'sepp_worker_reserves_total{process="1",result="error"} 0',
+    ]
+    bucket = 'sepp_worker_reserve_duration_seconds_bucket{process="1",le="0.005"} 1'
+    assert bucket in merged
+    assert merge_metrics({}) == []
+
+
+@given(st.lists(st.integers(0, 5), min_size=1, max_size=4, unique=True))
+def test_every_sample_of_every_child_is_kept_once(indexes: list[int]) -> None:
+    text = WorkerMonitor().prometheus_text()
+    samples = [line for line in text.splitlines() if line and not line.startswith("#")]
+    merged = merge_metrics(dict.fromkeys(indexes, text))
+    merged_samples = [line for line in merged if not line.startswith("#")]
+    assert len(merged_samples) == len(samples) * len(indexes)
+    for index in indexes:
+        assert sum(f'{{process="{index}"' in line for line in merged_samples) == len(samples)
+
+
+@dataclass
+class FakeChild:
+    index: int
+    pid: int | None
+    ports: dict[str, int] = field(default_factory=dict)
+    running: bool = True
+    state: str = "starting"
+    restarts: int = 0
+
+    @property
+    def label(self) -> str:
+        return f"child {self.index} (pid {self.pid})"
+
+
+@dataclass
+class FakeFleet:
+    children: list[FakeChild]
+    stopping: bool = False
+
+
+async def serve_answers(nursery: trio.Nursery, answers: dict[str, bytes]) -> int:
+    """A child's probe port: `answers` by path (status line and body), on 127.0.0.1."""
+
+    async def handle(stream: trio.SocketStream) -> None:
+        head = b""
+        while b"\r\n\r\n" not in head:
+            head += await stream.receive_some(4096)
+        path = head.split()[1].decode()
+        status, body = answers[path].split(b"\n", 1)
+        await stream.send_all(b"HTTP/1.1 " + status + b"\r\nConnection: close\r\n\r\n" + body)
+        await stream.aclose()
+
+    listeners = await nursery.start(functools.partial(trio.serve_tcp, handle, 0, host="127.0.0.1"))
+    return int(listeners[0].socket.getsockname()[1])
+
+
+async def test_the_group_probes_name_the_child_that_fails_and_a_restart_is_no_liveness_failure(
+    nursery: trio.Nursery,
+) -> None:
+    fine = await serve_answers(
+        nursery, {"/healthz": b"200 OK\nok: reserving\n", "/readyz": b"200 OK\nok: reserving\n"}
+    )
+    stuck = await serve_answers(
+        nursery,
+        {
+            "/healthz": b"503 Service Unavailable\nnot ready: loop blocked for 3.2s\n",
+            "/readyz": b"503 Service Unavailable\nnot ready: waiting for the server\n",
+        },
+    )
+    zero = FakeChild(0, 11, {"health": fine})
+    one = FakeChild(1, 12, {"health": fine})
+    fleet = FakeFleet([zero, one])
+    probes = GroupProbes(fleet)
+    assert await probes.readyz() == (
+        200,
+        TEXT,
+        b"ok: child 0 (pid 11): reserving; child 1 (pid 12): reserving\n",
+    )
+    one.running, one.state = False, "restarting after pid 12 was killed by SIGKILL"
+    assert (await probes.healthz())[0] == 200  # the supervisor is on it
+    assert await probes.readyz() == (
+        503,
+        TEXT,
+        b"not ready: child 1: restarting after pid 12 was killed by SIGKILL\n",
+    )
+    one.running, one.pid, one.ports = True, 13, {}
+    assert (await probes.readyz())[2] == b"not ready: child 1 (pid 13): starting\n"
+    one.ports = {"health": stuck}
+    assert await probes.healthz() == (
+        503,
+        TEXT,
+        b"not ready: child 1 (pid 13): loop blocked for 3.2s\n",
+    )
+    assert (await probes.readyz())[2] == b"not ready: child 1 (pid 13): waiting for the server\n"
+    one.ports = {"health": fine}
+    fleet.stopping = True
+    assert (await probes.readyz())[2].startswith(b"not ready: shutting down")
