@@ -18,7 +18,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
-from .._worker import concurrency
+from .._runtime import concurrency
 
 log = logging.getLogger("sepp.cli")
 
