@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any, TypeVar, cast
@@ -18,9 +17,6 @@ import anyio.lowlevel
 import anyio.to_thread
 
 from .primitives import CancelScope, Concurrency, Nursery
-
-if sys.version_info < (3, 11):  # pragma: no cover - 3.10
-    from exceptiongroup import BaseExceptionGroup
 
 T = TypeVar("T")
 
