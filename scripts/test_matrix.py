@@ -111,7 +111,7 @@ def pyproject() -> dict[str, object]:
 
 
 def claimed_versions() -> list[str]:
-    """The CPython versions the classifiers claim, oldest first ("3.10", ...)."""
+    """The CPython versions the classifiers claim, oldest first ("3.11", ...)."""
     prefix = "Programming Language :: Python :: "
     found = [
         c.removeprefix(prefix)
