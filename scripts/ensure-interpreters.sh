@@ -250,6 +250,15 @@ provide_debian_python() {  # provide_debian_python 3.X: CPython 3.X from Debian 
 import sysconfig, sys
 assert sysconfig.get_config_var("WHEEL_PKG_DIR").startswith(sys.argv[1]), "WHEEL_PKG_DIR"' "$root" ||
         die "the unpacked CPython $version does not start or lacks a module"
+    # And a virtualenv made with it gets the root's pip, not the host's (or none).
+    local pip_wheel pip_version
+    pip_wheel="$(basename "$(compgen -G "$wheels/pip-*.whl" | head -n 1)")"
+    pip_version="${pip_wheel#pip-}"
+    pip_version="${pip_version%%-*}"
+    "$bin" -m venv "$home/venv-check" >&2 &&
+        "$home/venv-check/bin/python" -m pip --version | grep -q "^pip $pip_version " ||
+        die "python$version -m venv does not install the root's pip $pip_version"
+    rm -rf "$home/venv-check"
     touch "$home/.complete"
     log "CPython $version from $count $suite packages in $((SECONDS - started))s: $("$bin" -VV)"
     printf '%s\n' "$bin"
