@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # `make release-check`: build the sdist and the wheel as a release would (isolated build),
 # `twine check --strict` both, then install the wheel into a fresh virtualenv on every Python
-# the package claims and run the smoke round trip against the real sepp server there.
+# the package claims (found as scripts/test_matrix.py finds them: 3.14 and 3.15 are Debian
+# sid's, from scripts/ensure-interpreters.sh) and run the smoke round trip against the real
+# sepp server there.
 # Leaves the artefacts in dist/ (what docs/releasing.md uploads).
 set -euo pipefail
 cd "$(dirname "$0")/.."

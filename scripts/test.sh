@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
 # The project's test command (`make test`, what CI runs): set up everything on a fresh machine,
 # then run lint, strict typing, the generated-code check, the docs build, and every test on every
-# claimed Python, on the dependency floors, on PyPy 3.11 and on free-threaded CPython 3.13
-# (scripts/test_matrix.py, three at a time).
+# claimed Python (3.14 and 3.15 from Debian sid's packages), on the dependency floors, on PyPy
+# 3.11 and on free-threaded CPython 3.13 (scripts/test_matrix.py, three at a time).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${VENV:-.venv}"
 CACHE_ROOT="${SEPP_TRIO_CACHE:-$HOME/.cache/sepp-trio}"
 
-# PyPy and free-threaded CPython for the matrix: made (once, then cached) in the background
-# while the steps before the matrix run; the matrix's parts wait for them (flock).
+# PyPy, free-threaded CPython and sid's 3.14 and 3.15 for the matrix: made (once, then cached)
+# in the background while the steps before the matrix run; the matrix's parts wait (flock).
 mkdir -p "$CACHE_ROOT/interpreters"
 interpreters_log="$CACHE_ROOT/interpreters/provision.log"
-echo "==> PyPy 3.11 and free-threaded CPython 3.13, in the background (log: $interpreters_log)"
+echo "==> PyPy 3.11, free-threaded CPython 3.13, CPython 3.14 and 3.15, in the background (log: $interpreters_log)"
 bash scripts/ensure-interpreters.sh >"$interpreters_log" 2>&1 &
 interpreters_pid=$!
 
@@ -50,9 +50,9 @@ echo "==> mypy --strict"
 echo "==> docs (make docs)"
 bash scripts/build-docs.sh
 
-echo "==> PyPy 3.11 and free-threaded CPython 3.13"
+echo "==> PyPy 3.11, free-threaded CPython 3.13, CPython 3.14 and 3.15"
 if wait "$interpreters_pid"; then
-    tail -n 2 "$interpreters_log"
+    tail -n 4 "$interpreters_log"
 else  # their matrix parts try again and fail with the reason; the other parts still run
     echo "scripts/ensure-interpreters.sh failed (the end of $interpreters_log):"
     tail -n 20 "$interpreters_log"

@@ -4,7 +4,8 @@
 
 - `main`: the project's own `.venv`, with the arguments given to `make test`;
 - `py3.X`: every other CPython that pyproject.toml's classifiers claim, newest dependencies,
-  with the per-engine suites on the default engine only (ONE_ENGINE);
+  with the per-engine suites on the default engine only (ONE_ENGINE); 3.14 and 3.15 are
+  Debian sid's, provisioned and cached by scripts/ensure-interpreters.sh (DEBIAN_PYTHONS);
 - `floors-py3.X`: the oldest and the newest claimed Python with the lowest version of every
   runtime dependency and extra that pyproject.toml allows (plus opentelemetry-sdk at the
   api's floor, and hpack at h2's floor's own floor), after checking that the generated
@@ -15,11 +16,13 @@
   with no build for that interpreter is excluded by its `needs` marker (tests/conftest.py),
   and the part's summary says how many and why; 3.13t's run fails if the GIL came back on.
 
-The slowest parts start first. Each part runs the whole `tests/` tree (unit, fixture and
-real-server suites) in its own process, `--jobs` at a time (3 by default: the CI machine has 2
-cores, and a part spends a good share of its time waiting on servers and timers), in a
-virtualenv kept under `${SEPP_TRIO_CACHE:-~/.cache/sepp-trio}/matrix/` and rebuilt when its
-inputs change. A claimed Python that cannot be found is a failure, never a skip. The
+The slowest parts start first. Each part runs the `tests/` tree (unit, fixture and
+real-server suites; the suites that do not depend on the interpreter or the dependencies'
+versions, MAIN_ONLY, on the main part only) in its own process, `--jobs` at a time (3 by
+default: the CI machine has 2 cores, and a part spends a good share of its time waiting on
+servers and timers), in a virtualenv kept under
+`${SEPP_TRIO_CACHE:-~/.cache/sepp-trio}/matrix/` and rebuilt when its inputs change. A
+claimed Python that cannot be found is a failure, never a skip. The
 exit status is non-zero if any part fails; the last lines are a summary with each part's wall
 time and the main part's pytest output, whose closing line counts its tests.
 
@@ -29,6 +32,7 @@ Usage: scripts/test_matrix.py [--jobs N] [--only PART ...] [--list] [-- PYTEST_A
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import os
 import re
@@ -37,14 +41,10 @@ import subprocess
 import sys
 import threading
 import time
+import tomllib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # the dev requirements bring tomli there
-    import tomli as tomllib
 
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
@@ -82,6 +82,21 @@ ONE_ENGINE = DEFAULT_WIRE_ENGINE
 # tools that cannot exist there (left out of its requirements). They come from
 # scripts/ensure-interpreters.sh, which prints "NAME PATH" lines; the slowest run first.
 EXTRA_INTERPRETERS = {"pypy3.11": "3.11", "py3.13t": "3.13"}
+# The claimed CPythons that no package of this Debian (bookworm) or pyenv build here provides:
+# scripts/ensure-interpreters.sh unpacks Debian sid's (version -> its name there).
+DEBIAN_PYTHONS = {"3.14": "py3.14", "3.15": "py3.15"}
+# What runs on the main part only (each part but main passes them to pytest as --ignore): the
+# suites whose outcome does not depend on the interpreter or the dependencies' versions. The
+# packaging tests build the pure-Python wheel and sdist and check this script; the docs pages'
+# examples and the typing checks (mypy, on the code as written) are the same on every Python;
+# the module structure reads the source. What they exercise at run time is covered by the
+# unit, fixture and real-server suites, which run everywhere.
+MAIN_ONLY = (
+    "tests/packaging",
+    "tests/docs",
+    "tests/unit/test_module_structure.py",
+    "tests/unit/test_typing.py",
+)
 KINDS = {
     "pypy3.11": {"pypy": True, "free_threaded": False},
     "py3.13t": {"pypy": False, "free_threaded": True},
@@ -96,7 +111,7 @@ def pyproject() -> dict[str, object]:
 
 
 def claimed_versions() -> list[str]:
-    """The CPython versions the classifiers claim, oldest first ("3.10", ...)."""
+    """The CPython versions the classifiers claim, oldest first ("3.11", ...)."""
     prefix = "Programming Language :: Python :: "
     found = [
         c.removeprefix(prefix)
@@ -125,8 +140,11 @@ def floor_pins() -> dict[str, str]:
     return pins | {name: f"=={version}" for name, version in EXTRA_FLOORS.items()}
 
 
-def find_python(version: str) -> Path:
-    """python3.X on PATH (pyenv's shims included) or in pyenv's versions; else fail loudly."""
+def find_python(version: str, log: Path | None = None, env: dict[str, str] | None = None) -> Path:
+    """python3.X on PATH (pyenv's shims included) or in pyenv's versions, or for
+    DEBIAN_PYTHONS the one scripts/ensure-interpreters.sh provides; else fail loudly."""
+    if version in DEBIAN_PYTHONS:
+        return provision(DEBIAN_PYTHONS[version], log, env)
     candidates: list[Path] = []
     on_path = shutil.which(f"python{version}")
     if on_path:
@@ -152,23 +170,21 @@ def find_python(version: str) -> Path:
     )
 
 
-def provision(name: str, log: Path, env: dict[str, str]) -> Path:
-    """One of EXTRA_INTERPRETERS from scripts/ensure-interpreters.sh (cached; else made)."""
-    with open(log, "a") as out:
+def provision(name: str, log: Path | None = None, env: dict[str, str] | None = None) -> Path:
+    """An interpreter from scripts/ensure-interpreters.sh (cached; else made), its progress
+    in `log` (else on stderr)."""
+    command = ["bash", str(ROOT / "scripts/ensure-interpreters.sh"), name]
+    with open(log, "a") if log is not None else contextlib.nullcontext(sys.stderr) as out:
         out.write(f"$ bash scripts/ensure-interpreters.sh {name}\n")
         out.flush()
         done = subprocess.run(
-            ["bash", str(ROOT / "scripts/ensure-interpreters.sh"), name],
-            stdout=subprocess.PIPE,
-            stderr=out,
-            text=True,
-            env=env,
-            timeout=PART_TIMEOUT_S,
+            command, stdout=subprocess.PIPE, stderr=out, text=True, env=env, timeout=PART_TIMEOUT_S
         )
         out.write(done.stdout)
     lines = done.stdout.split()
     if done.returncode or lines[-2:-1] != [name]:
-        raise LookupError(f"scripts/ensure-interpreters.sh could not provide {name}: see {log}")
+        where = log or "its output above"
+        raise LookupError(f"scripts/ensure-interpreters.sh could not provide {name}: see {where}")
     return Path(lines[-1])
 
 
@@ -332,6 +348,12 @@ def check_floors(part: Part, log: Path, env: dict[str, str]) -> int:
     return 0
 
 
+def part_pytest_args(part: Part) -> list[str]:
+    """What the part adds to pytest's arguments: every part but main leaves out MAIN_ONLY
+    (pytest still runs what the command line names: `make test -- tests/docs` runs everywhere)."""
+    return [f"--ignore={ROOT / path}" for path in MAIN_ONLY] if part.version else []
+
+
 def run_part(part: Part, pytest_args: list[str], logs: Path) -> Part:
     started = time.monotonic()
     part.log = logs / f"{part.name}.log"
@@ -345,7 +367,7 @@ def run_part(part: Part, pytest_args: list[str], logs: Path) -> Part:
         if part.interpreter:
             python = provision(part.interpreter, part.log, env)
         elif part.version:
-            python = find_python(part.version)
+            python = find_python(part.version, part.log, env)
         if part.version:
             status = prepare(part, python, part.log, env)
             if not status and part.floors:
@@ -362,7 +384,11 @@ def run_part(part: Part, pytest_args: list[str], logs: Path) -> Part:
             basetemp.parent.mkdir(parents=True, exist_ok=True)  # pytest creates only the last
             command.append(f"--basetemp={basetemp}")
         status = run_logged(
-            [*command, *pytest_args], part.log, env, PART_TIMEOUT_S, part.pytest_cpu
+            [*command, *part_pytest_args(part), *pytest_args],
+            part.log,
+            env,
+            PART_TIMEOUT_S,
+            part.pytest_cpu,
         )
     part.seconds = time.monotonic() - started
     part.status = "passed" if status == 0 else f"FAILED (exit {status})"

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import sys
 import threading
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
@@ -133,14 +132,13 @@ async def _cancelled_three_ways(client: sepp.Client) -> list[str]:
         seen.append("task.cancel")
     try:
         await asyncio.wait_for(client.reserve("aio-empty", wait_timeout=30), 0.05)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         seen.append("wait_for")
-    if sys.version_info >= (3, 11):
-        try:
-            async with asyncio.timeout(0.05):
-                await client.reserve("aio-empty", wait_timeout=30)
-        except TimeoutError:
-            seen.append("asyncio.timeout")
+    try:
+        async with asyncio.timeout(0.05):
+            await client.reserve("aio-empty", wait_timeout=30)
+    except TimeoutError:
+        seen.append("asyncio.timeout")
     return seen
 
 
@@ -152,7 +150,7 @@ def test_a_cancelled_caller_resets_its_stream_and_the_client_goes_on(
             await client.get_server_info()
             seen = await _cancelled_three_ways(client)
             expected = ["task.cancel", "wait_for"]
-            assert seen == expected + (["asyncio.timeout"] if sys.version_info >= (3, 11) else [])
+            assert seen == [*expected, "asyncio.timeout"]
             conn = client._channel._current  # type: ignore[attr-defined]
             assert conn is not None and conn.waiters == {}
             assert conn.proto.active_calls == 0  # every stream was reset, none left open

@@ -25,7 +25,7 @@ def test_every_dependency_and_extra_has_its_floor_pinned() -> None:
     # The sdk at the api's floor (users pair them), hpack at what h2's floor accepts.
     assert pins["opentelemetry-api"] == pins["opentelemetry-sdk"] == "==1.20"
     assert pins["hpack"] == "==4.0.0"
-    assert pins["exceptiongroup"] == '==1.0.2; python_version < "3.11"'
+    assert "exceptiongroup" not in pins  # a backport for 3.10, no longer claimed
 
 
 def test_the_floors_run_on_the_oldest_and_the_newest_claimed_python() -> None:
@@ -46,8 +46,8 @@ def test_a_claimed_python_that_is_not_installed_fails_loudly(
 ) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.setenv("PYENV_ROOT", str(tmp_path / "pyenv"))
-    with pytest.raises(LookupError, match=r"Python 3\.10 is claimed .* no interpreter was found"):
-        test_matrix.find_python("3.10")
+    with pytest.raises(LookupError, match=r"Python 3\.12 is claimed .* no interpreter was found"):
+        test_matrix.find_python("3.12")
 
 
 def test_an_interpreter_of_another_version_is_not_taken_for_the_claimed_one(
@@ -73,6 +73,65 @@ def test_pypy_and_free_threaded_cpython_run_first_from_their_provisioning_script
     assert parts[2].name == "main" and not any(p.interpreter for p in parts[2:])
 
 
+# -- CPython 3.14 and 3.15, from Debian sid -------------------------------------------------
+
+
+def test_3_14_and_3_15_are_claimed_and_run_as_parts_on_the_default_engine() -> None:
+    project = test_matrix.pyproject()
+    assert project["requires-python"] == ">=3.11"
+    versions = test_matrix.claimed_versions()
+    assert versions == ["3.11", "3.12", "3.13", "3.14", "3.15"]
+    parts = {part.name: part for part in test_matrix.plan()}
+    for version in ("3.14", "3.15"):
+        assert parts[f"py{version}"].version == version
+        assert parts[f"py{version}"].engines == "codec"
+    assert "floors-py3.15" in parts and "floors-py3.11" in parts
+
+
+def test_3_14_and_3_15_come_from_the_provisioning_script_and_its_failure_is_loud(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    assert test_matrix.DEBIAN_PYTHONS == {"3.14": "py3.14", "3.15": "py3.15"}
+    # A script that provides nothing stands in for one that cannot reach Debian.
+    fake_root = tmp_path / "root"
+    (fake_root / "scripts").mkdir(parents=True)
+    (fake_root / "scripts/ensure-interpreters.sh").write_text("echo 'no mirror' >&2; exit 1\n")
+    monkeypatch.setattr(test_matrix, "ROOT", fake_root)
+    log = tmp_path / "part.log"
+    with pytest.raises(LookupError, match=r"could not provide py3\.15: see .*part\.log"):
+        test_matrix.find_python("3.15", log)
+    assert "no mirror" in log.read_text()
+    # And where it does provide, its last line is what the matrix takes.
+    script = fake_root / "scripts/ensure-interpreters.sh"
+    script.write_text("echo py3.14 /opt/py/bin/python3.14\n")
+    assert test_matrix.find_python("3.14", log) == Path("/opt/py/bin/python3.14")
+
+
+# -- Each suite where it belongs --------------------------------------------------------------
+
+
+def test_the_suites_that_run_on_main_only_exist_and_every_other_part_leaves_them_out() -> None:
+    for path in test_matrix.MAIN_ONLY:
+        assert (ROOT / path).exists(), f"MAIN_ONLY names {path}, which is not there any more"
+    ignored = [f"--ignore={ROOT / path}" for path in test_matrix.MAIN_ONLY]
+    for part in test_matrix.plan():
+        expected = [] if part.name == "main" else ignored
+        assert test_matrix.part_pytest_args(part) == expected, part.name
+
+
+def test_a_part_other_than_main_collects_none_of_the_main_only_suites() -> None:
+    args = test_matrix.part_pytest_args(test_matrix.Part("py3.99", "3.99"))
+    done = subprocess.run(  # what a part collects: pytest's testpaths, less MAIN_ONLY
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--collect-only", "-q", *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    files = {line.split("::", 1)[0] for line in done.stdout.splitlines() if "::" in line}
+    assert {"tests/unit/test_wire_codec.py", "tests/hostile/test_hostile_server.py"} <= files
+    left_in = {f for f in files for path in test_matrix.MAIN_ONLY if f.startswith(path)}
+    assert not left_in
+
+
 def test_the_pypy_and_free_threading_classifiers_are_claims_the_matrix_runs() -> None:
     classifiers = test_matrix.pyproject()["classifiers"]
     assert "Programming Language :: Python :: Implementation :: PyPy" in classifiers
@@ -89,7 +148,7 @@ def test_an_interpreter_the_script_cannot_name_is_refused() -> None:
         timeout=60,
     )
     assert done.returncode == 1 and done.stdout == ""
-    assert "unknown interpreter 'jython2.7' (pypy3.11, py3.13t)" in done.stderr
+    assert "unknown interpreter 'jython2.7' (pypy3.11, py3.13t, py3.14, py3.15)" in done.stderr
 
 
 def requirements_on(environment: dict[str, str]) -> dict[str, SpecifierSet]:

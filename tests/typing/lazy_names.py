@@ -3,7 +3,7 @@ error: the module `__getattr__` is hidden from type checkers (test_typing.py).""
 
 from __future__ import annotations
 
-from typing_extensions import assert_type
+from typing import assert_type
 
 import sepp
 from sepp import QueueFull, Worker

@@ -14,9 +14,6 @@ import pytest
 from sepp._runtime.asyncio_runtime import ASYNCIO
 from sepp.wire.drivers._asyncio_scopes import MoveOnAt, enclosing_deadline
 
-if sys.version_info < (3, 11):
-    from exceptiongroup import BaseExceptionGroup
-
 T = TypeVar("T")
 
 
@@ -33,8 +30,7 @@ def test_a_scope_swallows_only_its_own_deadline() -> None:
         await asyncio.sleep(0)  # the task is not left cancelled
         task = asyncio.current_task()
         assert task is not None
-        if sys.version_info >= (3, 11):
-            assert task.cancelling() == 0
+        assert task.cancelling() == 0
         with MoveOnAt(loop.time() + 10) as untouched:
             await asyncio.sleep(0)
         assert not untouched.cancelled_caught

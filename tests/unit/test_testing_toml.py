@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime
 import math
-import sys
+import tomllib
 from typing import Any
 
 import pytest
@@ -12,11 +12,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sepp.testing import toml_dumps
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
 
 
 def roundtrip(data: dict[str, Any]) -> dict[str, Any]:

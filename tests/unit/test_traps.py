@@ -138,4 +138,4 @@ def test_status_codes_print_the_same_on_every_python() -> None:
     code = StatusCode.NOT_FOUND
     assert str(code) == f"{code}" == "StatusCode.NOT_FOUND"
     assert f"{code:d}" == "5" and int(code) == 5 and code == 5
-    # The version matrix of `make test` runs this on 3.10 to 3.13.
+    # The version matrix of `make test` runs this on 3.11 to 3.15.

@@ -25,7 +25,7 @@ def run_mypy(*files: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "MYPYPATH": str(ROOT / "tests")}
     return subprocess.run(
         [sys.executable, "-m", "mypy", "--no-error-summary", *map(str, files)],
-        cwd=ROOT,  # pyproject.toml's [tool.mypy]: strict, Python 3.10
+        cwd=ROOT,  # pyproject.toml's [tool.mypy]: strict, Python 3.11
         env=env,
         capture_output=True,
         text=True,

@@ -25,9 +25,6 @@ import sepp
 from sepp import Retry
 from sepp._runtime import concurrency
 
-if sys.version_info < (3, 11):
-    from exceptiongroup import BaseExceptionGroup
-
 LOOPS = ["asyncio", pytest.param("uvloop", marks=pytest.mark.needs("uvloop"))]
 
 

@@ -8,7 +8,6 @@ import contextvars
 import itertools
 import logging
 import pickle
-import sys
 import traceback
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -22,9 +21,6 @@ from trio.testing import MockClock
 
 import sepp
 from sepp import HandlerError, Retry
-
-if sys.version_info < (3, 11):
-    from exceptiongroup import ExceptionGroup
 
 
 def make_worker(fake: FakeClient, **options: Any) -> sepp.Worker:

@@ -2,18 +2,12 @@
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Literal
 
 from .errors import ValidationError
 from .types import JobContext, Retry
-
-if sys.version_info >= (3, 11):
-    from builtins import BaseExceptionGroup as _ExceptionGroup
-else:  # trio depends on the backport before 3.11
-    from exceptiongroup import BaseExceptionGroup as _ExceptionGroup
 
 # Nack reasons are for humans reading dead letters; keep them bounded.
 MAX_REASON_CHARS = 1000
@@ -85,7 +79,7 @@ def clip_reason(text: str) -> str:
 
 def describe(exc: BaseException) -> str:
     """`Type: message`; for an exception group, its type and every leaf."""
-    if isinstance(exc, _ExceptionGroup):
+    if isinstance(exc, BaseExceptionGroup):
         return f"{type(exc).__name__} ({'; '.join(describe(leaf) for leaf in _leaves(exc))})"
     text = str(exc)
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
@@ -93,7 +87,7 @@ def describe(exc: BaseException) -> str:
 
 def _leaves(exc: BaseException) -> list[BaseException]:
     """The exceptions in a (nested) exception group, or the exception itself."""
-    if isinstance(exc, _ExceptionGroup):
+    if isinstance(exc, BaseExceptionGroup):
         return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
     return [exc]
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
-import sys
 import threading
 import types
 import typing
@@ -97,8 +96,6 @@ def _from_string(parse: Callable[[str], Any], what: str) -> Decoder:
 
 
 def _parse_datetime(text: str) -> datetime:
-    if sys.version_info < (3, 11) and text.endswith(("Z", "z")):
-        text = text[:-1] + "+00:00"  # 3.10's fromisoformat does not know "Z"
     return datetime.fromisoformat(text)
 
 
@@ -362,7 +359,7 @@ def _compile(tp: object) -> Decoder:
     args = typing.get_args(tp)
     if origin is typing.Annotated:
         return compile_decoder(args[0])
-    if origin is Union or (sys.version_info >= (3, 10) and origin is types.UnionType):
+    if origin is Union or origin is types.UnionType:
         options = [compile_decoder(arg) for arg in args]
         return _union(options, " or ".join(_describe(arg) for arg in args))
     if origin is typing.Literal:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any, TypeVar, cast
@@ -19,9 +18,6 @@ import anyio.to_thread
 
 from .primitives import Concurrency
 from .protocol import CancelScope, Nursery
-
-if sys.version_info < (3, 11):  # pragma: no cover - 3.10
-    from exceptiongroup import BaseExceptionGroup
 
 if TYPE_CHECKING:
     from typing_extensions import TypeVarTuple, Unpack

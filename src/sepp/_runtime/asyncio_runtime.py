@@ -9,7 +9,6 @@ a task on a future. A client serves the event loop that opened it (`owner`).
 from __future__ import annotations
 
 import asyncio
-import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from contextlib import AbstractAsyncContextManager
 from types import TracebackType
@@ -24,9 +23,6 @@ if TYPE_CHECKING:
     from typing_extensions import TypeVarTuple, Unpack
 
     PosArgs = TypeVarTuple("PosArgs")
-
-if sys.version_info < (3, 11):  # pragma: no cover - 3.10
-    from exceptiongroup import BaseExceptionGroup
 
 _ABORTED = object()
 

@@ -35,8 +35,7 @@ class MoveOnAt:
         if task is None:
             raise RuntimeError("a cancel scope needs a running asyncio task")
         self._task = task
-        if sys.version_info >= (3, 11):
-            self._cancelling = task.cancelling()
+        self._cancelling = task.cancelling()
         if self.deadline != math.inf:
             loop = asyncio.get_running_loop()
             if self.deadline <= loop.time():
@@ -67,11 +66,8 @@ class MoveOnAt:
             self._handle = None
         if not self._fired or task is None:
             return False
-        if sys.version_info >= (3, 11):
-            # Ours, unless the task was also cancelled from outside meanwhile.
-            ours = task.uncancel() <= self._cancelling
-        else:  # pragma: no cover - Python 3.10 cannot tell the two apart
-            ours = True
+        # Ours, unless the task was also cancelled from outside meanwhile.
+        ours = task.uncancel() <= self._cancelling
         if exc_type is not None and issubclass(exc_type, asyncio.CancelledError) and ours:
             self.cancelled_caught = True
             return True

@@ -20,7 +20,6 @@ import os
 import queue
 import select
 import socket
-import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -57,15 +56,6 @@ def _poll_ms(seconds: float) -> int:
     return -1 if seconds == math.inf else max(0, math.ceil(seconds * 1000))
 
 
-# CPython 3.10's SimpleQueue.get(timeout=t) can block forever on a queue never waited on: its
-# first try takes the queue's free lock, and the time left, recomputed after that, can come
-# out negative, which the lock's wait reads as "no timeout" (a small or zero `t` under load: a
-# follower 0.3 s past its deadline waited 10 s in CI, in floors-py3.10). A queue whose lock
-# was taken once (an empty get_nowait) waits out its whole timeout instead; 3.11 and later
-# compute the time left another way.
-_PRIME_WAKE_QUEUES = sys.version_info < (3, 11) and sys.implementation.name == "cpython"
-
-
 class _Waiter:
     """One call in flight and the thread waiting for it. `wake` gets one item when the reader
     hands this caller its result or the reader's role (`done` or `lead`, set first).
@@ -80,11 +70,6 @@ class _Waiter:
         self.stream_id = stream_id
         self.deadline = deadline
         self.wake: queue.SimpleQueue[None] = queue.SimpleQueue()
-        if _PRIME_WAKE_QUEUES:
-            try:
-                self.wake.get_nowait()
-            except queue.Empty:
-                pass
         self.signalled = False
         self.lead = False  # this caller is (to become) the connection's reader
         self.done = False
