@@ -6,13 +6,8 @@ from __future__ import annotations
 
 import ast
 import re
-import sys
+import tomllib
 from pathlib import Path
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # the dev requirements bring tomli there
-    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 TESTS = ROOT / "tests"
