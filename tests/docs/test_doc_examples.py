@@ -15,15 +15,26 @@ module says how each kind runs. The rules, also in docs/contributing.md:
 - `<!-- skip: next "why" -->` (or `% skip: next "why"`) marks the next example as
   illustrative; the reason is required. `<!-- invisible-code-block: python -->` runs code the
   reader does not see (setting up what an example needs).
-- Other fences are text, not examples, and must say which: text, toml, json, yaml or ini.
+- ```python sepp-py blocks are programs for the official sepp-py client (docs/porting.md's
+  "before" examples): each runs as a script in sepp-py's own virtualenv (`SEPPY_PYTHON`,
+  built on demand), with `127.0.0.1:50051` replaced by the test server's address, and must
+  exit 0. What it prints on stdout must then be what the next example, its sepp-trio twin (a
+  python block), prints once run-specific values are replaced (stderr, where logs go, is not
+  compared). `python sepp-py alone` runs the same way with nothing compared (a behaviour the
+  two clients do not share).
+- Other fences are text, not examples, and must say which: text, toml, json, yaml, ini or
+  typescript (sepp-js code, which cannot run here: the official JS client is on no registry
+  this project reaches).
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
 import copy
 import difflib
 import inspect
+import io
 import json
 import os
 import re
@@ -38,6 +49,7 @@ from unittest import SkipTest
 
 import pytest
 import trio
+from peers.seppy import seppy_python
 from sybil import Example, Sybil
 from sybil.evaluators.skip import Skipper
 from sybil.parsers.markdown.lexers import FencedCodeBlockLexer
@@ -51,7 +63,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # The address examples use for a server on this machine; it reaches the test server.
 EXAMPLE_ADDRESS = "127.0.0.1:50051"
-TEXT_FENCES = {"text", "toml", "json", "yaml", "ini"}
+TEXT_FENCES = {"text", "toml", "json", "yaml", "ini", "typescript"}
 BLOCK_TIMEOUT_S = 60
 _MODULE_FILE = re.compile(r"# ([\w./-]+\.py)\n")
 
@@ -66,6 +78,18 @@ def evaluate_python(example: Example) -> None:
         padded, example.path, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT, dont_inherit=True
     )
     namespace = example.namespace
+    twin = namespace.pop(_SEPPY_PRINTED, None)
+    if twin is None:
+        _run(code, namespace)
+        return
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        _run(code, namespace)
+    print(printed.getvalue(), end="")
+    _assert_same_output(twin, printed.getvalue(), "sepp-py printed", "sepp-trio printed")
+
+
+def _run(code: Any, namespace: dict[str, Any]) -> None:
     if not code.co_flags & inspect.CO_COROUTINE:
         exec(code, namespace)
         return
@@ -77,6 +101,53 @@ def evaluate_python(example: Example) -> None:
                 await eval(code, namespace)
 
     trio.run(run_block)
+
+
+# Where a `python sepp-py` block leaves what it printed for its sepp-trio twin to match.
+_SEPPY_PRINTED = "_seppy_printed"
+
+
+def evaluate_seppy(example: Example, *, compare: bool = True) -> None:
+    """Run a sepp-py program in sepp-py's venv against the test server."""
+    namespace = example.namespace
+    source = str(example.parsed).replace(EXAMPLE_ADDRESS, namespace["address"])
+    script = Path(namespace["cwd"]) / f"seppy_line_{example.line}.py"
+    script.write_text("\n" * (example.line + example.parsed.line_offset) + source)
+    env = {k: v for k, v in os.environ.items() if k not in ("SEPP_API_KEY", "PYTHONPATH")}
+    done = subprocess.run(
+        [seppy_python(), "-I", str(script)],
+        cwd=namespace["cwd"],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        timeout=BLOCK_TIMEOUT_S,
+        check=False,
+    )
+    printed = done.stdout.decode()
+    assert done.returncode == 0, (
+        f"sepp-py example exited {done.returncode}:\n{printed}{done.stderr.decode()}"
+    )
+    _assert_no_twin_pending(namespace)
+    if compare:
+        namespace[_SEPPY_PRINTED] = printed
+
+
+def _assert_no_twin_pending(namespace: dict[str, Any]) -> None:
+    assert _SEPPY_PRINTED not in namespace, (
+        "a `python sepp-py` block's twin (a python block) must follow it"
+    )
+
+
+def evaluate_seppy_alone(example: Example) -> None:
+    evaluate_seppy(example, compare=False)
+
+
+def _assert_same_output(expected: str, actual: str, expected_name: str, actual_name: str) -> None:
+    if normalise(expected) != normalise(actual):
+        diff = difflib.unified_diff(
+            normalise(expected), normalise(actual), expected_name, actual_name, lineterm=""
+        )
+        raise AssertionError("\n".join(diff))
 
 
 # Values that differ from run to run, replaced in both the expected and the actual output.
@@ -126,6 +197,7 @@ def shell_session(text: str) -> Iterator[tuple[str, str]]:
 
 
 def evaluate_console(example: Example) -> str | None:
+    _assert_no_twin_pending(example.namespace)
     env = {k: v for k, v in os.environ.items() if k not in ("SEPP_API_KEY", "PYTHONPATH")}
     env["SEPP_ADDR"] = example.namespace["address"]
     env["SEPP_ADMIN_URL"] = example.namespace["admin_url"]
@@ -156,6 +228,8 @@ SYBIL = Sybil(
     parsers=[
         CodeBlockParser("python", evaluate_python),
         CodeBlockParser("console", evaluate_console),
+        CodeBlockParser("python sepp-py", evaluate_seppy),
+        CodeBlockParser("python sepp-py alone", evaluate_seppy_alone),
         SkipParser(),
     ]
 )
@@ -214,6 +288,7 @@ def evaluate_document(
                 skipped.append(f"{path.name}:{example.line}: {skip}")
     finally:
         os.chdir(previous)
+    _assert_no_twin_pending(document.namespace)
     return skipped
 
 
