@@ -23,6 +23,7 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import gc
+import gzip
 import os
 import ssl
 import struct
@@ -577,6 +578,61 @@ async def test_compressed_or_unknown_flag_is_malformed(flag: int) -> None:
     async with hostile(first_call(compressed)) as (_, client):
         exc = await raises(sepp.MalformedResponseError, client.get_server_info(timeout=5), within=5)
         assert "compress" in str(exc)
+        assert (await client.get_server_info()).server_version == "hostile-1"
+
+
+def gzip_framed(message: bytes) -> bytes:
+    packed = gzip.compress(message)
+    return struct.pack(">BI", 1, len(packed)) + packed
+
+
+async def gzip_everything(call: ServerCall) -> None:
+    """A grpcio server with `compression=Gzip`: it compresses every response, whether or not
+    the client said it accepts gzip."""
+    await call.send_headers([*GRPC_HEADERS, (b"grpc-encoding", b"gzip")])
+    await call.send_data(gzip_framed(good_response(call)))
+    await call.send_trailers(0)
+
+
+async def test_a_server_that_gzips_every_response_is_understood() -> None:
+    async with hostile(gzip_everything) as (server, client):
+        assert (await client.get_server_info(timeout=5)).server_version == "hostile-1"
+        ack = await client.enqueue("q", "t", timeout=5)
+        assert ack.job_id == "c0-0"
+        assert [j.ctx.id for j in await client.reserve("q", wait_timeout=0) or []] == ["j1"]
+        assert [call.header(b"grpc-accept-encoding") for call in server.calls] == [b"gzip"] * 3
+        assert len(server.connections) == 1
+
+
+async def test_a_gzip_bomb_is_too_large_and_the_connection_stays() -> None:
+    async def bomb(call: ServerCall) -> None:
+        # 64 MiB of zeros in 64 KiB: far below the receive cap until decompressed.
+        await call.send_headers([*GRPC_HEADERS, (b"grpc-encoding", b"gzip")])
+        await call.send_data(gzip_framed(bytes(64 << 20)))
+        await call.stall()  # trailers never come: the client must not wait for them
+
+    async with hostile(first_call(bomb), max_receive_message_bytes=1 << 20) as (server, client):
+        with pytest.raises(sepp.MessageTooLargeError) as info:
+            await client.get_server_info(timeout=5)
+        assert info.value.code is sepp.StatusCode.RESOURCE_EXHAUSTED
+        assert "decompresses to more than the 1048576-byte receive limit" in str(info.value)
+        await server.wait_until(lambda: server.resets.get((0, 1)) == ErrorCodes.CANCEL)
+        assert (await client.get_server_info()).server_version == "hostile-1"
+        assert len(server.connections) == 1
+
+
+async def test_a_message_compressed_in_an_encoding_never_accepted_names_it() -> None:
+    async def snappy(call: ServerCall) -> None:
+        message = info_message()
+        await call.send_headers([*GRPC_HEADERS, (b"grpc-encoding", b"snappy")])
+        await call.send_data(struct.pack(">BI", 1, len(message)) + message)
+        await call.send_trailers(0)
+
+    async with hostile(first_call(snappy)) as (_, client):
+        with pytest.raises(sepp.MalformedResponseError) as info:
+            await client.get_server_info(timeout=5)
+        assert info.value.code is sepp.StatusCode.INTERNAL
+        assert "'snappy'" in str(info.value)
         assert (await client.get_server_info()).server_version == "hostile-1"
 
 

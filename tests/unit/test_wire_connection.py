@@ -9,6 +9,7 @@ state machine, `Pair.to_client()` the reverse. Where the server's h2 cannot be m
 
 from __future__ import annotations
 
+import gzip
 import struct
 from collections.abc import Sequence
 from typing import Any
@@ -235,6 +236,7 @@ def test_request_headers_are_exact_and_in_order() -> None:
         (b"te", b"trailers"),
         (b"content-type", b"application/grpc"),
         (b"user-agent", b"sepp-trio/test"),
+        (b"grpc-accept-encoding", b"gzip"),
         (b"authorization", b"Bearer s3cret"),
         (b"grpc-timeout", b"1500m"),
     ]
@@ -425,14 +427,64 @@ def test_huge_length_prefix_is_refused_before_the_body_arrives() -> None:
     assert pair.finished(nxt).body == b"small"
 
 
-def test_compressed_flag_is_a_typed_error() -> None:
+def test_compressed_in_an_encoding_we_never_accepted_is_a_typed_error() -> None:
     pair = Pair()
     sid = pair.call()
-    pair.server.send_headers(sid, [*OK_HEADERS, (b"grpc-encoding", b"gzip")])
+    pair.server.send_headers(sid, [*OK_HEADERS, (b"grpc-encoding", b"snappy")])
     pair.server.send_data(sid, struct.pack(">BI", 1, 3) + b"abc")
     pair.to_client()
     result = pair.finished(sid)
     assert (result.code, result.error_kind) == (StatusCode.INTERNAL, FailureKind.COMPRESSED)
+    assert "'snappy'" in result.details
+
+
+# -- gzip-compressed responses ---------------------------------------------------------------------
+
+
+def gzip_framed(body: bytes) -> bytes:
+    packed = gzip.compress(body)
+    return struct.pack(">BI", 1, len(packed)) + packed
+
+
+def test_every_request_accepts_gzip() -> None:
+    pair = Pair()
+    first, second = pair.call(), pair.call("Extend")
+    for sid in (first, second):
+        assert (b"grpc-accept-encoding", b"gzip") in pair.request_headers(sid)
+
+
+def test_a_gzip_response_is_decompressed() -> None:
+    pair = Pair()
+    body = b"compressed by the server " * 40
+    sid = pair.call()
+    pair.server.send_headers(sid, [*OK_HEADERS, (b"grpc-encoding", b"gzip")])
+    framed = gzip_framed(body)
+    pair.server.send_data(sid, framed[:7])  # split: the message is whole only at the end
+    pair.server.send_data(sid, framed[7:])
+    pair.trailers(sid)
+    assert (pair.finished(sid).code, pair.finished(sid).body) == (StatusCode.OK, body)
+
+
+def test_a_gzip_bomb_fails_its_call_as_too_large_and_keeps_the_connection() -> None:
+    pair = Pair(max_receive_message_bytes=64 * 1024)
+    sid = pair.call()
+    pair.server.send_headers(sid, [*OK_HEADERS, (b"grpc-encoding", b"gzip")])
+    framed = gzip_framed(bytes(16 << 20))  # 16 MiB of zeros in about 16 KiB
+    assert len(framed) < 64 * 1024
+    pair.server.send_data(sid, framed)
+    events = pair.to_client()
+    assert kinds(events) == [CallFinished, StreamCapacityChanged]
+    result = pair.finished(sid)
+    assert (result.code, result.error_kind) == (
+        StatusCode.RESOURCE_EXHAUSTED,
+        FailureKind.TOO_LARGE,
+    )
+    assert "decompresses to more than the 65536-byte receive limit" in result.details
+    pair.to_server()
+    assert pair.server_resets() == {sid: ErrorCodes.CANCEL}
+    nxt = pair.call()
+    pair.respond(nxt, b"after")
+    assert pair.finished(nxt).body == b"after"
 
 
 @pytest.mark.parametrize(

@@ -1,8 +1,15 @@
-"""gRPC length-prefixed message framing: a 1-byte compressed flag and a 4-byte big-endian length."""
+"""gRPC length-prefixed message framing: a 1-byte compressed flag and a 4-byte big-endian length.
+
+Requests go uncompressed. A response message may come gzip-compressed (flag 1 under
+`grpc-encoding: gzip`, which every gRPC server may send, and a grpcio server configured to
+compress sends whatever the client accepts); it is decompressed with the receive cap applied to
+what it decompresses to.
+"""
 
 from __future__ import annotations
 
 import struct
+import zlib
 
 from ._failure import FailureKind
 
@@ -43,21 +50,57 @@ class FramingError(Exception):
         self.kind = kind
 
 
+# What we send as grpc-accept-encoding (identity is always accepted and never named).
+ACCEPT_ENCODING = b"gzip"
+_GZIP_WBITS = 16 + zlib.MAX_WBITS  # gzip's header and trailer around the deflate stream
+
+
+def gunzip(data: bytes, max_bytes: int | None) -> bytes:
+    """A gzip-compressed message's bytes, decompressed into at most `max_bytes` (plus one, to
+    tell the cap was passed): a decompression bomb costs the cap, never what it expands to."""
+    inflater = zlib.decompressobj(_GZIP_WBITS)
+    try:
+        # max_length 0 means no limit, and max_bytes + 1 is never 0.
+        message = inflater.decompress(data, 0 if max_bytes is None else max_bytes + 1)
+    except zlib.error as exc:
+        raise FramingError(
+            FailureKind.MALFORMED, f"a gzip-compressed response message does not decompress: {exc}"
+        ) from None
+    if max_bytes is not None and len(message) > max_bytes:
+        raise FramingError(
+            FailureKind.TOO_LARGE,
+            f"response message of {len(data)} bytes gzip-compressed decompresses to more than "
+            f"the {max_bytes}-byte receive limit",
+        )
+    if not inflater.eof:
+        raise FramingError(FailureKind.MALFORMED, "a gzip-compressed response message is truncated")
+    if inflater.unused_data:
+        raise FramingError(
+            FailureKind.MALFORMED, "bytes after the gzip stream in a compressed response message"
+        )
+    return message
+
+
 class MessageDecoder:
     """Reassembles exactly one gRPC message from DATA chunks (every sepp RPC is unary).
 
     The declared length is checked against the cap as soon as the prefix is complete, so an
     oversized message is refused before its body is buffered. A message that arrives whole in
-    one chunk (the common case) is sliced out without buffering.
+    one chunk (the common case) is sliced out without buffering. A compressed message (its
+    `encoding` named by the response headers) is decompressed once whole, within the cap.
     """
 
-    __slots__ = ("_buffer", "_declared", "_max_bytes", "message")
+    __slots__ = ("_buffer", "_compressed", "_declared", "_max_bytes", "encoding", "message")
 
     def __init__(self, max_bytes: int | None) -> None:
         self._buffer = bytearray()
         self._declared: int | None = None
         self._max_bytes = max_bytes
         self.message: bytes | None = None
+        # The response's grpc-encoding (set by ResponseState), and whether the message's flag
+        # said it is compressed in it.
+        self.encoding: bytes | None = None
+        self._compressed = False
 
     def feed(self, data: bytes | memoryview) -> None:
         """Add a chunk; raises FramingError on a bad or oversized message."""
@@ -71,6 +114,8 @@ class MessageDecoder:
             length = self._read_prefix(data)
             if len(data) - PREFIX_BYTES == length:
                 self.message = bytes(data[PREFIX_BYTES:])
+                if self._compressed:
+                    self.message = gunzip(self.message, self._max_bytes)
                 return
             data = data[PREFIX_BYTES:]
         self._buffer += data
@@ -83,17 +128,16 @@ class MessageDecoder:
         if len(self._buffer) > self._declared:
             raise FramingError(FailureKind.MALFORMED, "more data than the length prefix declared")
         if len(self._buffer) == self._declared:
-            self.message = bytes(self._buffer)
+            message = bytes(self._buffer)
             self._buffer.clear()
+            self.message = gunzip(message, self._max_bytes) if self._compressed else message
 
     def _read_prefix(self, data: bytes | bytearray | memoryview) -> int:
         flag, length = _PREFIX.unpack_from(data)
-        if flag == 1:
-            raise FramingError(
-                FailureKind.COMPRESSED, "compressed message received, none was accepted"
-            )
-        if flag != 0:
-            raise FramingError(FailureKind.MALFORMED, f"invalid compressed flag {flag}")
+        if flag:
+            self._check_compressed(flag)
+        # A compressed message is held to the cap too: deflate output is never much smaller
+        # than its input for data that does not compress, and the cap bounds what is buffered.
         if self._max_bytes is not None and length > self._max_bytes:
             raise FramingError(
                 FailureKind.TOO_LARGE,
@@ -102,6 +146,23 @@ class MessageDecoder:
             )
         self._declared = length
         return int(length)
+
+    def _check_compressed(self, flag: int) -> None:
+        if flag != 1:
+            raise FramingError(FailureKind.MALFORMED, f"invalid compressed flag {flag}")
+        encoding = self.encoding
+        if encoding != b"gzip":
+            # gRPC's rule: a message compressed in an encoding we never accepted is INTERNAL.
+            why = (
+                "without a grpc-encoding"
+                if encoding is None or encoding == b"identity"
+                else f"in grpc-encoding {encoding.decode('latin-1')!r}, which we do not accept"
+            )
+            raise FramingError(
+                FailureKind.COMPRESSED,
+                f"compressed message received {why} (we accept {ACCEPT_ENCODING.decode()})",
+            )
+        self._compressed = True
 
     @property
     def incomplete(self) -> bool:

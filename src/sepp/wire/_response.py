@@ -63,6 +63,8 @@ class ResponseState:
                 self.grpc_message = value
             elif name == b"content-type":
                 self.content_type = value
+            elif name == b"grpc-encoding":
+                self.decoder.encoding = value  # how a compressed message is compressed
 
     def response_started(self) -> None:
         """The response headers (not informational ones) have been read."""

@@ -40,7 +40,14 @@ from .._events import (
     StreamCapacityChanged,
 )
 from .._failure import FailureKind
-from .._framing import PREFIX_BYTES, FramingError, Request, message_prefix, request_size
+from .._framing import (
+    ACCEPT_ENCODING,
+    PREFIX_BYTES,
+    FramingError,
+    Request,
+    message_prefix,
+    request_size,
+)
 from .._hpack import BoundedDecoder, encode_authority, encode_field
 from .._response import (
     FRAME_HEADER_BYTES,
@@ -111,7 +118,9 @@ _EMPTY = memoryview(b"")
 # A request body at least this long goes to the driver as a view of the caller's bytes, beside
 # its frame headers, instead of being copied into one buffer with them (see buffers_to_send).
 VIEW_MIN_BYTES = 16 * 1024
-_INTERESTING = frozenset({b":status", b"content-type", b"grpc-status", b"grpc-message"})
+_INTERESTING = frozenset(
+    {b":status", b"content-type", b"grpc-status", b"grpc-message", b"grpc-encoding"}
+)
 
 
 def frame(frame_type: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
@@ -167,7 +176,7 @@ class _HeaderBlocks:
 
     def decode(self, block: bytes) -> tuple[Header, ...]:
         """The fields we read from a block (:status, content-type, grpc-status,
-        grpc-message), in order; raises _ConnectionError if it cannot be decoded."""
+        grpc-message, grpc-encoding), in order; raises _ConnectionError if it cannot be decoded."""
         if block in self._cache:  # not .get(): see CallTable._calls
             return self._cache[block]
         table = self._decoder.header_table
@@ -220,6 +229,7 @@ class CodecGrpcConnection(CallTable[_Call]):
             (b"te", b"trailers", False),
             (b"content-type", b"application/grpc", False),
             (b"user-agent", user_agent.encode("ascii"), False),
+            (b"grpc-accept-encoding", ACCEPT_ENCODING, False),
             *((k, v, False) for k, v in metadata),
             # Credentials must never enter the HPACK dynamic table (RFC 7541 §7.1.3).
             *((k, v, True) for k, v in secret_metadata),

@@ -38,7 +38,7 @@ from .._events import (
     StreamCapacityChanged,
 )
 from .._failure import FailureKind
-from .._framing import FramingError, Request, encode_message, joined
+from .._framing import ACCEPT_ENCODING, FramingError, Request, encode_message, joined
 from .._hpack import encode_authority
 from .._response import ResponseState, finish, goaway_result, reset_result
 from .._status import StatusCode, encode_grpc_timeout
@@ -90,6 +90,7 @@ class H2GrpcConnection(CallTable[_Call]):
             (b"te", b"trailers"),
             (b"content-type", b"application/grpc"),
             (b"user-agent", user_agent.encode("ascii")),
+            (b"grpc-accept-encoding", ACCEPT_ENCODING),
             *metadata,
             # Credentials must never enter the HPACK dynamic table (RFC 7541 §7.1.3).
             *(NeverIndexedHeaderTuple(k, v) for k, v in secret_metadata),
