@@ -316,6 +316,7 @@ async def hostile(handler: Any, **options: Any) -> AsyncIterator[tuple[H2Server,
         "silent",
         "settings_delay",
         "window_updates",
+        "ping_min_time",
     }
     server_kwargs = {k: v for k, v in options.items() if k in server_keys}
     open_kwargs: dict[str, Any] = {"validate_locally": False, "connect_timeout": 3.0}
@@ -929,6 +930,31 @@ async def test_a_hostile_response_fails_only_its_own_call() -> None:
 
 
 # -- HTTP/2 abuse -----------------------------------------------------------------------------
+
+
+async def test_keepalive_during_a_long_call_never_trips_a_grpc_go_ping_policy() -> None:
+    """A grpc-go server (keepalive enforcement, MinTime 5 min) ends the connection at the
+    third early PING while it sends nothing. Keepalive every 50 ms here, so that a call of
+    twenty intervals is long (trio's MockClock plays the default 30 s over 3 minutes in
+    tests/unit/test_wire_transport.py)."""
+
+    async def long_call(call: ServerCall) -> None:
+        conn = call.conn
+        await conn.server.wait_until(lambda: conn.pings_received >= 2 or conn.closed)
+        await trio.sleep(1.0)  # at least twenty more keepalive intervals, to ping in
+        await behave(call)
+
+    async with hostile(
+        long_call, ping_min_time=300.0, keepalive_interval=0.05, keepalive_timeout=5.0
+    ) as (server, client):
+        assert (await client.get_server_info(timeout=5)).server_version == "hostile-1"
+        conn = server.connections[0]
+        assert (conn.pings_received, conn.too_many_pings) == (2, False)
+        assert len(server.connections) == 1
+        # The next call lets two more go.
+        assert await client.enqueue("q", "t", timeout=5) == sepp.EnqueueAck("c0-0", False)
+        assert (conn.pings_received, conn.too_many_pings) == (4, False)
+        assert len(server.connections) == 1
 
 
 async def test_ping_flood_is_answered_and_calls_keep_working() -> None:

@@ -973,9 +973,53 @@ def test_received_data_is_acknowledged() -> None:
 
 def test_ping_acknowledged() -> None:
     pair = Pair()
-    pair.client.send_ping(b"abcdefgh")
+    pair.call()
+    assert pair.client.send_ping(b"abcdefgh")
     pair.to_server()
     assert pair.to_client() == [PingAcknowledged(b"abcdefgh")]
+
+
+def pings_received(pair: Pair) -> list[bytes]:
+    return [bytes(e.ping_data) for e in pair.server_events if isinstance(e, h2.events.PingReceived)]
+
+
+def test_no_ping_before_the_first_call() -> None:
+    pair = Pair()
+    assert not pair.client.send_ping(b"too-soon")
+    assert pair.client.data_to_send() == b""  # nothing queued
+
+
+def test_two_pings_at_most_until_a_headers_frame_goes_out() -> None:
+    """grpc-core's max_pings_without_data: grpc-go and grpc-core servers end the connection at
+    the third PING that comes while they send nothing (GOAWAY too_many_pings)."""
+    pair = Pair()
+    sid = pair.call()
+    assert pair.client.send_ping(b"ping-001") and pair.client.send_ping(b"ping-002")
+    assert not pair.client.send_ping(b"ping-003")
+    pair.to_server()
+    assert pings_received(pair) == [b"ping-001", b"ping-002"]
+    # What the server sends does not count (grpc-core counts what it sends itself).
+    pair.server.send_headers(sid, OK_HEADERS)
+    pair.to_client()
+    assert not pair.client.send_ping(b"ping-004")
+    # A call's HEADERS do.
+    pair.call()
+    assert pair.client.send_ping(b"ping-005") and pair.client.send_ping(b"ping-006")
+    assert not pair.client.send_ping(b"ping-007")
+    pair.to_server()
+    assert pings_received(pair) == [b"ping-001", b"ping-002", b"ping-005", b"ping-006"]
+
+
+def test_a_request_body_sent_as_the_window_opens_allows_pings_again() -> None:
+    pair = Pair(server_settings={SC.INITIAL_WINDOW_SIZE: 1_000})
+    sid = pair.call(body=b"x" * 5_000)
+    assert pair.client.send_ping(b"ping-001") and pair.client.send_ping(b"ping-002")
+    assert not pair.client.send_ping(b"ping-003")
+    pair.server.increment_flow_control_window(1_000, stream_id=sid)
+    pair.to_client()  # more DATA goes out
+    assert pair.client.send_ping(b"ping-004")
+    pair.to_server()
+    assert b"ping-004" in pings_received(pair)
 
 
 def test_server_ping_is_answered() -> None:

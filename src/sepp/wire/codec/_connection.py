@@ -24,6 +24,7 @@ from .._constants import (
     DEFAULT_STREAM_WINDOW,
     MAX_HEADER_BLOCK_BYTES,
     MAX_INFORMATIONAL_RESPONSES,
+    MAX_PINGS_WITHOUT_DATA,
     MAX_QUEUED_CONTROL_REPLY_BYTES,
     MAX_STREAM_ID,
     SERVICE_PATH,
@@ -270,6 +271,8 @@ class CodecGrpcConnection(CallTable[_Call]):
         self._block_bytes = 0
 
         self._goaway_sent = False
+        # PINGs we may still send before a HEADERS or DATA frame of ours (see send_ping).
+        self._pings_left = 0
         self._handlers: tuple[_FrameHandler, ...] = (
             self._on_data,
             self._on_headers,
@@ -351,6 +354,7 @@ class CodecGrpcConnection(CallTable[_Call]):
             # Stream ids are spent: let this connection drain; the driver dials a fresh one.
             self.draining = True
         self._next_stream_id = stream_id + 2
+        self._pings_left = MAX_PINGS_WITHOUT_DATA  # its HEADERS go out now
         call = _Call(self._max_receive, self._peer_initial_window, self._stream_window)
         self._calls[stream_id] = call
         whole: bytes | None
@@ -411,8 +415,14 @@ class CodecGrpcConnection(CallTable[_Call]):
         if self.broken is None:
             self._out.append(frame(RST_STREAM, 0, stream_id, _U32.pack(CANCEL)))
 
-    def send_ping(self, opaque: bytes) -> None:
+    def send_ping(self, opaque: bytes) -> bool:
+        """Queue a PING, unless MAX_PINGS_WITHOUT_DATA went out since our last HEADERS or DATA
+        frame (none before the first): then queue nothing and return False."""
+        if not self._pings_left:
+            return False
+        self._pings_left -= 1
         self._out.append(frame(PING, 0, 0, opaque))
+        return True
 
     def close(self) -> None:
         """Queue a GOAWAY; the driver sends it and closes the socket."""
@@ -811,6 +821,7 @@ class CodecGrpcConnection(CallTable[_Call]):
                 # for their slice.
                 size = min(left - 1, len(body), self._send_window, call.send_window) // n * n
                 if size:
+                    self._pings_left = MAX_PINGS_WITHOUT_DATA
                     header = _FRAME.pack(n >> 8, n & 0xFF, DATA, 0, stream_id)
                     for start in range(0, size, n):
                         out.append(header)
@@ -824,6 +835,7 @@ class CodecGrpcConnection(CallTable[_Call]):
                         body = later.pop(0)
                     continue
             left -= n
+            self._pings_left = MAX_PINGS_WITHOUT_DATA
             header = _FRAME.pack(n >> 8, n & 0xFF, DATA, 0 if left else END_STREAM, stream_id)
             self._send_window -= n
             call.send_window -= n

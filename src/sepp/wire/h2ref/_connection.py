@@ -22,6 +22,7 @@ from .._constants import (
     DEFAULT_MAX_HEADER_LIST_SIZE,
     DEFAULT_STREAM_WINDOW,
     MAX_INFORMATIONAL_RESPONSES,
+    MAX_PINGS_WITHOUT_DATA,
     MAX_QUEUED_CONTROL_REPLY_BYTES,
     MAX_STREAM_ID,
     SERVICE_PATH,
@@ -98,6 +99,8 @@ class H2GrpcConnection(CallTable[_Call]):
         self._method_headers: dict[str, list[Header]] = {}
         # Bytes of PING and SETTINGS ACKs h2 queued since the driver last took our output.
         self._queued_replies = 0
+        # PINGs we may still send before a HEADERS or DATA frame of ours (see send_ping).
+        self._pings_left = 0
 
     # -- driver API -------------------------------------------------------------------------
 
@@ -142,6 +145,7 @@ class H2GrpcConnection(CallTable[_Call]):
             raise StreamIdsExhausted("stream ids are past the last (2^31-1)") from None
         self._h2.open_calls = len(self._calls)
         self._h2.send_headers(stream_id, headers + per_call if per_call else headers)
+        self._pings_left = MAX_PINGS_WITHOUT_DATA
         call = _Call(self._max_receive, encode_message(joined(request)))
         self._calls[stream_id] = call
         if stream_id + 2 > MAX_STREAM_ID:
@@ -156,8 +160,14 @@ class H2GrpcConnection(CallTable[_Call]):
             return
         self._reset(stream_id, ErrorCodes.CANCEL)
 
-    def send_ping(self, opaque: bytes) -> None:
+    def send_ping(self, opaque: bytes) -> bool:
+        """Queue a PING, unless MAX_PINGS_WITHOUT_DATA went out since our last HEADERS or DATA
+        frame (none before the first): then queue nothing and return False."""
+        if not self._pings_left:
+            return False
+        self._pings_left -= 1
         self._h2.ping(opaque)
+        return True
 
     def close(self) -> None:
         """Queue a GOAWAY; the driver sends it and closes the socket."""
@@ -320,12 +330,14 @@ class H2GrpcConnection(CallTable[_Call]):
             )
             if len(body) <= window:
                 self._h2.send_data(stream_id, body.tobytes(), end_stream=True)
+                self._pings_left = MAX_PINGS_WITHOUT_DATA
                 call.outbound = memoryview(b"")
                 return
             if window <= 0:
                 call.outbound = body
                 return
             self._h2.send_data(stream_id, body[:window].tobytes())
+            self._pings_left = MAX_PINGS_WITHOUT_DATA
             body = body[window:]
 
     def _flush_all(self) -> None:
