@@ -317,6 +317,7 @@ async def hostile(handler: Any, **options: Any) -> AsyncIterator[tuple[H2Server,
         "settings_delay",
         "window_updates",
         "ping_min_time",
+        "max_header_list_size",
     }
     server_kwargs = {k: v for k, v in options.items() if k in server_keys}
     open_kwargs: dict[str, Any] = {"validate_locally": False, "connect_timeout": 3.0}
@@ -930,6 +931,22 @@ async def test_a_hostile_response_fails_only_its_own_call() -> None:
 
 
 # -- HTTP/2 abuse -----------------------------------------------------------------------------
+
+
+async def test_headers_over_the_servers_header_list_limit_fail_locally_unsent() -> None:
+    """A server that advertised SETTINGS_MAX_HEADER_LIST_SIZE 16 KiB refuses a bigger header
+    block (RESOURCE_EXHAUSTED, or HTTP 431): the call fails before anything is sent."""
+    key = "k" * (63 * 1024)
+    async with hostile(behave, max_header_list_size=16 * 1024, api_key=key) as (server, client):
+        with pytest.raises(sepp.MessageTooLargeError) as info:
+            await client.get_server_info(timeout=5)
+        assert info.value.code is sepp.StatusCode.RESOURCE_EXHAUSTED
+        assert "16384-byte header list limit" in str(info.value)
+        assert key not in str(info.value)
+        with pytest.raises(sepp.MessageTooLargeError):
+            await client.enqueue("q", "t", timeout=5)
+        assert server.calls == []  # no HEADERS ever reached the server
+        assert len(server.connections) == 1 and not server.connections[0].closed
 
 
 async def test_keepalive_during_a_long_call_never_trips_a_grpc_go_ping_policy() -> None:

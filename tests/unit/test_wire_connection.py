@@ -45,7 +45,7 @@ from sepp.wire import (
     _engine,
     connection_class,
 )
-from sepp.wire._calls import without_streams_above
+from sepp.wire._calls import HeaderListTooLarge, header_list_size, without_streams_above
 from sepp.wire._constants import (
     DEFAULT_CONNECTION_WINDOW,
     DEFAULT_MAX_FRAME_SIZE,
@@ -436,6 +436,39 @@ def test_compressed_in_an_encoding_we_never_accepted_is_a_typed_error() -> None:
     result = pair.finished(sid)
     assert (result.code, result.error_kind) == (StatusCode.INTERNAL, FailureKind.COMPRESSED)
     assert "'snappy'" in result.details
+
+
+# -- the server's header list limit ---------------------------------------------------------------
+
+
+def test_headers_over_the_servers_header_list_limit_are_refused_unsent() -> None:
+    pair = Pair(server_settings={SC.MAX_HEADER_LIST_SIZE: 16 * 1024})
+    big = [(b"x-big", b"v" * (63 * 1024))]
+    with pytest.raises(HeaderListTooLarge) as info:
+        pair.client.start_call("Ack", b"req", timeout=5.0, metadata=big)
+    assert info.value.limit == 16 * 1024 and info.value.size > 63 * 1024
+    assert "16384-byte header list limit" in str(info.value)
+    assert pair.client.data_to_send() == b""  # nothing queued, no stream used
+    assert pair.client.active_calls == 0 and pair.client.usable
+    sid = pair.call(timeout=5.0)
+    assert sid == 1
+    pair.respond(sid, b"fine")
+    assert pair.finished(sid).body == b"fine"
+
+
+def test_the_header_list_limit_is_exact_and_follows_the_servers_settings() -> None:
+    pair = Pair()
+    metadata = [(b"x-pad", b"p" * 1000)]
+    sid = pair.call("Reserve", timeout=2.5, metadata=metadata)
+    size = header_list_size(pair.request_headers(sid))  # as the server counts it
+    pair.server.update_settings({SC.MAX_HEADER_LIST_SIZE: size})
+    pair.pump()
+    exact = pair.call("Reserve", timeout=2.5, metadata=metadata)
+    assert header_list_size(pair.request_headers(exact)) == size
+    with pytest.raises(HeaderListTooLarge) as info:
+        pair.client.start_call("Reserve", b"req", timeout=2.5, metadata=[(b"x-pad", b"p" * 1001)])
+    assert (info.value.size, info.value.limit) == (size + 1, size)
+    assert pair.client.data_to_send() == b""
 
 
 # -- gzip-compressed responses ---------------------------------------------------------------------

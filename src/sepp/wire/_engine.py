@@ -77,7 +77,8 @@ class GrpcConnection(Protocol):
         metadata: Iterable[Header] = (),
     ) -> int:
         """Open a stream for `method` and queue its request; returns the stream id. Raises
-        StreamIdsExhausted past the last stream id."""
+        StreamIdsExhausted past the last stream id, and HeaderListTooLarge (queueing nothing)
+        when the headers are over the server's SETTINGS_MAX_HEADER_LIST_SIZE."""
 
     def cancel_call(self, stream_id: int) -> None:
         """Forget a call and reset its stream with CANCEL; the connection stays usable."""

@@ -16,7 +16,14 @@ from collections.abc import Callable, Iterable, Sequence
 
 from hpack.exceptions import OversizedHeaderListError
 
-from .._calls import CallTable, StreamIdsExhausted, without_streams_above
+from .._calls import (
+    FIELD_OVERHEAD,
+    CallTable,
+    HeaderListTooLarge,
+    StreamIdsExhausted,
+    header_list_size,
+    without_streams_above,
+)
 from .._constants import (
     DEFAULT_CONNECTION_WINDOW,
     DEFAULT_MAX_FRAME_SIZE,
@@ -115,6 +122,7 @@ _SETTING = struct.Struct(">HL")
 _SETTINGS_ACK = _FRAME.pack(0, 0, SETTINGS, ACK, 0)
 _TABLE_SIZE_ZERO = b"\x20"  # our first header block sets the server's table for us to 0
 _TIMEOUT_FIELD = encode_field(b"grpc-timeout", b"", sensitive=True)[:-1]  # minus the 0 length
+_TIMEOUT_FIELD_SIZE = len(b"grpc-timeout") + FIELD_OVERHEAD  # plus its value's length
 _EMPTY = memoryview(b"")
 # A request body at least this long goes to the driver as a view of the caller's bytes, beside
 # its frame headers, instead of being copied into one buffer with them (see buffers_to_send).
@@ -237,7 +245,12 @@ class CodecGrpcConnection(CallTable[_Call]):
         ]
         self._before_path = b"".join(encode_field(n, v, sensitive=False) for n, v in before_path)
         self._after_path = b"".join(encode_field(n, v, sensitive=s) for n, v, s in after_path)
-        self._method_blocks: dict[str, bytes] = {}
+        # What those fields count against the server's header list limit, :path aside.
+        self._fields_size = header_list_size(before_path) + header_list_size(
+            (n, v) for n, v, _ in after_path
+        )
+        # Per method: its header block, and the size of its header list.
+        self._method_blocks: dict[str, tuple[bytes, int]] = {}
         self._first_block = True
         self._max_receive = max_receive_message_bytes
         self._stream_window = stream_window
@@ -331,22 +344,29 @@ class CodecGrpcConnection(CallTable[_Call]):
     ) -> int:
         """Open a stream for `method` and queue its request; returns the stream id. A request
         in parts goes out as they are, each big part as views of it, never joined."""
-        block = self._method_blocks.get(method)
-        if block is None:
+        entry = self._method_blocks.get(method)
+        if entry is None:
             path = SERVICE_PATH + method.encode("ascii")
-            block = (
-                self._before_path + encode_field(b":path", path, sensitive=False) + self._after_path
+            path_field = encode_field(b":path", path, sensitive=False)
+            entry = (
+                self._before_path + path_field + self._after_path,
+                self._fields_size + header_list_size(((b":path", path),)),
             )
-            self._method_blocks[method] = block
-        if self._first_block:
-            self._first_block = False
-            block = _TABLE_SIZE_ZERO + block
+            self._method_blocks[method] = entry
+        block, size = entry
         if timeout is not None:
             # Per-call values are never indexed, so they do not churn the server's table.
             value = encode_grpc_timeout(timeout)
             block += _TIMEOUT_FIELD + bytes((len(value),)) + value
+            size += _TIMEOUT_FIELD_SIZE + len(value)
         for name, value in metadata:
             block += encode_field(name, value, sensitive=True)
+            size += len(name) + len(value) + FIELD_OVERHEAD
+        if size > self._remote_max_header_list:
+            raise HeaderListTooLarge(size, int(self._remote_max_header_list))
+        if self._first_block:
+            self._first_block = False
+            block = _TABLE_SIZE_ZERO + block
         stream_id = self._next_stream_id
         if stream_id + 2 > MAX_STREAM_ID:
             if stream_id > MAX_STREAM_ID:
@@ -695,8 +715,12 @@ class CodecGrpcConnection(CallTable[_Call]):
                 raise _ConnectionError(PROTOCOL_ERROR, "a server cannot enable push")
             elif code == SETTINGS_ENABLE_CONNECT_PROTOCOL and value > 1:
                 raise _ConnectionError(PROTOCOL_ERROR, f"invalid ENABLE_CONNECT_PROTOCOL {value}")
+            elif code == SETTINGS_MAX_HEADER_LIST_SIZE:
+                # Advisory in RFC 9113, but a server refuses a bigger block (or ends the
+                # connection): start_call refuses it first.
+                self._remote_max_header_list = value
             # HEADER_TABLE_SIZE: our encoder never indexes, so the server's table size is moot.
-            # MAX_HEADER_LIST_SIZE is advisory; unknown settings are ignored (§6.5.2).
+            # Unknown settings are ignored (§6.5.2).
         delta = window - self._peer_initial_window
         if delta:
             self._peer_initial_window = window

@@ -15,7 +15,7 @@ import h2.settings
 from h2.errors import ErrorCodes
 from hpack import NeverIndexedHeaderTuple
 
-from .._calls import CallTable, StreamIdsExhausted
+from .._calls import CallTable, HeaderListTooLarge, StreamIdsExhausted, header_list_size
 from .._constants import (
     DEFAULT_CONNECTION_WINDOW,
     DEFAULT_MAX_FRAME_SIZE,
@@ -96,7 +96,8 @@ class H2GrpcConnection(CallTable[_Call]):
             # Credentials must never enter the HPACK dynamic table (RFC 7541 §7.1.3).
             *(NeverIndexedHeaderTuple(k, v) for k, v in secret_metadata),
         ]
-        self._method_headers: dict[str, list[Header]] = {}
+        # Per method: its headers, and the size of their header list.
+        self._method_headers: dict[str, tuple[list[Header], int]] = {}
         # Bytes of PING and SETTINGS ACKs h2 queued since the driver last took our output.
         self._queued_replies = 0
         # PINGs we may still send before a HEADERS or DATA frame of ours (see send_ping).
@@ -128,17 +129,24 @@ class H2GrpcConnection(CallTable[_Call]):
         metadata: Iterable[Header] = (),
     ) -> int:
         """Open a stream for `method` and queue its request; returns the stream id."""
-        headers = self._method_headers.get(method)
-        if headers is None:
+        entry = self._method_headers.get(method)
+        if entry is None:
             headers = list(self._base_headers)
             headers[2] = (b":path", SERVICE_PATH + method.encode("ascii"))
-            self._method_headers[method] = headers
+            entry = headers, header_list_size(headers)
+            self._method_headers[method] = entry
+        headers, size = entry
         per_call: list[Header] = []
         if timeout is not None:
             # Per-call values are never indexed so they do not churn the dynamic table.
             per_call.append(NeverIndexedHeaderTuple(b"grpc-timeout", encode_grpc_timeout(timeout)))
         for name, value in metadata:
             per_call.append(NeverIndexedHeaderTuple(name, value))
+        if per_call:
+            size += header_list_size(per_call)
+        # h2 sends whatever it is given: the server's limit is ours to keep.
+        if size > self._remote_max_header_list:
+            raise HeaderListTooLarge(size, int(self._remote_max_header_list))
         try:
             stream_id = self._h2.get_next_available_stream_id()
         except h2.exceptions.NoAvailableStreamIDError:
@@ -304,6 +312,9 @@ class H2GrpcConnection(CallTable[_Call]):
         if codes.INITIAL_WINDOW_SIZE in event.changed_settings:
             self._flush_all()
         # Callers waiting for a stream wake only when the server's limit may let them start.
+        header_list = event.changed_settings.get(codes.MAX_HEADER_LIST_SIZE)
+        if header_list is not None:
+            self._remote_max_header_list = header_list.new_value
         changed = event.changed_settings.get(codes.MAX_CONCURRENT_STREAMS)
         max_streams = changed.new_value if changed is not None else self._remote_max_streams
         if max_streams != self._remote_max_streams or not self._settings_received:
