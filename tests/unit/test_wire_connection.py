@@ -456,6 +456,15 @@ def test_headers_over_the_servers_header_list_limit_are_refused_unsent() -> None
     assert pair.finished(sid).body == b"fine"
 
 
+def test_a_limit_below_the_headers_every_call_sends_refuses_calls_without_metadata() -> None:
+    pair = Pair(server_settings={SC.MAX_HEADER_LIST_SIZE: 300})
+    with pytest.raises(HeaderListTooLarge):
+        pair.client.start_call("Ack", b"req", timeout=5.0)
+    with pytest.raises(HeaderListTooLarge):
+        pair.client.start_call("Ack", b"req")
+    assert pair.client.data_to_send() == b""
+
+
 def test_the_header_list_limit_is_exact_and_follows_the_servers_settings() -> None:
     pair = Pair()
     metadata = [(b"x-pad", b"p" * 1000)]

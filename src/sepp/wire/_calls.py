@@ -3,7 +3,6 @@ ones, and the first bytes that tell an HTTP/2 server from anything else."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from typing import Generic, TypeVar
 
@@ -41,6 +40,9 @@ def without_streams_above(queued: bytes, last_stream_id: int) -> bytes:
 # RFC 9113 §6.5.2 (and RFC 7541 §4.1): a header list's size is each field's name and value,
 # uncompressed, plus 32 bytes.
 FIELD_OVERHEAD = 32
+# The header list limit until the server sets one (RFC 9113 §6.5.2: unlimited); an int above
+# any 32-bit setting, so that comparing sizes with it stays an int comparison.
+NO_HEADER_LIST_LIMIT = 1 << 62
 
 
 def header_list_size(fields: Iterable[tuple[bytes, bytes]]) -> int:
@@ -79,7 +81,7 @@ class CallTable(Generic[CallT]):
         self._calls: dict[int, CallT] = {}
         self._remote_max_streams: int | None = None
         # The server's SETTINGS_MAX_HEADER_LIST_SIZE: unlimited until it says (RFC 9113 §6.5.2).
-        self._remote_max_header_list: float = math.inf
+        self._remote_max_header_list = NO_HEADER_LIST_LIMIT
         self._settings_received = False
         # The server's first bytes, held until a frame header is complete (see _take_preface).
         self._preface: bytearray | None = bytearray()

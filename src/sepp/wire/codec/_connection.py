@@ -123,6 +123,8 @@ _SETTINGS_ACK = _FRAME.pack(0, 0, SETTINGS, ACK, 0)
 _TABLE_SIZE_ZERO = b"\x20"  # our first header block sets the server's table for us to 0
 _TIMEOUT_FIELD = encode_field(b"grpc-timeout", b"", sensitive=True)[:-1]  # minus the 0 length
 _TIMEOUT_FIELD_SIZE = len(b"grpc-timeout") + FIELD_OVERHEAD  # plus its value's length
+# The most a grpc-timeout field can count (encode_grpc_timeout: at most 8 digits and a unit).
+_MAX_TIMEOUT_FIELD_SIZE = _TIMEOUT_FIELD_SIZE + 9
 _EMPTY = memoryview(b"")
 # A request body at least this long goes to the driver as a view of the caller's bytes, beside
 # its frame headers, instead of being copied into one buffer with them (see buffers_to_send).
@@ -249,7 +251,9 @@ class CodecGrpcConnection(CallTable[_Call]):
         self._fields_size = header_list_size(before_path) + header_list_size(
             (n, v) for n, v, _ in after_path
         )
-        # Per method: its header block, and the size of its header list.
+        # Per method: its header block, and the room its header list leaves under the server's
+        # limit with the longest grpc-timeout (recomputed when the limit changes). A call
+        # counts its exact size only when its metadata takes more than that room.
         self._method_blocks: dict[str, tuple[bytes, int]] = {}
         self._first_block = True
         self._max_receive = max_receive_message_bytes
@@ -284,8 +288,11 @@ class CodecGrpcConnection(CallTable[_Call]):
         self._block_bytes = 0
 
         self._goaway_sent = False
-        # PINGs we may still send before a HEADERS or DATA frame of ours (see send_ping).
+        # PINGs we may still send before a HEADERS or DATA frame of ours (see send_ping), and
+        # the next stream id when that was counted: a call started since sent HEADERS (so a
+        # call costs no bookkeeping here; a request body's later DATA resets the count).
         self._pings_left = 0
+        self._pings_counted_at = self._next_stream_id
         self._handlers: tuple[_FrameHandler, ...] = (
             self._on_data,
             self._on_headers,
@@ -346,24 +353,17 @@ class CodecGrpcConnection(CallTable[_Call]):
         in parts goes out as they are, each big part as views of it, never joined."""
         entry = self._method_blocks.get(method)
         if entry is None:
-            path = SERVICE_PATH + method.encode("ascii")
-            path_field = encode_field(b":path", path, sensitive=False)
-            entry = (
-                self._before_path + path_field + self._after_path,
-                self._fields_size + header_list_size(((b":path", path),)),
-            )
-            self._method_blocks[method] = entry
-        block, size = entry
+            entry = self._method_entry(method)
+        block, room = entry
         if timeout is not None:
             # Per-call values are never indexed, so they do not churn the server's table.
             value = encode_grpc_timeout(timeout)
             block += _TIMEOUT_FIELD + bytes((len(value),)) + value
-            size += _TIMEOUT_FIELD_SIZE + len(value)
         for name, value in metadata:
             block += encode_field(name, value, sensitive=True)
-            size += len(name) + len(value) + FIELD_OVERHEAD
-        if size > self._remote_max_header_list:
-            raise HeaderListTooLarge(size, int(self._remote_max_header_list))
+            room -= len(name) + len(value) + FIELD_OVERHEAD
+        if room < 0:  # perhaps over the server's limit: count exactly
+            self._check_header_list(method, timeout, entry[1] - room)
         if self._first_block:
             self._first_block = False
             block = _TABLE_SIZE_ZERO + block
@@ -374,7 +374,6 @@ class CodecGrpcConnection(CallTable[_Call]):
             # Stream ids are spent: let this connection drain; the driver dials a fresh one.
             self.draining = True
         self._next_stream_id = stream_id + 2
-        self._pings_left = MAX_PINGS_WITHOUT_DATA  # its HEADERS go out now
         call = _Call(self._max_receive, self._peer_initial_window, self._stream_window)
         self._calls[stream_id] = call
         whole: bytes | None
@@ -427,6 +426,24 @@ class CodecGrpcConnection(CallTable[_Call]):
         self._send_body(stream_id, call)
         return stream_id
 
+    def _method_entry(self, method: str) -> tuple[bytes, int]:
+        path = SERVICE_PATH + method.encode("ascii")
+        block = self._before_path + encode_field(b":path", path, sensitive=False) + self._after_path
+        size = self._fields_size + header_list_size(((b":path", path),))
+        entry = block, self._remote_max_header_list - size - _MAX_TIMEOUT_FIELD_SIZE
+        self._method_blocks[method] = entry
+        return entry
+
+    def _check_header_list(self, method: str, timeout: float | None, metadata_size: int) -> None:
+        """Raise HeaderListTooLarge if the call's headers come to more than the server's
+        limit (start_call's slow path, when they may)."""
+        path = SERVICE_PATH + method.encode("ascii")
+        size = self._fields_size + header_list_size(((b":path", path),)) + metadata_size
+        if timeout is not None:
+            size += _TIMEOUT_FIELD_SIZE + len(encode_grpc_timeout(timeout))
+        if size > self._remote_max_header_list:
+            raise HeaderListTooLarge(size, self._remote_max_header_list)
+
     def cancel_call(self, stream_id: int) -> None:
         """Forget a call and reset its stream with CANCEL; the connection stays usable."""
         if self._calls.pop(stream_id, None) is None:
@@ -438,6 +455,9 @@ class CodecGrpcConnection(CallTable[_Call]):
     def send_ping(self, opaque: bytes) -> bool:
         """Queue a PING, unless MAX_PINGS_WITHOUT_DATA went out since our last HEADERS or DATA
         frame (none before the first): then queue nothing and return False."""
+        if self._pings_counted_at != self._next_stream_id:  # a call's HEADERS went out since
+            self._pings_counted_at = self._next_stream_id
+            self._pings_left = MAX_PINGS_WITHOUT_DATA
         if not self._pings_left:
             return False
         self._pings_left -= 1
@@ -718,7 +738,9 @@ class CodecGrpcConnection(CallTable[_Call]):
             elif code == SETTINGS_MAX_HEADER_LIST_SIZE:
                 # Advisory in RFC 9113, but a server refuses a bigger block (or ends the
                 # connection): start_call refuses it first.
-                self._remote_max_header_list = value
+                if value != self._remote_max_header_list:
+                    self._remote_max_header_list = value
+                    self._method_blocks.clear()  # their room was reckoned with the old limit
             # HEADER_TABLE_SIZE: our encoder never indexes, so the server's table size is moot.
             # Unknown settings are ignored (§6.5.2).
         delta = window - self._peer_initial_window
