@@ -24,7 +24,8 @@ def decode_all(
     chunks: list[bytes], max_bytes: int | None = None, encoding: bytes | None = None
 ) -> MessageDecoder:
     decoder = MessageDecoder(max_bytes)
-    decoder.encoding = encoding  # what the response headers said (ResponseState sets it)
+    if encoding is not None:  # what the response headers said (ResponseState does this)
+        decoder = decoder.with_encoding(encoding)
     for chunk in chunks:
         decoder.feed(chunk)
     return decoder
@@ -161,8 +162,7 @@ def test_a_decompression_bomb_costs_the_cap_not_what_it_expands_to() -> None:
 
 
 def test_a_compressed_message_over_the_cap_is_refused_before_its_body() -> None:
-    decoder = MessageDecoder(100)
-    decoder.encoding = b"gzip"
+    decoder = MessageDecoder(100).with_encoding(b"gzip")
     with pytest.raises(FramingError) as info:
         decoder.feed(prefix(101, flag=1))
     assert info.value.kind is FailureKind.TOO_LARGE
@@ -273,7 +273,8 @@ def test_arbitrary_bytes_only_raise_framing_error(
     chunks: list[bytes], max_bytes: int | None, encoding: bytes | None
 ) -> None:
     decoder = MessageDecoder(max_bytes)
-    decoder.encoding = encoding
+    if encoding is not None:
+        decoder = decoder.with_encoding(encoding)
     try:
         for chunk in chunks:
             decoder.feed(chunk)

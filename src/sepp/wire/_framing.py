@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import struct
 import zlib
+from typing import NoReturn
 
 from ._failure import FailureKind
 
@@ -86,21 +87,22 @@ class MessageDecoder:
 
     The declared length is checked against the cap as soon as the prefix is complete, so an
     oversized message is refused before its body is buffered. A message that arrives whole in
-    one chunk (the common case) is sliced out without buffering. A compressed message (its
-    `encoding` named by the response headers) is decompressed once whole, within the cap.
+    one chunk (the common case) is sliced out without buffering. A response whose headers name
+    a grpc-encoding gets an `EncodedMessageDecoder` instead (`with_encoding`), so reading an
+    uncompressed response costs nothing for compression.
     """
 
-    __slots__ = ("_buffer", "_compressed", "_declared", "_max_bytes", "encoding", "message")
+    __slots__ = ("_buffer", "_declared", "_max_bytes", "message")
 
     def __init__(self, max_bytes: int | None) -> None:
         self._buffer = bytearray()
         self._declared: int | None = None
         self._max_bytes = max_bytes
         self.message: bytes | None = None
-        # The response's grpc-encoding (set by ResponseState), and whether the message's flag
-        # said it is compressed in it.
-        self.encoding: bytes | None = None
-        self._compressed = False
+
+    def with_encoding(self, encoding: bytes) -> MessageDecoder:
+        """The decoder for a response whose headers said `grpc-encoding: encoding`."""
+        return EncodedMessageDecoder(self._max_bytes, encoding)
 
     def feed(self, data: bytes | memoryview) -> None:
         """Add a chunk; raises FramingError on a bad or oversized message."""
@@ -114,8 +116,6 @@ class MessageDecoder:
             length = self._read_prefix(data)
             if len(data) - PREFIX_BYTES == length:
                 self.message = bytes(data[PREFIX_BYTES:])
-                if self._compressed:
-                    self.message = gunzip(self.message, self._max_bytes)
                 return
             data = data[PREFIX_BYTES:]
         self._buffer += data
@@ -128,14 +128,13 @@ class MessageDecoder:
         if len(self._buffer) > self._declared:
             raise FramingError(FailureKind.MALFORMED, "more data than the length prefix declared")
         if len(self._buffer) == self._declared:
-            message = bytes(self._buffer)
+            self.message = bytes(self._buffer)
             self._buffer.clear()
-            self.message = gunzip(message, self._max_bytes) if self._compressed else message
 
     def _read_prefix(self, data: bytes | bytearray | memoryview) -> int:
         flag, length = _PREFIX.unpack_from(data)
         if flag:
-            self._check_compressed(flag)
+            self._compressed_flag(flag)
         # A compressed message is held to the cap too: deflate output is never much smaller
         # than its input for data that does not compress, and the cap bounds what is buffered.
         if self._max_bytes is not None and length > self._max_bytes:
@@ -147,24 +146,49 @@ class MessageDecoder:
         self._declared = length
         return int(length)
 
-    def _check_compressed(self, flag: int) -> None:
+    def _compressed_flag(self, flag: int) -> None:
+        """The message's flag is set: refuse it (no grpc-encoding said how it is compressed)."""
+        self._refuse_compressed(flag, "without a grpc-encoding")
+
+    @staticmethod
+    def _refuse_compressed(flag: int, why: str) -> NoReturn:
         if flag != 1:
             raise FramingError(FailureKind.MALFORMED, f"invalid compressed flag {flag}")
-        encoding = self.encoding
-        if encoding != b"gzip":
-            # gRPC's rule: a message compressed in an encoding we never accepted is INTERNAL.
-            why = (
-                "without a grpc-encoding"
-                if encoding is None or encoding == b"identity"
-                else f"in grpc-encoding {encoding.decode('latin-1')!r}, which we do not accept"
-            )
-            raise FramingError(
-                FailureKind.COMPRESSED,
-                f"compressed message received {why} (we accept {ACCEPT_ENCODING.decode()})",
-            )
-        self._compressed = True
+        # gRPC's rule: a message compressed in an encoding we never accepted is INTERNAL.
+        raise FramingError(
+            FailureKind.COMPRESSED,
+            f"compressed message received {why} (we accept {ACCEPT_ENCODING.decode()})",
+        )
 
     @property
     def incomplete(self) -> bool:
         """True when part of a message arrived but not all of it."""
         return self.message is None and (self._declared is not None or bool(self._buffer))
+
+
+class EncodedMessageDecoder(MessageDecoder):
+    """A MessageDecoder for a response whose headers named a grpc-encoding: a message with the
+    compressed flag is decompressed once whole (gzip; another encoding is refused, named)."""
+
+    __slots__ = ("_compressed", "encoding")
+
+    def __init__(self, max_bytes: int | None, encoding: bytes) -> None:
+        super().__init__(max_bytes)
+        self.encoding = encoding
+        self._compressed = False  # the message's flag said it is compressed
+
+    def feed(self, data: bytes | memoryview) -> None:
+        whole = self.message is not None
+        super().feed(data)
+        if not whole and self._compressed and self.message is not None:
+            self.message = gunzip(self.message, self._max_bytes)
+
+    def _compressed_flag(self, flag: int) -> None:
+        encoding = self.encoding
+        if flag == 1 and encoding == b"gzip":
+            self._compressed = True
+        elif encoding == b"identity":
+            self._refuse_compressed(flag, "without a grpc-encoding")
+        else:
+            name = encoding.decode("latin-1")
+            self._refuse_compressed(flag, f"in grpc-encoding {name!r}, which we do not accept")
