@@ -23,6 +23,7 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import gc
+import gzip
 import os
 import ssl
 import struct
@@ -320,6 +321,8 @@ async def hostile(handler: Any, **options: Any) -> AsyncIterator[tuple[H2Server,
         "silent",
         "settings_delay",
         "window_updates",
+        "ping_min_time",
+        "max_header_list_size",
     }
     server_kwargs = {k: v for k, v in options.items() if k in server_keys}
     open_kwargs: dict[str, Any] = {"validate_locally": False, "connect_timeout": 3.0}
@@ -585,6 +588,61 @@ async def test_compressed_or_unknown_flag_is_malformed(flag: int) -> None:
     async with hostile(first_call(compressed)) as (_, client):
         exc = await raises(sepp.MalformedResponseError, client.get_server_info(timeout=5))
         assert "compress" in str(exc)
+        assert (await client.get_server_info()).server_version == "hostile-1"
+
+
+def gzip_framed(message: bytes) -> bytes:
+    packed = gzip.compress(message)
+    return struct.pack(">BI", 1, len(packed)) + packed
+
+
+async def gzip_everything(call: ServerCall) -> None:
+    """A grpcio server with `compression=Gzip`: it compresses every response, whether or not
+    the client said it accepts gzip."""
+    await call.send_headers([*GRPC_HEADERS, (b"grpc-encoding", b"gzip")])
+    await call.send_data(gzip_framed(good_response(call)))
+    await call.send_trailers(0)
+
+
+async def test_a_server_that_gzips_every_response_is_understood() -> None:
+    async with hostile(gzip_everything) as (server, client):
+        assert (await client.get_server_info(timeout=5)).server_version == "hostile-1"
+        ack = await client.enqueue("q", "t", timeout=5)
+        assert ack.job_id == "c0-0"
+        assert [j.ctx.id for j in await client.reserve("q", wait_timeout=0) or []] == ["j1"]
+        assert [call.header(b"grpc-accept-encoding") for call in server.calls] == [b"gzip"] * 3
+        assert len(server.connections) == 1
+
+
+async def test_a_gzip_bomb_is_too_large_and_the_connection_stays() -> None:
+    async def bomb(call: ServerCall) -> None:
+        # 64 MiB of zeros in 64 KiB: far below the receive cap until decompressed.
+        await call.send_headers([*GRPC_HEADERS, (b"grpc-encoding", b"gzip")])
+        await call.send_data(gzip_framed(bytes(64 << 20)))
+        await call.stall()  # trailers never come: the client must not wait for them
+
+    async with hostile(first_call(bomb), max_receive_message_bytes=1 << 20) as (server, client):
+        with pytest.raises(sepp.MessageTooLargeError) as info:
+            await client.get_server_info(timeout=5)
+        assert info.value.code is sepp.StatusCode.RESOURCE_EXHAUSTED
+        assert "decompresses to more than the 1048576-byte receive limit" in str(info.value)
+        await server.wait_until(lambda: server.resets.get((0, 1)) == ErrorCodes.CANCEL)
+        assert (await client.get_server_info()).server_version == "hostile-1"
+        assert len(server.connections) == 1
+
+
+async def test_a_message_compressed_in_an_encoding_never_accepted_names_it() -> None:
+    async def snappy(call: ServerCall) -> None:
+        message = info_message()
+        await call.send_headers([*GRPC_HEADERS, (b"grpc-encoding", b"snappy")])
+        await call.send_data(struct.pack(">BI", 1, len(message)) + message)
+        await call.send_trailers(0)
+
+    async with hostile(first_call(snappy)) as (_, client):
+        with pytest.raises(sepp.MalformedResponseError) as info:
+            await client.get_server_info(timeout=5)
+        assert info.value.code is sepp.StatusCode.INTERNAL
+        assert "'snappy'" in str(info.value)
         assert (await client.get_server_info()).server_version == "hostile-1"
 
 
@@ -878,6 +936,47 @@ async def test_a_hostile_response_fails_only_its_own_call() -> None:
 
 
 # -- HTTP/2 abuse -----------------------------------------------------------------------------
+
+
+async def test_headers_over_the_servers_header_list_limit_fail_locally_unsent() -> None:
+    """A server that advertised SETTINGS_MAX_HEADER_LIST_SIZE 16 KiB refuses a bigger header
+    block (RESOURCE_EXHAUSTED, or HTTP 431): the call fails before anything is sent."""
+    key = "k" * (63 * 1024)
+    async with hostile(behave, max_header_list_size=16 * 1024, api_key=key) as (server, client):
+        with pytest.raises(sepp.MessageTooLargeError) as info:
+            await client.get_server_info(timeout=5)
+        assert info.value.code is sepp.StatusCode.RESOURCE_EXHAUSTED
+        assert "16384-byte header list limit" in str(info.value)
+        assert key not in str(info.value)
+        with pytest.raises(sepp.MessageTooLargeError):
+            await client.enqueue("q", "t", timeout=5)
+        assert server.calls == []  # no HEADERS ever reached the server
+        assert len(server.connections) == 1 and not server.connections[0].closed
+
+
+async def test_keepalive_during_a_long_call_never_trips_a_grpc_go_ping_policy() -> None:
+    """A grpc-go server (keepalive enforcement, MinTime 5 min) ends the connection at the
+    third early PING while it sends nothing. Keepalive every 50 ms here, so that a call of
+    twenty intervals is long (trio's MockClock plays the default 30 s over 3 minutes in
+    tests/unit/test_wire_transport.py)."""
+
+    async def long_call(call: ServerCall) -> None:
+        conn = call.conn
+        await conn.server.wait_until(lambda: conn.pings_received >= 2 or conn.closed)
+        await trio.sleep(1.0)  # at least twenty more keepalive intervals, to ping in
+        await behave(call)
+
+    async with hostile(
+        long_call, ping_min_time=300.0, keepalive_interval=0.05, keepalive_timeout=5.0
+    ) as (server, client):
+        assert (await client.get_server_info(timeout=5)).server_version == "hostile-1"
+        conn = server.connections[0]
+        assert (conn.pings_received, conn.too_many_pings) == (2, False)
+        assert len(server.connections) == 1
+        # The next call lets two more go.
+        assert await client.enqueue("q", "t", timeout=5) == sepp.EnqueueAck("c0-0", False)
+        assert (conn.pings_received, conn.too_many_pings) == (4, False)
+        assert len(server.connections) == 1
 
 
 async def test_ping_flood_is_answered_and_calls_keep_working() -> None:

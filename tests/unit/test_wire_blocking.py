@@ -810,13 +810,13 @@ async def test_keepalive_ends_a_silent_connection_with_a_call_in_flight() -> Non
 
 async def test_keepalive_pings_are_sent_and_answered() -> None:
     async def handler(call: ServerCall) -> None:
-        await call.conn.server.wait_until(lambda: call.conn.pings_received >= 3)
+        await call.conn.server.wait_until(lambda: call.conn.pings_received >= 2)
         await echo(call)
 
     kwargs = {"keepalive_interval": 0.05, "keepalive_timeout": 1.0}
     async with serving(handler, channel_kwargs=kwargs) as (server, channel):
         assert await call(channel) == b"echo:x"
-        assert server.connections[0].pings_received >= 3  # each answered: none timed out
+        assert server.connections[0].pings_received == 2  # each answered: none timed out
         assert channel.connections_opened == 1
 
 

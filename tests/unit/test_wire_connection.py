@@ -9,6 +9,7 @@ state machine, `Pair.to_client()` the reverse. Where the server's h2 cannot be m
 
 from __future__ import annotations
 
+import gzip
 import struct
 from collections.abc import Sequence
 from typing import Any
@@ -44,7 +45,7 @@ from sepp.wire import (
     _engine,
     connection_class,
 )
-from sepp.wire._calls import without_streams_above
+from sepp.wire._calls import HeaderListTooLarge, header_list_size, without_streams_above
 from sepp.wire._constants import (
     DEFAULT_CONNECTION_WINDOW,
     DEFAULT_MAX_FRAME_SIZE,
@@ -237,6 +238,7 @@ def test_request_headers_are_exact_and_in_order() -> None:
         (b"te", b"trailers"),
         (b"content-type", b"application/grpc"),
         (b"user-agent", b"sepp-trio/test"),
+        (b"grpc-accept-encoding", b"gzip"),
         (b"authorization", b"Bearer s3cret"),
         (b"grpc-timeout", b"1500m"),
     ]
@@ -427,14 +429,106 @@ def test_huge_length_prefix_is_refused_before_the_body_arrives() -> None:
     assert pair.finished(nxt).body == b"small"
 
 
-def test_compressed_flag_is_a_typed_error() -> None:
+def test_compressed_in_an_encoding_we_never_accepted_is_a_typed_error() -> None:
     pair = Pair()
     sid = pair.call()
-    pair.server.send_headers(sid, [*OK_HEADERS, (b"grpc-encoding", b"gzip")])
+    pair.server.send_headers(sid, [*OK_HEADERS, (b"grpc-encoding", b"snappy")])
     pair.server.send_data(sid, struct.pack(">BI", 1, 3) + b"abc")
     pair.to_client()
     result = pair.finished(sid)
     assert (result.code, result.error_kind) == (StatusCode.INTERNAL, FailureKind.COMPRESSED)
+    assert "'snappy'" in result.details
+
+
+# -- the server's header list limit ---------------------------------------------------------------
+
+
+def test_headers_over_the_servers_header_list_limit_are_refused_unsent() -> None:
+    pair = Pair(server_settings={SC.MAX_HEADER_LIST_SIZE: 16 * 1024})
+    big = [(b"x-big", b"v" * (63 * 1024))]
+    with pytest.raises(HeaderListTooLarge) as info:
+        pair.client.start_call("Ack", b"req", timeout=5.0, metadata=big)
+    assert info.value.limit == 16 * 1024 and info.value.size > 63 * 1024
+    assert "16384-byte header list limit" in str(info.value)
+    assert pair.client.data_to_send() == b""  # nothing queued, no stream used
+    assert pair.client.active_calls == 0 and pair.client.usable
+    sid = pair.call(timeout=5.0)
+    assert sid == 1
+    pair.respond(sid, b"fine")
+    assert pair.finished(sid).body == b"fine"
+
+
+def test_a_limit_below_the_headers_every_call_sends_refuses_calls_without_metadata() -> None:
+    pair = Pair(server_settings={SC.MAX_HEADER_LIST_SIZE: 300})
+    with pytest.raises(HeaderListTooLarge):
+        pair.client.start_call("Ack", b"req", timeout=5.0)
+    with pytest.raises(HeaderListTooLarge):
+        pair.client.start_call("Ack", b"req")
+    assert pair.client.data_to_send() == b""
+
+
+def test_the_header_list_limit_is_exact_and_follows_the_servers_settings() -> None:
+    pair = Pair()
+    metadata = [(b"x-pad", b"p" * 1000)]
+    sid = pair.call("Reserve", timeout=2.5, metadata=metadata)
+    size = header_list_size(pair.request_headers(sid))  # as the server counts it
+    pair.server.update_settings({SC.MAX_HEADER_LIST_SIZE: size})
+    pair.pump()
+    exact = pair.call("Reserve", timeout=2.5, metadata=metadata)
+    assert header_list_size(pair.request_headers(exact)) == size
+    with pytest.raises(HeaderListTooLarge) as info:
+        pair.client.start_call("Reserve", b"req", timeout=2.5, metadata=[(b"x-pad", b"p" * 1001)])
+    assert (info.value.size, info.value.limit) == (size + 1, size)
+    assert pair.client.data_to_send() == b""
+
+
+# -- gzip-compressed responses ---------------------------------------------------------------------
+
+
+def gzip_framed(body: bytes) -> bytes:
+    packed = gzip.compress(body)
+    return struct.pack(">BI", 1, len(packed)) + packed
+
+
+def test_every_request_accepts_gzip() -> None:
+    pair = Pair()
+    first, second = pair.call(), pair.call("Extend")
+    for sid in (first, second):
+        assert (b"grpc-accept-encoding", b"gzip") in pair.request_headers(sid)
+
+
+def test_a_gzip_response_is_decompressed() -> None:
+    pair = Pair()
+    body = b"compressed by the server " * 40
+    sid = pair.call()
+    pair.server.send_headers(sid, [*OK_HEADERS, (b"grpc-encoding", b"gzip")])
+    framed = gzip_framed(body)
+    pair.server.send_data(sid, framed[:7])  # split: the message is whole only at the end
+    pair.server.send_data(sid, framed[7:])
+    pair.trailers(sid)
+    assert (pair.finished(sid).code, pair.finished(sid).body) == (StatusCode.OK, body)
+
+
+def test_a_gzip_bomb_fails_its_call_as_too_large_and_keeps_the_connection() -> None:
+    pair = Pair(max_receive_message_bytes=64 * 1024)
+    sid = pair.call()
+    pair.server.send_headers(sid, [*OK_HEADERS, (b"grpc-encoding", b"gzip")])
+    framed = gzip_framed(bytes(16 << 20))  # 16 MiB of zeros in about 16 KiB
+    assert len(framed) < 64 * 1024
+    pair.server.send_data(sid, framed)
+    events = pair.to_client()
+    assert kinds(events) == [CallFinished, StreamCapacityChanged]
+    result = pair.finished(sid)
+    assert (result.code, result.error_kind) == (
+        StatusCode.RESOURCE_EXHAUSTED,
+        FailureKind.TOO_LARGE,
+    )
+    assert "decompresses to more than the 65536-byte receive limit" in result.details
+    pair.to_server()
+    assert pair.server_resets() == {sid: ErrorCodes.CANCEL}
+    nxt = pair.call()
+    pair.respond(nxt, b"after")
+    assert pair.finished(nxt).body == b"after"
 
 
 @pytest.mark.parametrize(
@@ -923,9 +1017,53 @@ def test_received_data_is_acknowledged() -> None:
 
 def test_ping_acknowledged() -> None:
     pair = Pair()
-    pair.client.send_ping(b"abcdefgh")
+    pair.call()
+    assert pair.client.send_ping(b"abcdefgh")
     pair.to_server()
     assert pair.to_client() == [PingAcknowledged(b"abcdefgh")]
+
+
+def pings_received(pair: Pair) -> list[bytes]:
+    return [bytes(e.ping_data) for e in pair.server_events if isinstance(e, h2.events.PingReceived)]
+
+
+def test_no_ping_before_the_first_call() -> None:
+    pair = Pair()
+    assert not pair.client.send_ping(b"too-soon")
+    assert pair.client.data_to_send() == b""  # nothing queued
+
+
+def test_two_pings_at_most_until_a_headers_frame_goes_out() -> None:
+    """grpc-core's max_pings_without_data: grpc-go and grpc-core servers end the connection at
+    the third PING that comes while they send nothing (GOAWAY too_many_pings)."""
+    pair = Pair()
+    sid = pair.call()
+    assert pair.client.send_ping(b"ping-001") and pair.client.send_ping(b"ping-002")
+    assert not pair.client.send_ping(b"ping-003")
+    pair.to_server()
+    assert pings_received(pair) == [b"ping-001", b"ping-002"]
+    # What the server sends does not count (grpc-core counts what it sends itself).
+    pair.server.send_headers(sid, OK_HEADERS)
+    pair.to_client()
+    assert not pair.client.send_ping(b"ping-004")
+    # A call's HEADERS do.
+    pair.call()
+    assert pair.client.send_ping(b"ping-005") and pair.client.send_ping(b"ping-006")
+    assert not pair.client.send_ping(b"ping-007")
+    pair.to_server()
+    assert pings_received(pair) == [b"ping-001", b"ping-002", b"ping-005", b"ping-006"]
+
+
+def test_a_request_body_sent_as_the_window_opens_allows_pings_again() -> None:
+    pair = Pair(server_settings={SC.INITIAL_WINDOW_SIZE: 1_000})
+    sid = pair.call(body=b"x" * 5_000)
+    assert pair.client.send_ping(b"ping-001") and pair.client.send_ping(b"ping-002")
+    assert not pair.client.send_ping(b"ping-003")
+    pair.server.increment_flow_control_window(1_000, stream_id=sid)
+    pair.to_client()  # more DATA goes out
+    assert pair.client.send_ping(b"ping-004")
+    pair.to_server()
+    assert b"ping-004" in pings_received(pair)
 
 
 def test_server_ping_is_answered() -> None:

@@ -444,14 +444,44 @@ async def test_keepalive_timeout_kills_a_silent_connection() -> None:
 
 async def test_keepalive_pings_are_sent_and_answered() -> None:
     async def handler(call: ServerCall) -> None:
-        await call.conn.server.wait_until(lambda: call.conn.pings_received >= 3)
+        await call.conn.server.wait_until(lambda: call.conn.pings_received >= 2)
         await echo(call)
 
     kwargs = {"keepalive_interval": 0.05, "keepalive_timeout": 1.0}
     async with serving(handler, channel_kwargs=kwargs) as (server, channel):
         assert await channel.call("Ack", b"x", timeout=5) == b"echo:x"
-        assert server.connections[0].pings_received >= 3
+        assert server.connections[0].pings_received == 2  # each answered: none timed out
         assert channel.connections_opened == 1
+
+
+async def test_keepalive_never_trips_a_grpc_go_ping_policy_during_3_minute_calls(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """grpc-go allows one PING per 5 minutes while it sends nothing and ends the connection at
+    the third early one: with the default keepalive (30 s) a call over ~2 minutes failed. On
+    trio's MockClock the calls' minutes cost no real time."""
+
+    async def three_minutes(call: ServerCall) -> None:
+        await trio.sleep(180)
+        await echo(call)
+
+    async with trio.open_nursery() as nursery:
+        server = await H2Server(three_minutes, ping_min_time=300).start(nursery)
+        channel = Channel(Endpoint("127.0.0.1", server.port), nursery, user_agent="t")
+        try:
+            assert channel.keepalive_interval == 30.0  # the default
+            assert await channel.call("Ack", b"one", timeout=600) == b"echo:one"
+            conn = server.connections[0]
+            assert (conn.pings_received, conn.too_many_pings) == (2, False)
+            # The next call's HEADERS allow two more (and the answer forgave the first two).
+            assert await channel.call("Ack", b"two", timeout=600) == b"echo:two"
+            assert (conn.pings_received, conn.too_many_pings) == (4, False)
+            assert conn.ping_strikes <= 1
+            assert channel.connections_opened == 1
+        finally:
+            await channel.aclose()
+            nursery.cancel_scope.cancel()
+    assert not server.errors and not server.protocol_errors
 
 
 async def test_ping_flood_is_answered_and_calls_still_work() -> None:

@@ -74,7 +74,8 @@ class MalformedResponseError(ClientError):
 
 
 class MessageTooLargeError(ClientError):
-    """A response message exceeded `max_receive_message_bytes`; it was refused unread."""
+    """A response message exceeded `max_receive_message_bytes` (a gzip-compressed one once
+    decompressed); it was refused unread."""
 
 
 class ClientInternalError(ClientError):

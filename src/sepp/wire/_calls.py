@@ -3,6 +3,7 @@ ones, and the first bytes that tell an HTTP/2 server from anything else."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Generic, TypeVar
 
 from ._constants import MAX_STREAM_ID
@@ -36,6 +37,33 @@ def without_streams_above(queued: bytes, last_stream_id: int) -> bytes:
     return b"".join(kept)
 
 
+# RFC 9113 §6.5.2 (and RFC 7541 §4.1): a header list's size is each field's name and value,
+# uncompressed, plus 32 bytes.
+FIELD_OVERHEAD = 32
+# The header list limit until the server sets one (RFC 9113 §6.5.2: unlimited); an int above
+# any 32-bit setting, so that comparing sizes with it stays an int comparison.
+NO_HEADER_LIST_LIMIT = 1 << 62
+
+
+def header_list_size(fields: Iterable[tuple[bytes, bytes]]) -> int:
+    return sum(len(name) + len(value) + FIELD_OVERHEAD for name, value in fields)
+
+
+class HeaderListTooLarge(Exception):
+    """start_call with request headers over the server's SETTINGS_MAX_HEADER_LIST_SIZE: refused
+    before anything was queued, so the connection stays as it was (a server refuses such a
+    block, or ends the connection for it)."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(
+            f"the request's headers come to {size} bytes, over the {limit}-byte header list "
+            "limit the server set (SETTINGS_MAX_HEADER_LIST_SIZE; each field counts its name, "
+            "its value and 32): nothing was sent"
+        )
+        self.size = size
+        self.limit = limit
+
+
 class StreamIdsExhausted(Exception):
     """start_call on a connection whose stream ids are spent (2^31-1 is the last, RFC 9113
     §5.1.1). The connection drains once it hands out the last id; new calls need a new one."""
@@ -52,6 +80,8 @@ class CallTable(Generic[CallT]):
         # and here the reader looks up calls other threads started (SyncClient's threads).
         self._calls: dict[int, CallT] = {}
         self._remote_max_streams: int | None = None
+        # The server's SETTINGS_MAX_HEADER_LIST_SIZE: unlimited until it says (RFC 9113 §6.5.2).
+        self._remote_max_header_list = NO_HEADER_LIST_LIMIT
         self._settings_received = False
         # The server's first bytes, held until a frame header is complete (see _take_preface).
         self._preface: bytearray | None = bytearray()

@@ -25,6 +25,12 @@ MAX_INFORMATIONAL_RESPONSES = 5
 # is never cut off however it batches, and one that floods and never reads costs at most this.
 MAX_QUEUED_CONTROL_REPLY_BYTES = 512 * 1024
 
+# Keepalive PINGs we send before a HEADERS or DATA frame of ours must go out again: grpc-core's
+# `max_pings_without_data` (2). grpc-go and grpc-core servers allow one PING per 5 minutes while
+# they send nothing and end the connection (GOAWAY too_many_pings) at the third early one, so a
+# long call on a quiet connection gets two pings and then none until the next call.
+MAX_PINGS_WITHOUT_DATA = 2
+
 # What a call or the connection fails with at those limits (the same in both engines).
 TOO_MANY_REPLIES = (
     f"more than {MAX_QUEUED_CONTROL_REPLY_BYTES // 1024} KiB of PING or SETTINGS acknowledgements "

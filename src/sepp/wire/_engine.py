@@ -77,12 +77,15 @@ class GrpcConnection(Protocol):
         metadata: Iterable[Header] = (),
     ) -> int:
         """Open a stream for `method` and queue its request; returns the stream id. Raises
-        StreamIdsExhausted past the last stream id."""
+        StreamIdsExhausted past the last stream id, and HeaderListTooLarge (queueing nothing)
+        when the headers are over the server's SETTINGS_MAX_HEADER_LIST_SIZE."""
 
     def cancel_call(self, stream_id: int) -> None:
         """Forget a call and reset its stream with CANCEL; the connection stays usable."""
 
-    def send_ping(self, opaque: bytes) -> None: ...
+    def send_ping(self, opaque: bytes) -> bool:
+        """Queue a PING, unless MAX_PINGS_WITHOUT_DATA went out since our last HEADERS or DATA
+        frame (none before the first): then queue nothing and return False."""
 
     def close(self) -> None:
         """Queue a GOAWAY; the driver sends it and closes the socket."""

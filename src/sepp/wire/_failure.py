@@ -16,7 +16,8 @@ class FailureKind(enum.Enum):
     again by itself, whatever the retry policy (gRPC's transparent retry)."""
 
     #            label          final  ambiguous  unprocessed
-    TOO_LARGE = ("too_large", True, False, False)  # the response exceeded the receive limit
+    # the response exceeded the receive limit, or the request's headers the server's limit
+    TOO_LARGE = ("too_large", True, False, False)
     COMPRESSED = ("compressed", True, False, False)  # a compressed message, none was accepted
     MALFORMED = ("malformed", True, False, False)  # a response we cannot read
     HTTP = ("http", False, False, False)  # a non-200 HTTP answer (a proxy's); mapped by :status

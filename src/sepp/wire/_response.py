@@ -63,6 +63,9 @@ class ResponseState:
                 self.grpc_message = value
             elif name == b"content-type":
                 self.content_type = value
+            elif name == b"grpc-encoding" and not self.headers_received:
+                # How a compressed message is compressed (before any message arrives).
+                self.decoder = self.decoder.with_encoding(value)
 
     def response_started(self) -> None:
         """The response headers (not informational ones) have been read."""

@@ -16,7 +16,14 @@ from collections.abc import Callable, Iterable, Sequence
 
 from hpack.exceptions import OversizedHeaderListError
 
-from .._calls import CallTable, StreamIdsExhausted, without_streams_above
+from .._calls import (
+    FIELD_OVERHEAD,
+    CallTable,
+    HeaderListTooLarge,
+    StreamIdsExhausted,
+    header_list_size,
+    without_streams_above,
+)
 from .._constants import (
     DEFAULT_CONNECTION_WINDOW,
     DEFAULT_MAX_FRAME_SIZE,
@@ -24,6 +31,7 @@ from .._constants import (
     DEFAULT_STREAM_WINDOW,
     MAX_HEADER_BLOCK_BYTES,
     MAX_INFORMATIONAL_RESPONSES,
+    MAX_PINGS_WITHOUT_DATA,
     MAX_QUEUED_CONTROL_REPLY_BYTES,
     MAX_STREAM_ID,
     SERVICE_PATH,
@@ -40,7 +48,14 @@ from .._events import (
     StreamCapacityChanged,
 )
 from .._failure import FailureKind
-from .._framing import PREFIX_BYTES, FramingError, Request, message_prefix, request_size
+from .._framing import (
+    ACCEPT_ENCODING,
+    PREFIX_BYTES,
+    FramingError,
+    Request,
+    message_prefix,
+    request_size,
+)
 from .._hpack import BoundedDecoder, encode_authority, encode_field
 from .._response import (
     FRAME_HEADER_BYTES,
@@ -107,11 +122,16 @@ _SETTING = struct.Struct(">HL")
 _SETTINGS_ACK = _FRAME.pack(0, 0, SETTINGS, ACK, 0)
 _TABLE_SIZE_ZERO = b"\x20"  # our first header block sets the server's table for us to 0
 _TIMEOUT_FIELD = encode_field(b"grpc-timeout", b"", sensitive=True)[:-1]  # minus the 0 length
+_TIMEOUT_FIELD_SIZE = len(b"grpc-timeout") + FIELD_OVERHEAD  # plus its value's length
+# The most a grpc-timeout field can count (encode_grpc_timeout: at most 8 digits and a unit).
+_MAX_TIMEOUT_FIELD_SIZE = _TIMEOUT_FIELD_SIZE + 9
 _EMPTY = memoryview(b"")
 # A request body at least this long goes to the driver as a view of the caller's bytes, beside
 # its frame headers, instead of being copied into one buffer with them (see buffers_to_send).
 VIEW_MIN_BYTES = 16 * 1024
-_INTERESTING = frozenset({b":status", b"content-type", b"grpc-status", b"grpc-message"})
+_INTERESTING = frozenset(
+    {b":status", b"content-type", b"grpc-status", b"grpc-message", b"grpc-encoding"}
+)
 
 
 def frame(frame_type: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
@@ -167,7 +187,7 @@ class _HeaderBlocks:
 
     def decode(self, block: bytes) -> tuple[Header, ...]:
         """The fields we read from a block (:status, content-type, grpc-status,
-        grpc-message), in order; raises _ConnectionError if it cannot be decoded."""
+        grpc-message, grpc-encoding), in order; raises _ConnectionError if it cannot be decoded."""
         if block in self._cache:  # not .get(): see CallTable._calls
             return self._cache[block]
         table = self._decoder.header_table
@@ -220,13 +240,21 @@ class CodecGrpcConnection(CallTable[_Call]):
             (b"te", b"trailers", False),
             (b"content-type", b"application/grpc", False),
             (b"user-agent", user_agent.encode("ascii"), False),
+            (b"grpc-accept-encoding", ACCEPT_ENCODING, False),
             *((k, v, False) for k, v in metadata),
             # Credentials must never enter the HPACK dynamic table (RFC 7541 §7.1.3).
             *((k, v, True) for k, v in secret_metadata),
         ]
         self._before_path = b"".join(encode_field(n, v, sensitive=False) for n, v in before_path)
         self._after_path = b"".join(encode_field(n, v, sensitive=s) for n, v, s in after_path)
-        self._method_blocks: dict[str, bytes] = {}
+        # What those fields count against the server's header list limit, :path aside.
+        self._fields_size = header_list_size(before_path) + header_list_size(
+            (n, v) for n, v, _ in after_path
+        )
+        # Per method: its header block, and the room its header list leaves under the server's
+        # limit with the longest grpc-timeout (recomputed when the limit changes). A call
+        # counts its exact size only when its metadata takes more than that room.
+        self._method_blocks: dict[str, tuple[bytes, int]] = {}
         self._first_block = True
         self._max_receive = max_receive_message_bytes
         self._stream_window = stream_window
@@ -260,6 +288,11 @@ class CodecGrpcConnection(CallTable[_Call]):
         self._block_bytes = 0
 
         self._goaway_sent = False
+        # PINGs we may still send before a HEADERS or DATA frame of ours (see send_ping), and
+        # the next stream id when that was counted: a call started since sent HEADERS (so a
+        # call costs no bookkeeping here; a request body's later DATA resets the count).
+        self._pings_left = 0
+        self._pings_counted_at = self._next_stream_id
         self._handlers: tuple[_FrameHandler, ...] = (
             self._on_data,
             self._on_headers,
@@ -318,22 +351,22 @@ class CodecGrpcConnection(CallTable[_Call]):
     ) -> int:
         """Open a stream for `method` and queue its request; returns the stream id. A request
         in parts goes out as they are, each big part as views of it, never joined."""
-        block = self._method_blocks.get(method)
-        if block is None:
-            path = SERVICE_PATH + method.encode("ascii")
-            block = (
-                self._before_path + encode_field(b":path", path, sensitive=False) + self._after_path
-            )
-            self._method_blocks[method] = block
-        if self._first_block:
-            self._first_block = False
-            block = _TABLE_SIZE_ZERO + block
+        entry = self._method_blocks.get(method)
+        if entry is None:
+            entry = self._method_entry(method)
+        block, room = entry
         if timeout is not None:
             # Per-call values are never indexed, so they do not churn the server's table.
             value = encode_grpc_timeout(timeout)
             block += _TIMEOUT_FIELD + bytes((len(value),)) + value
         for name, value in metadata:
             block += encode_field(name, value, sensitive=True)
+            room -= len(name) + len(value) + FIELD_OVERHEAD
+        if room < 0:  # perhaps over the server's limit: count exactly
+            self._check_header_list(method, timeout, entry[1] - room)
+        if self._first_block:
+            self._first_block = False
+            block = _TABLE_SIZE_ZERO + block
         stream_id = self._next_stream_id
         if stream_id + 2 > MAX_STREAM_ID:
             if stream_id > MAX_STREAM_ID:
@@ -393,6 +426,24 @@ class CodecGrpcConnection(CallTable[_Call]):
         self._send_body(stream_id, call)
         return stream_id
 
+    def _method_entry(self, method: str) -> tuple[bytes, int]:
+        path = SERVICE_PATH + method.encode("ascii")
+        block = self._before_path + encode_field(b":path", path, sensitive=False) + self._after_path
+        size = self._fields_size + header_list_size(((b":path", path),))
+        entry = block, self._remote_max_header_list - size - _MAX_TIMEOUT_FIELD_SIZE
+        self._method_blocks[method] = entry
+        return entry
+
+    def _check_header_list(self, method: str, timeout: float | None, metadata_size: int) -> None:
+        """Raise HeaderListTooLarge if the call's headers come to more than the server's
+        limit (start_call's slow path, when they may)."""
+        path = SERVICE_PATH + method.encode("ascii")
+        size = self._fields_size + header_list_size(((b":path", path),)) + metadata_size
+        if timeout is not None:
+            size += _TIMEOUT_FIELD_SIZE + len(encode_grpc_timeout(timeout))
+        if size > self._remote_max_header_list:
+            raise HeaderListTooLarge(size, self._remote_max_header_list)
+
     def cancel_call(self, stream_id: int) -> None:
         """Forget a call and reset its stream with CANCEL; the connection stays usable."""
         if self._calls.pop(stream_id, None) is None:
@@ -401,8 +452,17 @@ class CodecGrpcConnection(CallTable[_Call]):
         if self.broken is None:
             self._out.append(frame(RST_STREAM, 0, stream_id, _U32.pack(CANCEL)))
 
-    def send_ping(self, opaque: bytes) -> None:
+    def send_ping(self, opaque: bytes) -> bool:
+        """Queue a PING, unless MAX_PINGS_WITHOUT_DATA went out since our last HEADERS or DATA
+        frame (none before the first): then queue nothing and return False."""
+        if self._pings_counted_at != self._next_stream_id:  # a call's HEADERS went out since
+            self._pings_counted_at = self._next_stream_id
+            self._pings_left = MAX_PINGS_WITHOUT_DATA
+        if not self._pings_left:
+            return False
+        self._pings_left -= 1
         self._out.append(frame(PING, 0, 0, opaque))
+        return True
 
     def close(self) -> None:
         """Queue a GOAWAY; the driver sends it and closes the socket."""
@@ -675,8 +735,14 @@ class CodecGrpcConnection(CallTable[_Call]):
                 raise _ConnectionError(PROTOCOL_ERROR, "a server cannot enable push")
             elif code == SETTINGS_ENABLE_CONNECT_PROTOCOL and value > 1:
                 raise _ConnectionError(PROTOCOL_ERROR, f"invalid ENABLE_CONNECT_PROTOCOL {value}")
+            elif code == SETTINGS_MAX_HEADER_LIST_SIZE:
+                # Advisory in RFC 9113, but a server refuses a bigger block (or ends the
+                # connection): start_call refuses it first.
+                if value != self._remote_max_header_list:
+                    self._remote_max_header_list = value
+                    self._method_blocks.clear()  # their room was reckoned with the old limit
             # HEADER_TABLE_SIZE: our encoder never indexes, so the server's table size is moot.
-            # MAX_HEADER_LIST_SIZE is advisory; unknown settings are ignored (§6.5.2).
+            # Unknown settings are ignored (§6.5.2).
         delta = window - self._peer_initial_window
         if delta:
             self._peer_initial_window = window
@@ -801,6 +867,7 @@ class CodecGrpcConnection(CallTable[_Call]):
                 # for their slice.
                 size = min(left - 1, len(body), self._send_window, call.send_window) // n * n
                 if size:
+                    self._pings_left = MAX_PINGS_WITHOUT_DATA
                     header = _FRAME.pack(n >> 8, n & 0xFF, DATA, 0, stream_id)
                     for start in range(0, size, n):
                         out.append(header)
@@ -814,6 +881,7 @@ class CodecGrpcConnection(CallTable[_Call]):
                         body = later.pop(0)
                     continue
             left -= n
+            self._pings_left = MAX_PINGS_WITHOUT_DATA
             header = _FRAME.pack(n >> 8, n & 0xFF, DATA, 0 if left else END_STREAM, stream_id)
             self._send_window -= n
             call.send_window -= n

@@ -257,12 +257,18 @@ class _Connection(ConnectionCore[_Waiter]):
     def _send_ping(self) -> None:
         if self.dead:
             return
-        self._ping = opaque = os.urandom(8)
+        opaque = os.urandom(8)
         try:
-            self.proto.send_ping(opaque)
+            sent = self.proto.send_ping(opaque)
         except Exception as exc:
             self.die(f"cannot send keepalive ping: {exc!r}")
             return
+        if not sent:  # the ping policy: none until a call's frames go out; look again later
+            interval = self._channel.keepalive_interval
+            if interval is not None:
+                self._ping_timer = self.loop.call_later(interval, self._send_ping)
+            return
+        self._ping = opaque
         self.flush()
         timeout = self._channel.keepalive_timeout
         self._ping_timer = self.loop.call_later(timeout, self._ping_unanswered, opaque, timeout)

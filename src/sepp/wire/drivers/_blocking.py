@@ -113,6 +113,7 @@ class _BlockingConnection(ConnectionCore[_Waiter]):
         self._heard_at = time.monotonic()  # when the server last sent anything
         self._ping: bytes | None = None  # an unanswered keepalive ping's payload
         self._ping_sent_at = 0.0
+        self._ping_withheld_at = -math.inf  # when the ping policy last kept a ping back
 
     # -- sending --------------------------------------------------------------------------------
 
@@ -390,7 +391,7 @@ class _BlockingConnection(ConnectionCore[_Waiter]):
             return math.inf
         if self._ping is not None:
             return self._ping_sent_at + self._channel.keepalive_timeout
-        return self._heard_at + interval
+        return max(self._heard_at, self._ping_withheld_at) + interval
 
     def _keepalive_check(self, now: float) -> None:
         """Under the lock, after a read timed out: ping a silent connection, or end it."""
@@ -401,10 +402,13 @@ class _BlockingConnection(ConnectionCore[_Waiter]):
             if now >= self._ping_sent_at + self._channel.keepalive_timeout:
                 timeout = self._channel.keepalive_timeout
                 self.die(f"keepalive ping not answered within {timeout:g}s")
-        elif now >= self._heard_at + interval:
-            self._ping = os.urandom(8)
-            self._ping_sent_at = now
-            self.proto.send_ping(self._ping)
+        elif now >= max(self._heard_at, self._ping_withheld_at) + interval:
+            opaque = os.urandom(8)
+            if self.proto.send_ping(opaque):
+                self._ping = opaque
+                self._ping_sent_at = now
+            else:  # the ping policy: none until a call's frames go out; look again later
+                self._ping_withheld_at = now
 
     # -- ending ---------------------------------------------------------------------------------
 

@@ -26,6 +26,7 @@ from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
+from .._calls import HeaderListTooLarge
 from .._engine import GrpcConnection
 from .._events import (
     CallFinished,
@@ -130,7 +131,8 @@ class ConnectionCore(Generic[W]):
 
     def open_stream(self, call: Attempt, deadline: float, now: float) -> int:
         """Start `call`, its grpc-timeout what is left until `deadline`; returns the stream id.
-        A connection that cannot start one is ended (RpcError)."""
+        A connection that cannot start one is ended (RpcError); a call whose headers are over
+        the server's header list limit fails alone (RpcError TOO_LARGE), nothing sent."""
         try:
             stream_id = self.proto.start_call(
                 call.method,
@@ -138,6 +140,8 @@ class ConnectionCore(Generic[W]):
                 timeout=deadline - now if deadline != math.inf else None,
                 metadata=call.metadata,
             )
+        except HeaderListTooLarge as exc:  # nothing was queued: the connection is as it was
+            raise RpcError(StatusCode.RESOURCE_EXHAUSTED, str(exc), FailureKind.TOO_LARGE) from None
         except Exception as exc:
             self.die(f"cannot start a call: {exc!r}")
             raise RpcError(

@@ -247,13 +247,15 @@ class _Connection(ConnectionCore[Waiter]):
         while True:
             await trio.sleep(interval)
             opaque = os.urandom(8)
-            ack = trio.Event()
-            self._ping_acks[opaque] = ack
             try:
-                self.proto.send_ping(opaque)
+                sent = self.proto.send_ping(opaque)
             except Exception as exc:
                 self.die(f"cannot send keepalive ping: {exc!r}")
                 return
+            if not sent:  # the ping policy: none until a call's frames go out; look again later
+                continue
+            ack = trio.Event()
+            self._ping_acks[opaque] = ack
             self.flush()
             with trio.move_on_after(timeout):
                 await ack.wait()

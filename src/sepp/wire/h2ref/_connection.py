@@ -15,13 +15,14 @@ import h2.settings
 from h2.errors import ErrorCodes
 from hpack import NeverIndexedHeaderTuple
 
-from .._calls import CallTable, StreamIdsExhausted
+from .._calls import CallTable, HeaderListTooLarge, StreamIdsExhausted, header_list_size
 from .._constants import (
     DEFAULT_CONNECTION_WINDOW,
     DEFAULT_MAX_FRAME_SIZE,
     DEFAULT_MAX_HEADER_LIST_SIZE,
     DEFAULT_STREAM_WINDOW,
     MAX_INFORMATIONAL_RESPONSES,
+    MAX_PINGS_WITHOUT_DATA,
     MAX_QUEUED_CONTROL_REPLY_BYTES,
     MAX_STREAM_ID,
     SERVICE_PATH,
@@ -38,7 +39,7 @@ from .._events import (
     StreamCapacityChanged,
 )
 from .._failure import FailureKind
-from .._framing import FramingError, Request, encode_message, joined
+from .._framing import ACCEPT_ENCODING, FramingError, Request, encode_message, joined
 from .._hpack import encode_authority
 from .._response import ResponseState, finish, goaway_result, reset_result
 from .._status import StatusCode, encode_grpc_timeout
@@ -90,13 +91,17 @@ class H2GrpcConnection(CallTable[_Call]):
             (b"te", b"trailers"),
             (b"content-type", b"application/grpc"),
             (b"user-agent", user_agent.encode("ascii")),
+            (b"grpc-accept-encoding", ACCEPT_ENCODING),
             *metadata,
             # Credentials must never enter the HPACK dynamic table (RFC 7541 §7.1.3).
             *(NeverIndexedHeaderTuple(k, v) for k, v in secret_metadata),
         ]
-        self._method_headers: dict[str, list[Header]] = {}
+        # Per method: its headers, and the size of their header list.
+        self._method_headers: dict[str, tuple[list[Header], int]] = {}
         # Bytes of PING and SETTINGS ACKs h2 queued since the driver last took our output.
         self._queued_replies = 0
+        # PINGs we may still send before a HEADERS or DATA frame of ours (see send_ping).
+        self._pings_left = 0
 
     # -- driver API -------------------------------------------------------------------------
 
@@ -124,23 +129,31 @@ class H2GrpcConnection(CallTable[_Call]):
         metadata: Iterable[Header] = (),
     ) -> int:
         """Open a stream for `method` and queue its request; returns the stream id."""
-        headers = self._method_headers.get(method)
-        if headers is None:
+        entry = self._method_headers.get(method)
+        if entry is None:
             headers = list(self._base_headers)
             headers[2] = (b":path", SERVICE_PATH + method.encode("ascii"))
-            self._method_headers[method] = headers
+            entry = headers, header_list_size(headers)
+            self._method_headers[method] = entry
+        headers, size = entry
         per_call: list[Header] = []
         if timeout is not None:
             # Per-call values are never indexed so they do not churn the dynamic table.
             per_call.append(NeverIndexedHeaderTuple(b"grpc-timeout", encode_grpc_timeout(timeout)))
         for name, value in metadata:
             per_call.append(NeverIndexedHeaderTuple(name, value))
+        if per_call:
+            size += header_list_size(per_call)
+        # h2 sends whatever it is given: the server's limit is ours to keep.
+        if size > self._remote_max_header_list:
+            raise HeaderListTooLarge(size, int(self._remote_max_header_list))
         try:
             stream_id = self._h2.get_next_available_stream_id()
         except h2.exceptions.NoAvailableStreamIDError:
             raise StreamIdsExhausted("stream ids are past the last (2^31-1)") from None
         self._h2.open_calls = len(self._calls)
         self._h2.send_headers(stream_id, headers + per_call if per_call else headers)
+        self._pings_left = MAX_PINGS_WITHOUT_DATA
         call = _Call(self._max_receive, encode_message(joined(request)))
         self._calls[stream_id] = call
         if stream_id + 2 > MAX_STREAM_ID:
@@ -155,8 +168,14 @@ class H2GrpcConnection(CallTable[_Call]):
             return
         self._reset(stream_id, ErrorCodes.CANCEL)
 
-    def send_ping(self, opaque: bytes) -> None:
+    def send_ping(self, opaque: bytes) -> bool:
+        """Queue a PING, unless MAX_PINGS_WITHOUT_DATA went out since our last HEADERS or DATA
+        frame (none before the first): then queue nothing and return False."""
+        if not self._pings_left:
+            return False
+        self._pings_left -= 1
         self._h2.ping(opaque)
+        return True
 
     def close(self) -> None:
         """Queue a GOAWAY; the driver sends it and closes the socket."""
@@ -293,6 +312,9 @@ class H2GrpcConnection(CallTable[_Call]):
         if codes.INITIAL_WINDOW_SIZE in event.changed_settings:
             self._flush_all()
         # Callers waiting for a stream wake only when the server's limit may let them start.
+        header_list = event.changed_settings.get(codes.MAX_HEADER_LIST_SIZE)
+        if header_list is not None:
+            self._remote_max_header_list = header_list.new_value
         changed = event.changed_settings.get(codes.MAX_CONCURRENT_STREAMS)
         max_streams = changed.new_value if changed is not None else self._remote_max_streams
         if max_streams != self._remote_max_streams or not self._settings_received:
@@ -319,12 +341,14 @@ class H2GrpcConnection(CallTable[_Call]):
             )
             if len(body) <= window:
                 self._h2.send_data(stream_id, body.tobytes(), end_stream=True)
+                self._pings_left = MAX_PINGS_WITHOUT_DATA
                 call.outbound = memoryview(b"")
                 return
             if window <= 0:
                 call.outbound = body
                 return
             self._h2.send_data(stream_id, body[:window].tobytes())
+            self._pings_left = MAX_PINGS_WITHOUT_DATA
             body = body[window:]
 
     def _flush_all(self) -> None:
