@@ -30,6 +30,9 @@ _REASONS = {
     503: "Service Unavailable",
 }
 TEXT = "text/plain; charset=utf-8"
+TOO_LARGE: Response = (431, TEXT, b"request too large\n")
+INCOMPLETE: Response = (400, TEXT, b"incomplete request\n")
+TIMED_OUT: Response = (408, TEXT, b"request timeout\n")
 
 
 def render(status: int, content_type: str, body: bytes, *, head_only: bool = False) -> bytes:
@@ -66,18 +69,22 @@ async def read_head(
     `receive_some` returns b"" at the end of the stream."""
     data = b""
     with move_on_after(READ_TIMEOUT_S):
-        while b"\r\n\r\n" not in data:
-            if len(data) > MAX_REQUEST_BYTES:
-                return 431, TEXT, b"request too large\n"
+        while (head := head_of(data)) is None:
             chunk = await receive_some(4096)
             if not chunk:
-                return 400, TEXT, b"incomplete request\n"
+                return INCOMPLETE
             data += chunk
-        head = data.partition(b"\r\n\r\n")[0]
-        if len(head) > MAX_REQUEST_BYTES:
-            return 431, TEXT, b"request too large\n"
         return head
-    return 408, TEXT, b"request timeout\n"
+    return TIMED_OUT
+
+
+def head_of(data: bytes) -> bytes | Response | None:
+    """The request head (up to the blank line) in the bytes received so far, the error
+    response to send instead, or None while more is needed."""
+    if b"\r\n\r\n" not in data:
+        return TOO_LARGE if len(data) > MAX_REQUEST_BYTES else None
+    head = data.partition(b"\r\n\r\n")[0]
+    return TOO_LARGE if len(head) > MAX_REQUEST_BYTES else head
 
 
 class Responder:

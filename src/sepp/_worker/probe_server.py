@@ -1,0 +1,173 @@
+"""The probes and metrics served from threads of their own, off the event loop: a handler that
+holds the loop (CPU work in an `async def` handler) cannot delay an answer, so a liveness probe
+with a 1 s timeout still gets one, and it can say how long the loop has not run. The requests
+and answers are `http_responder`'s; its routes read the monitor's locked state.
+
+One thread accepts; each connection gets a thread of its own for its one request (at most
+`MAX_CONNECTIONS` at once, more are closed unanswered). No thread is a daemon: `close()` stops
+and joins them all."""
+
+from __future__ import annotations
+
+import errno
+import selectors
+import socket
+import threading
+import time
+
+from .http_responder import (
+    INCOMPLETE,
+    MAX_CONNECTIONS,
+    READ_TIMEOUT_S,
+    TIMED_OUT,
+    WRITE_TIMEOUT_S,
+    Responder,
+    Response,
+    head_of,
+    render,
+)
+
+
+class ProbeServer:
+    """Listens on `host:port` (None: every interface; port 0: any free one) at construction,
+    serves `responder`'s routes once `start()`ed, until `close()`."""
+
+    def __init__(self, responder: Responder, port: int, *, host: str | None = None) -> None:
+        self._responder = responder
+        self._listeners = _listen(host, port)
+        self.port: int = self._listeners[0].getsockname()[1]
+        # close() writes a byte here to wake the accepting thread's select.
+        self._wake_reader, self._wake_writer = socket.socketpair()
+        self._lock = threading.Lock()  # guards the three below
+        self._connections: dict[socket.socket, threading.Thread] = {}
+        self._ending: list[threading.Thread] = []  # done serving, maybe not yet exited
+        self._closing = False
+        self._acceptor = threading.Thread(
+            target=self._accept_loop, name=f"sepp probes :{self.port}", daemon=False
+        )
+
+    def start(self) -> None:
+        self._acceptor.start()
+
+    def close(self) -> None:
+        """Stop accepting, cut off the connections being served, and join every thread.
+        Idempotent."""
+        with self._lock:
+            if self._closing:
+                return
+            self._closing = True
+            connections = list(self._connections.items())
+            ending = self._ending
+        try:
+            self._wake_writer.send(b"x")
+        except OSError:
+            pass
+        for conn, _ in connections:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)  # wakes a thread blocked in recv or send
+            except OSError:
+                pass
+        if self._acceptor.ident is not None:
+            self._acceptor.join()
+        for thread in (*(thread for _, thread in connections), *ending):
+            thread.join()
+        for sock in (*self._listeners, self._wake_reader, self._wake_writer):
+            sock.close()
+
+    # -- the threads ----------------------------------------------------------------------------
+
+    def _accept_loop(self) -> None:
+        with selectors.DefaultSelector() as selector:
+            for listener in self._listeners:
+                listener.setblocking(False)
+                selector.register(listener, selectors.EVENT_READ)
+            selector.register(self._wake_reader, selectors.EVENT_READ)
+            while True:
+                for key, _ in selector.select():
+                    if key.fileobj is self._wake_reader:
+                        return
+                    try:
+                        conn, _ = key.fileobj.accept()  # type: ignore[union-attr]
+                    except OSError:
+                        continue  # the client gave up before we took it, or too many files
+                    self._take(conn)
+
+    def _take(self, conn: socket.socket) -> None:
+        conn.setblocking(True)
+        thread = threading.Thread(
+            target=self._serve, args=(conn,), name="sepp probe connection", daemon=False
+        )
+        with self._lock:  # started under the lock, so close() joins only started threads
+            self._ending = [thread for thread in self._ending if thread.is_alive()]
+            if self._closing or len(self._connections) >= MAX_CONNECTIONS:
+                conn.close()  # too many at once: close without reading
+                return
+            self._connections[conn] = thread
+            thread.start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        """One connection: one request, one response, close. Never raises."""
+        try:
+            answer = _read_head(conn)
+            status, content_type, body = (
+                answer if isinstance(answer, tuple) else self._responder.respond(answer)
+            )
+            conn.settimeout(WRITE_TIMEOUT_S)
+            conn.sendall(render(status, content_type, body))
+        except OSError:
+            pass  # the client went away, or was too slow to take the answer
+        finally:
+            conn.close()
+            with self._lock:
+                self._ending.append(self._connections.pop(conn))
+
+
+def _read_head(conn: socket.socket) -> bytes | Response:
+    deadline = time.monotonic() + READ_TIMEOUT_S
+    data = b""
+    while (head := head_of(data)) is None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return TIMED_OUT
+        conn.settimeout(left)
+        try:
+            chunk = conn.recv(4096)
+        except TimeoutError:
+            return TIMED_OUT
+        if not chunk:
+            return INCOMPLETE
+        data += chunk
+    return head
+
+
+def _listen(host: str | None, port: int) -> list[socket.socket]:
+    """Listening sockets for `host:port`, as trio's open_tcp_listeners binds them: every
+    address `host` names (None: the IPv4 and IPv6 wildcards), SO_REUSEADDR, IPv6 only on IPv6
+    sockets."""
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    listeners: list[socket.socket] = []
+    try:
+        for family, type_, proto, _, address in infos:
+            if any(s.family == family and s.getsockname()[0] == address[0] for s in listeners):
+                continue  # getaddrinfo may name an address twice
+            try:
+                sock = socket.socket(family, type_, proto)
+            except OSError as exc:
+                if exc.errno == errno.EAFNOSUPPORT:
+                    continue  # IPv6 switched off in this kernel, say
+                raise
+            listeners.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            if port == 0 and len(listeners) > 1:  # one port for every address
+                address = (address[0], listeners[0].getsockname()[1], *address[2:])
+            sock.bind(address)
+            sock.listen(MAX_CONNECTIONS)
+    except BaseException:
+        for sock in listeners:
+            sock.close()
+        raise
+    if not listeners:
+        raise OSError(errno.EAFNOSUPPORT, f"no address to listen on for {host}:{port}")
+    return listeners
