@@ -334,3 +334,23 @@ def test_connections_beyond_the_limit_are_closed_unanswered(
             sock.close()
     finally:
         served.close()
+
+
+@pytest.mark.skipif(not probe_server._DONT_WAIT, reason="every connection gets a thread here")
+def test_a_request_that_came_with_its_connection_is_answered_without_a_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def no_thread(*args: object) -> None:
+        raise AssertionError("a thread for a request that had come")
+
+    served = probe_server.ProbeServer(Responder(WorkerMonitor()._routes()), 0, host="127.0.0.1")
+    monkeypatch.setattr(served, "_in_thread", no_thread)
+    # Connected and sent before the server accepts anything: the request is there at accept.
+    with socket.create_connection(("127.0.0.1", served.port)) as sock:
+        sock.sendall(b"GET /readyz HTTP/1.1\r\n\r\n")
+        served.start()
+        try:
+            answer = sock.recv(4096)
+        finally:
+            served.close()
+    assert answer.startswith(b"HTTP/1.1 503 ") and answer.endswith(b"not ready: starting\n")
