@@ -147,8 +147,8 @@ class WorkerMonitor:
 
     @property
     def loop_lag(self) -> float | None:
-        """Seconds the event loop has gone without running (0.0 while it runs; the heartbeat
-        is `HEARTBEAT_S` apart), measured while `serve()` runs; None when it does not."""
+        """Seconds the event loop has gone without running (0.0 while it runs: `serve()`'s
+        heartbeat stamps it ten times a second); None while nothing serves."""
         with self._feed.lock:
             return self._feed.loop_lag(time.monotonic())
 
