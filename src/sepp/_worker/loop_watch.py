@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import threading
 import time
+import types
 from collections.abc import Awaitable, Generator
+from time import monotonic
 from typing import TYPE_CHECKING, Any
 
 from .._util.log import Log
@@ -56,7 +58,7 @@ class LoopWatch:
 
     def stepping(self, ctx: JobContext, call: Awaitable[None]) -> Awaitable[None]:
         """`call` (the handler's, with its middleware), awaited with each step stamped."""
-        return _Stepping(self, ctx, call)
+        return _stepping(self, ctx, call)
 
     def start(self) -> None:
         self._thread = threading.Thread(
@@ -119,41 +121,30 @@ class LoopWatch:
         )
 
 
-class _Stepping:
-    """Awaits a handler's call, stamping `watch.current` before each step of it and clearing
-    it after: what the event loop drives (send, throw) goes through here to the call."""
+@types.coroutine
+def _stepping(watch: LoopWatch, ctx: JobContext, call: Awaitable[None]) -> Generator[Any, Any, Any]:
+    """Awaits `call`, stamping `watch.current` before each step of it and clearing it after:
+    what the event loop drives (each send, each exception thrown in) goes through here.
 
-    __slots__ = ("_ctx", "_inner", "_watch")
-
-    def __init__(self, watch: LoopWatch, ctx: JobContext, call: Awaitable[None]) -> None:
-        self._watch = watch
-        self._ctx = ctx
-        self._inner: Generator[Any, Any, None] = call.__await__()
-
-    def __await__(self) -> _Stepping:
-        return self
-
-    def __iter__(self) -> _Stepping:
-        return self
-
-    def __next__(self) -> Any:
-        return self.send(None)
-
-    def send(self, value: Any) -> Any:
-        watch = self._watch
-        watch.current = (self._ctx, time.monotonic())
+    A generator, not an iterator class: its return (and the call's) need no StopIteration
+    raised through Python code, which made a one-step handler cost about 4 µs more, not 0.5."""
+    inner: Generator[Any, Any, Any] = call.__await__()
+    send, throw = inner.send, inner.throw
+    value: Any = None
+    error: BaseException | None = None
+    while True:
+        watch.current = (ctx, monotonic())
         try:
-            return self._inner.send(value)
+            yielded = send(value) if error is None else throw(error)
+        except StopIteration as stop:
+            return stop.value
         finally:
             watch.current = None
-
-    def throw(self, *args: Any) -> Any:
-        watch = self._watch
-        watch.current = (self._ctx, time.monotonic())
+        error = None
         try:
-            return self._inner.throw(*args)
-        finally:
-            watch.current = None
-
-    def close(self) -> None:
-        self._inner.close()
+            value = yield yielded
+        except GeneratorExit:
+            inner.close()
+            raise
+        except BaseException as exc:  # a cancellation, say: the call's to handle
+            value, error = None, exc

@@ -28,6 +28,8 @@ from .http_responder import (
     render,
 )
 
+LINGER_S = 1.0  # how long an answered connection is read to its end, at most
+LINGER_BYTES = 65536  # how much of it
 # recv and send without blocking, on a blocking socket (Linux, macOS, the BSDs; elsewhere every
 # connection gets a thread).
 _DONT_WAIT: int = getattr(socket, "MSG_DONTWAIT", 0)
@@ -106,9 +108,11 @@ class ProbeServer:
         if _DONT_WAIT:
             try:
                 data = conn.recv(MAX_REQUEST_BYTES + 1, _DONT_WAIT)
-                answer = self._answer(data) if data else INCOMPLETE
-                if answer is not None:
-                    out = render(*answer)
+                head = head_of(data)
+                # Only a request read to its end: closing with bytes unread would reset the
+                # connection, and the client might lose the answer (a thread lingers instead).
+                if isinstance(head, bytes) and len(data) == len(head) + 4:
+                    out = render(*self._responder.respond(head))
                     sent = conn.send(out, _DONT_WAIT)
                     if sent == len(out):
                         conn.close()
@@ -138,13 +142,6 @@ class ProbeServer:
             self._connections[conn] = thread
             thread.start()
 
-    def _answer(self, data: bytes) -> Response | None:
-        """The answer to the request in `data`, or None while more is needed."""
-        head = head_of(data)
-        if head is None or isinstance(head, tuple):
-            return head
-        return self._responder.respond(head)
-
     def _serve(self, conn: socket.socket, data: bytes, unsent: bytes | None) -> None:
         """The rest of one connection: read the request (after `data`) and answer it, or send
         the `unsent` end of the answer; close. Never raises."""
@@ -156,6 +153,7 @@ class ProbeServer:
                 unsent = render(*answer)
             conn.settimeout(WRITE_TIMEOUT_S)
             conn.sendall(unsent)
+            _linger(conn)
         except OSError:
             pass  # the client went away, or was too slow to take the answer
         finally:
@@ -179,6 +177,19 @@ def _read_head(conn: socket.socket, data: bytes) -> bytes | Response:
             return INCOMPLETE
         data += chunk
     return head
+
+
+def _linger(conn: socket.socket) -> None:
+    """Read what the client still sends (a request head too large, say) before closing, for a
+    while: a close with bytes unread resets the connection, and the answer may be lost."""
+    conn.shutdown(socket.SHUT_WR)
+    conn.settimeout(LINGER_S)
+    unread = LINGER_BYTES
+    while unread > 0:
+        chunk = conn.recv(min(unread, 16384))
+        if not chunk:
+            return
+        unread -= len(chunk)
 
 
 def _listen(host: str | None, port: int) -> list[socket.socket]:
