@@ -26,7 +26,7 @@ from sepp import Retry
 from sepp._util.log import Log
 from sepp._worker import concurrency, loop_watch, probe_server
 from sepp._worker.http_responder import Responder
-from sepp._worker.monitor import WorkerMonitor
+from sepp._worker.monitor import MAX_SERIES, WorkerMonitor, feed_of
 from sepp.testing import job_context
 
 LOOPS = ["trio", "asyncio", pytest.param("uvloop", marks=pytest.mark.needs("uvloop"))]
@@ -304,10 +304,10 @@ def test_close_cuts_off_a_connection_waiting_for_its_request() -> None:
     served = probe_server.ProbeServer(Responder({}), 0, host="127.0.0.1")
     served.start()
     with socket.create_connection(("127.0.0.1", served.port)) as sock:
-        sock.sendall(b"GET /healthz")  # its thread waits for the rest
-        while not [t for t in threading.enumerate() if t.name == "sepp probe connection"]:
+        sock.sendall(b"GET /healthz")  # and the server waits for the rest
+        while not served.connections:
             time.sleep(0.001)  # until the server took it (polling for that event)
-        served.close()  # returns: it woke the thread, not waiting out READ_TIMEOUT_S
+        served.close()  # returns: it stopped serving, not waiting out READ_TIMEOUT_S
         try:
             answer = sock.recv(4096)
         except ConnectionResetError:
@@ -324,33 +324,42 @@ def test_connections_beyond_the_limit_are_closed_unanswered(
     served.start()
     try:
         held = [socket.create_connection(("127.0.0.1", served.port)) for _ in range(2)]
-        while len([t for t in threading.enumerate() if t.name == "sepp probe connection"]) < 2:
-            time.sleep(0.001)
+        while served.connections < 2:
+            time.sleep(0.001)  # until the server took both (polling for that event)
         with socket.create_connection(("127.0.0.1", served.port)) as extra:
             assert extra.recv(4096) == b""  # closed without an answer
         for sock in held:
             sock.sendall(b"GET /healthz HTTP/1.1\r\n\r\n")
             assert sock.recv(4096).startswith(b"HTTP/1.1 200 ")
             sock.close()
+        # One thread served them all.
+        assert [t.name for t in threading.enumerate() if t.name.startswith("sepp probe")] == [
+            f"sepp probes :{served.port}"
+        ]
     finally:
         served.close()
 
 
-@pytest.mark.skipif(not probe_server._DONT_WAIT, reason="every connection gets a thread here")
-def test_a_request_that_came_with_its_connection_is_answered_without_a_thread(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    def no_thread(*args: object) -> None:
-        raise AssertionError("a thread for a request that had come")
-
-    served = probe_server.ProbeServer(Responder(WorkerMonitor()._routes()), 0, host="127.0.0.1")
-    monkeypatch.setattr(served, "_in_thread", no_thread)
-    # Connected and sent before the server accepts anything: the request is there at accept.
-    with socket.create_connection(("127.0.0.1", served.port)) as sock:
-        sock.sendall(b"GET /readyz HTTP/1.1\r\n\r\n")
-        served.start()
-        try:
-            answer = sock.recv(4096)
-        finally:
-            served.close()
-    assert answer.startswith(b"HTTP/1.1 503 ") and answer.endswith(b"not ready: starting\n")
+def test_a_request_sent_in_pieces_and_a_big_answer_are_served() -> None:
+    monitor = WorkerMonitor()
+    feed = feed_of(monitor)
+    feed.worker_started(None)
+    for n in range(MAX_SERIES):  # a /metrics answer bigger than a socket's buffer
+        feed.job_started(job_context(f"type-{n}", queue="q"))
+    served = probe_server.ProbeServer(Responder(monitor._routes()), 0, host="127.0.0.1")
+    # A small send buffer (inherited by the accepted socket): the answer goes in many sends.
+    served._listeners[0].setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    served.start()
+    try:
+        with socket.create_connection(("127.0.0.1", served.port)) as sock:
+            for piece in (b"GET /met", b"rics HTTP/1.1\r\n", b"\r\n"):
+                sock.sendall(piece)
+            answer = b""
+            while chunk := sock.recv(1024):
+                answer += chunk
+    finally:
+        served.close()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 ")
+    assert f"Content-Length: {len(body)}".encode() in head
+    assert body.decode() == monitor.prometheus_text()

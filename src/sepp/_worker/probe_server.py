@@ -1,11 +1,14 @@
-"""The probes and metrics served from threads of their own, off the event loop: a handler that
-holds the loop (CPU work in an `async def` handler) cannot delay an answer, so a liveness probe
-with a 1 s timeout still gets one, and it can say how long the loop has not run. The requests
-and answers are `http_responder`'s; its routes read the monitor's locked state.
+"""The probes and metrics served from a thread of their own, off the event loop: a handler
+that holds the loop (CPU work in an `async def` handler) cannot delay an answer, so a liveness
+probe with a 1 s timeout still gets one, and it can say how long the loop has not run. The
+requests and answers are `http_responder`'s; its routes read the monitor's locked state.
 
-One thread accepts, and answers a request that came with its connection (a probe's) at once; any
-other connection gets a thread of its own for its one request (at most `MAX_CONNECTIONS` at
-once, more are closed unanswered). No thread is a daemon: `close()` stops and joins them all."""
+One thread serves every connection, on non-blocking sockets and a selector: it starts no thread
+per connection (on a free-threaded build, starting one waited up to a few hundred ms for a
+handler burning CPU), makes few calls into the kernel (on a build with the GIL, each waits up to
+the 5 ms switch interval for a handler burning CPU), and a slow client holds nothing but its
+socket until its deadline. At most `MAX_CONNECTIONS` at once; more are closed unanswered. The
+thread is not a daemon: `close()` stops and joins it."""
 
 from __future__ import annotations
 
@@ -18,178 +21,186 @@ import time
 from .http_responder import (
     INCOMPLETE,
     MAX_CONNECTIONS,
-    MAX_REQUEST_BYTES,
     READ_TIMEOUT_S,
     TIMED_OUT,
     WRITE_TIMEOUT_S,
     Responder,
-    Response,
     head_of,
     render,
 )
 
-LINGER_S = 1.0  # how long an answered connection is read to its end, at most
+LINGER_S = 1.0  # how long an answered connection with bytes unread is read to its end, at most
 LINGER_BYTES = 65536  # how much of it
-# recv and send without blocking, on a blocking socket (Linux, macOS, the BSDs; elsewhere every
-# connection gets a thread).
-_DONT_WAIT: int = getattr(socket, "MSG_DONTWAIT", 0)
+
+
+class _Connection:
+    """One connection's state: reading its request, writing its answer, or lingering."""
+
+    __slots__ = ("data", "deadline", "linger", "lingering", "out", "sock")
+
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
+        self.sock = sock
+        self.deadline = deadline
+        self.data = b""  # the request so far
+        self.out: bytes | None = None  # the answer still to send, once there is one
+        self.linger = False  # bytes may be left unread: read them before closing
+        self.lingering = 0  # bytes read and dropped after the answer
 
 
 class ProbeServer:
     """Listens on `host:port` (None: every interface; port 0: any free one) at construction,
-    serves `responder`'s routes once `start()`ed, until `close()`."""
+    serves `responder`'s routes from a thread once `start()`ed, until `close()`."""
 
     def __init__(self, responder: Responder, port: int, *, host: str | None = None) -> None:
         self._responder = responder
         self._listeners = _listen(host, port)
         self.port: int = self._listeners[0].getsockname()[1]
-        # close() writes a byte here to wake the accepting thread's select.
+        # close() writes a byte here to wake the serving thread's select.
         self._wake_reader, self._wake_writer = socket.socketpair()
-        self._lock = threading.Lock()  # guards the three below
-        self._connections: dict[socket.socket, threading.Thread] = {}
-        self._ending: list[threading.Thread] = []  # done serving, maybe not yet exited
-        self._closing = False
-        self._acceptor = threading.Thread(
-            target=self._accept_loop, name=f"sepp probes :{self.port}", daemon=False
+        self._connections: dict[socket.socket, _Connection] = {}  # the serving thread's only
+        self._selector = selectors.DefaultSelector()
+        self._thread = threading.Thread(
+            target=self._serve, name=f"sepp probes :{self.port}", daemon=False
         )
+        self._closed = False
+
+    @property
+    def connections(self) -> int:
+        """Connections being served now."""
+        return len(self._connections)
 
     def start(self) -> None:
-        self._acceptor.start()
+        self._thread.start()
 
     def close(self) -> None:
-        """Stop accepting, cut off the connections being served, and join every thread.
-        Idempotent."""
-        with self._lock:
-            if self._closing:
-                return
-            self._closing = True
-            connections = list(self._connections.items())
-            ending = self._ending
+        """Stop serving (connections still open are closed unanswered) and join the thread.
+        Call once, from the thread that started it."""
+        if self._closed:
+            return
+        self._closed = True
         try:
             self._wake_writer.send(b"x")
         except OSError:
             pass
-        for conn, _ in connections:
-            try:
-                conn.shutdown(socket.SHUT_RDWR)  # wakes a thread blocked in recv or send
-            except OSError:
-                pass
-        if self._acceptor.ident is not None:
-            self._acceptor.join()
-        for thread in (*(thread for _, thread in connections), *ending):
-            thread.join()
+        if self._thread.ident is not None:
+            self._thread.join()
         for sock in (*self._listeners, self._wake_reader, self._wake_writer):
             sock.close()
+        self._selector.close()
 
-    # -- the threads ----------------------------------------------------------------------------
+    # -- the serving thread ------------------------------------------------------------------------
 
-    def _accept_loop(self) -> None:
-        with selectors.DefaultSelector() as selector:
-            for listener in self._listeners:
-                listener.setblocking(False)
-                selector.register(listener, selectors.EVENT_READ)
-            selector.register(self._wake_reader, selectors.EVENT_READ)
+    def _serve(self) -> None:
+        selector = self._selector
+        for listener in self._listeners:
+            listener.setblocking(False)
+            selector.register(listener, selectors.EVENT_READ)
+        selector.register(self._wake_reader, selectors.EVENT_READ)
+        try:
             while True:
-                for key, _ in selector.select():
+                deadlines = [c.deadline for c in self._connections.values()]
+                timeout = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
+                for key, mask in selector.select(timeout):
                     if key.fileobj is self._wake_reader:
                         return
-                    try:
-                        conn, _ = key.fileobj.accept()  # type: ignore[union-attr]
-                    except OSError:
-                        continue  # the client gave up before we took it, or too many files
-                    self._take(conn)
-
-    def _take(self, conn: socket.socket) -> None:
-        """Serve `conn` here if its request has come and its answer fits the socket's buffer
-        (a probe's does), else in a thread of its own. Each call into the kernel waits for the
-        GIL again, up to the switch interval (5 ms) while a handler burns CPU: the fewer calls
-        and threads on the way to an answer, the sooner it comes."""
-        data = b""
-        if _DONT_WAIT:
-            try:
-                data = conn.recv(MAX_REQUEST_BYTES + 1, _DONT_WAIT)
-                head = head_of(data)
-                # Only a request read to its end: closing with bytes unread would reset the
-                # connection, and the client might lose the answer (a thread lingers instead).
-                if isinstance(head, bytes) and len(data) == len(head) + 4:
-                    out = render(*self._responder.respond(head))
-                    sent = conn.send(out, _DONT_WAIT)
-                    if sent == len(out):
-                        conn.close()
-                        return
-                    self._in_thread(conn, b"", out[sent:])
-                    return
-            except BlockingIOError:
-                pass  # nothing yet (or no room for the answer): a thread waits for it
-            except OSError:
-                conn.close()  # the client went away
-                return
-        self._in_thread(conn, data, None)
-
-    def _in_thread(self, conn: socket.socket, data: bytes, unsent: bytes | None) -> None:
-        conn.setblocking(True)
-        thread = threading.Thread(
-            target=self._serve,
-            args=(conn, data, unsent),
-            name="sepp probe connection",
-            daemon=False,
-        )
-        with self._lock:  # started under the lock, so close() joins only started threads
-            self._ending = [thread for thread in self._ending if thread.is_alive()]
-            if self._closing or len(self._connections) >= MAX_CONNECTIONS:
-                conn.close()  # too many at once: close without reading
-                return
-            self._connections[conn] = thread
-            thread.start()
-
-    def _serve(self, conn: socket.socket, data: bytes, unsent: bytes | None) -> None:
-        """The rest of one connection: read the request (after `data`) and answer it, or send
-        the `unsent` end of the answer; close. Never raises."""
-        try:
-            if unsent is None:
-                answer = _read_head(conn, data)
-                if not isinstance(answer, tuple):
-                    answer = self._responder.respond(answer)
-                unsent = render(*answer)
-            conn.settimeout(WRITE_TIMEOUT_S)
-            conn.sendall(unsent)
-            _linger(conn)
-        except OSError:
-            pass  # the client went away, or was too slow to take the answer
+                    if key.data is None:
+                        self._accept(key.fileobj)  # type: ignore[arg-type]
+                    elif mask & selectors.EVENT_READ:
+                        self._readable(key.data)
+                    else:
+                        self._writable(key.data)
+                self._expire(time.monotonic())
         finally:
-            conn.close()
-            with self._lock:
-                self._ending.append(self._connections.pop(conn))
+            for conn in list(self._connections.values()):
+                self._drop(conn)
 
-
-def _read_head(conn: socket.socket, data: bytes) -> bytes | Response:
-    deadline = time.monotonic() + READ_TIMEOUT_S
-    while (head := head_of(data)) is None:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return TIMED_OUT
-        conn.settimeout(left)
+    def _accept(self, listener: socket.socket) -> None:
         try:
-            chunk = conn.recv(4096)
-        except TimeoutError:
-            return TIMED_OUT
-        if not chunk:
-            return INCOMPLETE
-        data += chunk
-    return head
-
-
-def _linger(conn: socket.socket) -> None:
-    """Read what the client still sends (a request head too large, say) before closing, for a
-    while: a close with bytes unread resets the connection, and the answer may be lost."""
-    conn.shutdown(socket.SHUT_WR)
-    conn.settimeout(LINGER_S)
-    unread = LINGER_BYTES
-    while unread > 0:
-        chunk = conn.recv(min(unread, 16384))
-        if not chunk:
+            sock, _ = listener.accept()
+        except OSError:
+            return  # the client gave up before we took it, or too many files
+        if len(self._connections) >= MAX_CONNECTIONS:
+            sock.close()  # too many at once: close without reading
             return
-        unread -= len(chunk)
+        sock.setblocking(False)
+        conn = self._connections[sock] = _Connection(sock, time.monotonic() + READ_TIMEOUT_S)
+        self._selector.register(sock, selectors.EVENT_READ, conn)
+        self._readable(conn)  # a probe's request has often come with its connection
+
+    def _readable(self, conn: _Connection) -> None:
+        try:
+            chunk = conn.sock.recv(16384 if conn.out is not None else 4096)
+        except BlockingIOError:
+            return
+        except OSError:
+            self._drop(conn)  # the client went away
+            return
+        if conn.out is not None:  # lingering: read and drop until the end, or enough
+            conn.lingering += len(chunk)
+            if not chunk or conn.lingering > LINGER_BYTES:
+                self._drop(conn)
+            return
+        if not chunk:
+            self._answer(conn, INCOMPLETE, linger=False)
+            return
+        conn.data += chunk
+        head = head_of(conn.data)
+        if head is None:
+            return
+        if isinstance(head, tuple):  # too large: the rest was not read
+            self._answer(conn, head, linger=True)
+        else:
+            # A GET has no body: any byte past the head is one the client should not have sent.
+            linger = len(conn.data) > len(head) + 4
+            self._answer(conn, self._responder.respond(head), linger=linger)
+
+    def _answer(self, conn: _Connection, answer: tuple[int, str, bytes], *, linger: bool) -> None:
+        conn.out = render(*answer)
+        conn.linger = linger
+        conn.deadline = time.monotonic() + WRITE_TIMEOUT_S
+        self._writable(conn)  # most answers fit the socket's buffer: sent at once
+
+    def _writable(self, conn: _Connection) -> None:
+        assert conn.out is not None
+        try:
+            sent = conn.sock.send(conn.out)
+        except BlockingIOError:
+            sent = 0
+        except OSError:
+            self._drop(conn)
+            return
+        conn.out = conn.out[sent:]
+        if conn.out:
+            self._selector.modify(conn.sock, selectors.EVENT_WRITE, conn)
+            return
+        if not conn.linger:
+            self._drop(conn)
+            return
+        # Read what the client still sends before closing, for a while: a close with bytes
+        # unread resets the connection, and the answer could be lost.
+        try:
+            conn.sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            self._drop(conn)
+            return
+        conn.deadline = time.monotonic() + LINGER_S
+        self._selector.modify(conn.sock, selectors.EVENT_READ, conn)
+
+    def _expire(self, now: float) -> None:
+        for conn in [c for c in self._connections.values() if c.deadline <= now]:
+            if conn.out is None:
+                self._answer(conn, TIMED_OUT, linger=True)  # a slow client: 408
+            else:
+                self._drop(conn)  # too slow to take the answer, or done lingering
+
+    def _drop(self, conn: _Connection) -> None:
+        if self._connections.pop(conn.sock, None) is None:
+            return
+        try:
+            self._selector.unregister(conn.sock)
+        except (KeyError, ValueError):
+            pass
+        conn.sock.close()
 
 
 def _listen(host: str | None, port: int) -> list[socket.socket]:
