@@ -1,7 +1,8 @@
 """A tiny HTTP/1.1 responder for probes and metrics scrapes: GET only, one request per
 connection (Connection: close), a bounded request head and a read deadline, so a slow or
-hostile client can hold neither memory nor a task for long. Not a web server. It serves on trio
-sockets here; `anyio_http` serves it under asyncio."""
+hostile client can hold neither memory nor a task for long. Not a web server. The
+WorkerMonitor's answers are served off the event loop, from a thread (`probe_server`); the
+`Responder` can also serve on trio sockets here, and `anyio_http` under asyncio."""
 
 from __future__ import annotations
 
