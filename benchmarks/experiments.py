@@ -22,6 +22,8 @@ shows what the change would buy, not how to make it.
 - ``joined_requests``: join an EnqueueBatch request's parts into one ``bytes`` before the wire
   layer, as every request was before a big payload travelled as a part of its own: what not
   copying a big payload saves (``enqueue_64k``, ``enqueue_1m``).
+- ``no_loop_watch``: Workers made without the loop watch (``loop_block_warning=None``), whose
+  stamping of each handler step is on every job's path: what it costs (``drain_worker``).
 """
 
 from __future__ import annotations
@@ -153,11 +155,28 @@ def joined_requests() -> None:
     wire_requests.enqueue_batch = joined  # type: ignore[assignment]
 
 
+@_patch
+def no_loop_watch() -> None:
+    import functools
+
+    import sepp
+
+    init = sepp.Worker.__init__
+
+    @functools.wraps(init)
+    def without_watch(self: sepp.Worker, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("loop_block_warning", None)
+        init(self, *args, **kwargs)
+
+    sepp.Worker.__init__ = without_watch  # type: ignore[method-assign]
+
+
 def apply(names: str) -> list[str]:
-    """Apply the comma-separated patches (``all``: every one but ``no_timeout``, on h2)."""
+    """Apply the comma-separated patches (``all``: every one but ``no_timeout`` and
+    ``no_loop_watch``, on h2)."""
     chosen = [n for n in names.split(",") if n]
     if chosen == ["all"]:
-        chosen = [n for n in PATCHES if n != "no_timeout"]
+        chosen = [n for n in PATCHES if n not in ("no_timeout", "no_loop_watch")]
     for name in chosen:
         if name not in PATCHES:
             raise SystemExit(f"unknown experiment {name!r}; choose from {sorted(PATCHES)}")

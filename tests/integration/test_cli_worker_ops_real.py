@@ -91,13 +91,18 @@ async def test_worker_waits_for_the_server_and_serves_probes_metrics_and_json_lo
         metrics = await served_port(running, "/metrics")
         assert health != metrics
         await running.wait_for("server not reachable yet")
-        assert await http_get(health, "/healthz") == (200, "ok: waiting for the server\n")
-        assert await http_get(health, "/readyz") == (503, "not ready: waiting for the server\n")
+        # The status, then the event loop's lag (measured by the probes' heartbeat).
+        lag = r"\nevent loop lag: \d+\.\d{3}s\n"
+        status, body = await http_get(health, "/healthz")
+        assert status == 200 and re.fullmatch("ok: waiting for the server" + lag, body), body
+        status, body = await http_get(health, "/readyz")
+        assert status == 503 and re.fullmatch("not ready: waiting for the server" + lag, body)
         assert (await http_get(health, "/metrics"))[0] == 404  # on its own port
 
         await sepp_server.start()
         await running.wait_for("reserving from work")
-        assert await http_get(health, "/readyz") == (200, "ok: reserving\n")
+        status, body = await http_get(health, "/readyz")
+        assert status == 200 and re.fullmatch("ok: reserving" + lag, body), body
         async with sepp.open(sepp_server.address) as client:
             oks = [(await client.enqueue("work", "ok")).job_id for _ in range(3)]
             doomed = await client.enqueue("work", "boom", max_attempts=2)

@@ -425,3 +425,14 @@ def test_durations_and_timestamps_in_json_output() -> None:
     assert json_value(moment) == "2030-01-01T00:00:00+00:00"
     assert json_value(timedelta(minutes=5)) == 300.0
     assert json_value(("v1",)) == ["v1"]
+
+
+def test_worker_probe_options_default_to_30s_lag_and_a_1s_warning() -> None:
+    parser = build_parser()
+    args = parser.parse_args(["worker", "app:router", "--queue", "q"])
+    assert (args.max_loop_lag, args.loop_block_warning) == (30.0, 1.0)
+    args = parser.parse_args(
+        ["worker", "app:router", "--queue", "q", "--max-loop-lag", "5", "--loop-block-warning", "0"]
+    )
+    assert (args.max_loop_lag, args.loop_block_warning) == (5.0, 0.0)  # 0: no warning
+    assert main(["worker", "app:router", "--queue", "q", "--max-loop-lag", "0"]) == 2

@@ -14,6 +14,7 @@ import sepp
 
 from .._model import validate as _validate
 from .._runtime import concurrency
+from .._worker.monitor import DEFAULT_MAX_LOOP_LAG_S
 from ._connect import run_connected
 from ._failures import EXIT_FAILURE, EXIT_OK, UsageError
 from ._fleet_child import SupervisorLink
@@ -66,6 +67,15 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--max-jobs", metavar="N", type=positive_int, help="cap on the jobs one reserve asks for"
     )
+    parser.add_argument(
+        "--loop-block-warning",
+        metavar="S",
+        type=seconds,
+        default=1.0,
+        help="log a warning naming the job when an async def handler holds the event loop"
+        " (runs without awaiting) longer than this, at most once a minute; 0: never"
+        " (default: 1)",
+    )
     http = parser.add_argument_group(
         "probes and metrics",
         "Served over plain HTTP (GET only, one request per connection); the same port may"
@@ -75,14 +85,23 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--health-port",
         metavar="PORT",
         type=port_number,
-        help="serve /healthz (200 while the worker runs) and /readyz (200 while connected,"
-        " reserving and not shutting down; else 503 with the reason)",
+        help="serve /healthz (200 while the worker runs and its event loop is not held past"
+        " --max-loop-lag) and /readyz (200 while also connected, reserving and not shutting"
+        " down; else 503 with the reason)",
     )
     http.add_argument(
         "--metrics-port",
         metavar="PORT",
         type=port_number,
         help="serve /metrics in the Prometheus text format",
+    )
+    http.add_argument(
+        "--max-loop-lag",
+        metavar="S",
+        type=positive_seconds,
+        default=DEFAULT_MAX_LOOP_LAG_S,
+        help="/healthz answers 503 once the event loop has gone this long without running"
+        f" (a handler holds it; default: {DEFAULT_MAX_LOOP_LAG_S:g}, the default lease)",
     )
     http.add_argument(
         "--http-host",
@@ -161,7 +180,7 @@ async def run(args: argparse.Namespace) -> int:
     router = load_router(args.target)
     link: SupervisorLink | None = getattr(args, "fleet", None)  # under --processes N
     serving = args.health_port is not None or args.metrics_port is not None
-    monitor = sepp.WorkerMonitor() if serving else None
+    monitor = sepp.WorkerMonitor(max_loop_lag=args.max_loop_lag) if serving else None
     workers: list[sepp.Worker] = []  # the worker, once connected
     cc = concurrency.current()  # trio's, or anyio's with --loop asyncio or uvloop
     connecting = cc.cancel_scope()
@@ -201,6 +220,7 @@ async def run(args: argparse.Namespace) -> int:
             shutdown_timeout=args.shutdown_timeout,
             max_jobs=args.max_jobs,
             monitor=monitor,
+            loop_block_warning=args.loop_block_warning or None,
         )
         workers.append(worker)
         async with cc.open_nursery() as nursery:

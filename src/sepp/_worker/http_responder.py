@@ -1,7 +1,8 @@
 """A tiny HTTP/1.1 responder for probes and metrics scrapes: GET only, one request per
 connection (Connection: close), a bounded request head and a read deadline, so a slow or
-hostile client can hold neither memory nor a task for long. Not a web server. It serves on trio
-sockets here; `anyio_http` serves it under asyncio."""
+hostile client can hold neither memory nor a task for long. Not a web server. The
+WorkerMonitor's answers are served off the event loop, from a thread (`probe_server`); the
+`Responder` can also serve on trio sockets here, and `anyio_http` under asyncio."""
 
 from __future__ import annotations
 
@@ -30,6 +31,9 @@ _REASONS = {
     503: "Service Unavailable",
 }
 TEXT = "text/plain; charset=utf-8"
+TOO_LARGE: Response = (431, TEXT, b"request too large\n")
+INCOMPLETE: Response = (400, TEXT, b"incomplete request\n")
+TIMED_OUT: Response = (408, TEXT, b"request timeout\n")
 
 
 def render(status: int, content_type: str, body: bytes, *, head_only: bool = False) -> bytes:
@@ -66,18 +70,22 @@ async def read_head(
     `receive_some` returns b"" at the end of the stream."""
     data = b""
     with move_on_after(READ_TIMEOUT_S):
-        while b"\r\n\r\n" not in data:
-            if len(data) > MAX_REQUEST_BYTES:
-                return 431, TEXT, b"request too large\n"
+        while (head := head_of(data)) is None:
             chunk = await receive_some(4096)
             if not chunk:
-                return 400, TEXT, b"incomplete request\n"
+                return INCOMPLETE
             data += chunk
-        head = data.partition(b"\r\n\r\n")[0]
-        if len(head) > MAX_REQUEST_BYTES:
-            return 431, TEXT, b"request too large\n"
         return head
-    return 408, TEXT, b"request timeout\n"
+    return TIMED_OUT
+
+
+def head_of(data: bytes) -> bytes | Response | None:
+    """The request head (up to the blank line) in the bytes received so far, the error
+    response to send instead, or None while more is needed."""
+    if b"\r\n\r\n" not in data:
+        return TOO_LARGE if len(data) > MAX_REQUEST_BYTES else None
+    head = data.partition(b"\r\n\r\n")[0]
+    return TOO_LARGE if len(head) > MAX_REQUEST_BYTES else head
 
 
 class Responder:

@@ -1,17 +1,30 @@
 """WorkerMonitor: a Worker's health and its Prometheus metrics, kept in plain counters (no
-OpenTelemetry SDK needed) and served over HTTP by the tiny responder in `http_responder`."""
+OpenTelemetry SDK needed) and served over HTTP from threads of their own (`probe_server`, with
+the requests and answers of `http_responder`), so a handler holding the event loop delays no
+answer. The loop publishes (its events, its heartbeat) under the feed's lock; the serving
+threads read under it."""
 
 from __future__ import annotations
 
 import bisect
 import enum
 import math
+import threading
+import time
 from collections.abc import Iterable, Sequence
+from datetime import timedelta
 from typing import TYPE_CHECKING
 
+from .._model import validate as v
 from .._model.errors import ValidationError
-from .._runtime.concurrency import TASK_STATUS_IGNORED, TaskStatus, running_library
+from .._runtime.concurrency import (
+    TASK_STATUS_IGNORED,
+    Concurrency,
+    TaskStatus,
+    current,
+)
 from .http_responder import TEXT, Responder, Response, Route
+from .probe_server import ProbeServer
 
 if TYPE_CHECKING:
     from .._model.types import JobContext
@@ -23,6 +36,11 @@ RESERVE_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60)
 MAX_SERIES = 200
 OTHER = "other"  # the job type label of types without their own handler, and of overflow
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
+# How often serve()'s heartbeat task stamps the loop as running: the lag is how late it is.
+HEARTBEAT_S = 0.1
+# The default bound on that lag past which /healthz fails: a loop held this long cannot extend
+# leases of the default 30 s, so its jobs are being redelivered elsewhere anyway.
+DEFAULT_MAX_LOOP_LAG_S = 30.0
 
 
 class _State(enum.Enum):
@@ -41,6 +59,11 @@ class _Histogram:
         self.counts = [0] * (len(bounds) + 1)
         self.total = 0.0
         self.count = 0
+
+    def copy(self) -> _Histogram:
+        other = _Histogram(self.bounds)
+        other.counts, other.total, other.count = list(self.counts), self.total, self.count
+        return other
 
     def observe(self, value: float) -> None:
         self.counts[bisect.bisect_left(self.bounds, value)] += 1
@@ -66,6 +89,13 @@ class _Series:
         self.retried = self.dead_lettered = self.lease_lost = 0
         self.duration = _Histogram(DURATION_BUCKETS)
 
+    def copy(self) -> _Series:
+        other = _Series()
+        for name in self.__slots__:
+            setattr(other, name, getattr(self, name))
+        other.duration = self.duration.copy()
+        return other
+
 
 _JOB_COUNTERS = (
     ("started", "Jobs whose handler started"),
@@ -82,14 +112,19 @@ class WorkerMonitor:
     over HTTP with `serve()` (what `sepp-trio worker --health-port/--metrics-port` does) or
     read `live`, `ready`, `status` and `prometheus_text()` yourself.
 
-    `/healthz` answers 200 while the worker has not stopped (an answer at all shows the trio
-    loop is not blocked); `/readyz` answers 200 while it is connected and reserving and not
-    shutting down, else 503 with the reason; `/metrics` is the Prometheus text format. Metrics
-    are labelled by queue and job type; types without their own handler are counted as job type
-    "other", and so are pairs beyond the first 200, so a queue full of odd job types cannot
-    grow the output without bound."""
+    The answers come from threads of their own, whatever the handlers do to the event loop.
+    `/healthz` answers 200 while the worker has not stopped and its event loop has not gone
+    more than `max_loop_lag` seconds without running (None: no bound; measured while `serve()`
+    runs, by a heartbeat task on the loop); the body gives the lag. `/readyz` answers 200 while
+    it is also connected and reserving and not shutting down, else 503 with the reason;
+    `/metrics` is the Prometheus text format. Metrics are labelled by queue and job type; types
+    without their own handler are counted as job type "other", and so are pairs beyond the
+    first 200, so a queue full of odd job types cannot grow the output without bound."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, max_loop_lag: float | timedelta | None = DEFAULT_MAX_LOOP_LAG_S) -> None:
+        self._max_loop_lag_s = (
+            None if max_loop_lag is None else v.seconds("max_loop_lag", max_loop_lag)
+        )
         self._feed = MonitorFeed()
 
     def __repr__(self) -> str:
@@ -99,29 +134,76 @@ class WorkerMonitor:
 
     @property
     def live(self) -> bool:
-        """Whether the worker has not stopped (True before it starts)."""
-        return self._feed.state is not _State.STOPPED
+        """Whether the worker has not stopped (True before it starts) and its event loop ran
+        within `max_loop_lag` seconds."""
+        return self._health()[0]
 
     @property
     def ready(self) -> bool:
-        """Whether the worker is reserving, its last reserve worked, and it is not shutting
-        down."""
-        feed = self._feed
-        return feed.state is _State.RESERVING and not feed.reserve_failures
+        """Whether the worker is live and reserving, its last reserve worked, and it is not
+        shutting down."""
+        return self._readiness()[0]
 
     @property
     def status(self) -> str:
         """One line saying what the worker is doing, and why it is not ready if it is not."""
+        with self._feed.lock:
+            return self._status()
+
+    @property
+    def loop_lag(self) -> float | None:
+        """Seconds the event loop has gone without running (0.0 while it runs: `serve()`'s
+        heartbeat stamps it ten times a second); None while nothing serves."""
+        with self._feed.lock:
+            return self._feed.loop_lag(time.monotonic())
+
+    def _status(self) -> str:  # under the feed's lock
         feed = self._feed
         if feed.state is _State.RESERVING and feed.reserve_failures:
             return f"reserve failing ({feed.reserve_failures} in a row): {feed.last_reserve_error}"
         return feed.state.value
 
+    def _health(self) -> tuple[bool, str]:
+        """Whether the worker is live, and the body that says so: the status (or why it is
+        not live) on the first line, the loop's lag on the second while it is measured."""
+        feed = self._feed
+        with feed.lock:
+            status = self._status()
+            lag = feed.loop_lag(time.monotonic())
+            stopped = feed.state is _State.STOPPED
+        if lag is None:
+            return not stopped, status
+        lag_line = f"\nevent loop lag: {lag:.3f}s"
+        bound = self._max_loop_lag_s
+        if bound is not None and lag > bound:
+            return False, (
+                f"the event loop has not run for {lag:.3f}s, over max_loop_lag {bound:g}s"
+                f" (a handler holds it?); {status}{lag_line}"
+            )
+        return not stopped, status + lag_line
+
+    def _readiness(self) -> tuple[bool, str]:
+        live, body = self._health()
+        feed = self._feed
+        with feed.lock:
+            ready = feed.state is _State.RESERVING and not feed.reserve_failures
+        return live and ready, body
+
     def prometheus_text(self) -> str:
         """The metrics in the Prometheus text exposition format (version 0.0.4)."""
         feed = self._feed
+        ready = self.ready
+        with feed.lock:  # a copy, rendered outside the lock the loop's events take
+            lag = feed.loop_lag(time.monotonic())
+            series = sorted((key, s.copy()) for key, s in feed.series.items())
+            unknown_type = sorted(feed.unknown_type.items())
+            in_flight, reserves_ok, reserves_failed = (
+                feed.in_flight,
+                feed.reserves_ok,
+                feed.reserves_failed,
+            )
+            reserve_duration = feed.reserve_duration.copy()
         out: list[str] = []
-        series = sorted(feed.series.items())
         for name, help_text in _JOB_COUNTERS:
             metric = f"sepp_worker_jobs_{name}_total"
             out += [f"# HELP {metric} {help_text}.", f"# TYPE {metric} counter"]
@@ -132,7 +214,7 @@ class WorkerMonitor:
             f"# HELP {metric} Jobs of a type without a handler, given back.",
             f"# TYPE {metric} counter",
         ]
-        out += [f"{metric}{_labels(queue=q)} {n}" for q, n in sorted(feed.unknown_type.items())]
+        out += [f"{metric}{_labels(queue=q)} {n}" for q, n in unknown_type]
         metric = "sepp_worker_job_duration_seconds"
         out += [
             f"# HELP {metric} Handler run time (with its middleware).",
@@ -143,20 +225,25 @@ class WorkerMonitor:
         out += [
             "# HELP sepp_worker_jobs_in_flight Handlers running now.",
             "# TYPE sepp_worker_jobs_in_flight gauge",
-            f"sepp_worker_jobs_in_flight {feed.in_flight}",
+            f"sepp_worker_jobs_in_flight {in_flight}",
             "# HELP sepp_worker_reserves_total Reserve calls, by result.",
             "# TYPE sepp_worker_reserves_total counter",
-            f'sepp_worker_reserves_total{{result="ok"}} {feed.reserves_ok}',
-            f'sepp_worker_reserves_total{{result="error"}} {feed.reserves_failed}',
+            f'sepp_worker_reserves_total{{result="ok"}} {reserves_ok}',
+            f'sepp_worker_reserves_total{{result="error"}} {reserves_failed}',
             "# HELP sepp_worker_reserve_duration_seconds Reserve call time (a long poll waits"
             " up to its wait_timeout).",
             "# TYPE sepp_worker_reserve_duration_seconds histogram",
-            *_histogram_lines("sepp_worker_reserve_duration_seconds", feed.reserve_duration),
+            *_histogram_lines("sepp_worker_reserve_duration_seconds", reserve_duration),
             "# HELP sepp_worker_ready 1 while the worker is connected, reserving and not"
             " shutting down.",
             "# TYPE sepp_worker_ready gauge",
-            f"sepp_worker_ready {int(self.ready)}",
+            f"sepp_worker_ready {int(ready)}",
+            "# HELP sepp_worker_event_loop_lag_seconds How long the event loop has gone"
+            " without running (0 while it runs).",
+            "# TYPE sepp_worker_event_loop_lag_seconds gauge",
         ]
+        if lag is not None:
+            out.append(f"sepp_worker_event_loop_lag_seconds {lag!r}")
         return "\n".join(out) + "\n"
 
     # -- serving --------------------------------------------------------------------------------
@@ -164,8 +251,8 @@ class WorkerMonitor:
     def _routes(self, *, health: bool = True, metrics: bool = True) -> dict[str, Route]:
         routes: dict[str, Route] = {}
         if health:
-            routes["/healthz"] = lambda: _probe(self.live, self.status)
-            routes["/readyz"] = lambda: _probe(self.ready, self.status)
+            routes["/healthz"] = lambda: _probe(*self._health())
+            routes["/readyz"] = lambda: _probe(*self._readiness())
         if metrics:
             routes["/metrics"] = lambda: (200, PROMETHEUS_TEXT, self.prometheus_text().encode())
         return routes
@@ -181,18 +268,28 @@ class WorkerMonitor:
     ) -> None:
         """Serve `/healthz` and `/readyz` (with `health`) and `/metrics` (with `metrics`) over
         HTTP on `host:port` (None: every interface; port 0: any free one) until cancelled.
-        `await nursery.start(monitor.serve, port)` returns the bound port. Each connection
-        gets one GET answered and is closed; a request head over 8 KiB, or not received within
-        5 seconds, gets an error instead."""
+        `await nursery.start(monitor.serve, port)` returns the bound port. The answers come
+        from threads of their own (stopped and joined when this returns), so a handler holding
+        the event loop delays none; meanwhile this task is the heartbeat that measures the
+        loop's lag. Each connection gets one GET answered and is closed; a request head over
+        8 KiB, or not received within 5 seconds, gets an error instead."""
         if not (health or metrics):
             raise ValidationError("serve", "needs health, metrics or both")
-        responder = Responder(self._routes(health=health, metrics=metrics))
-        if running_library() == "trio":
-            await responder.serve(port, host=host, task_status=task_status)
-        else:
-            from . import anyio_http
-
-            await anyio_http.serve(responder, port, host=host, task_status=task_status)
+        cc = current()
+        server = ProbeServer(
+            Responder(self._routes(health=health, metrics=metrics)), port, host=host
+        )
+        feed = self._feed
+        try:
+            server.start()
+            feed.beat(first=True)  # measured from now, before anything else runs
+            try:
+                task_status.started(server.port)
+                await feed.heartbeat(cc)
+            finally:
+                feed.last_beat()
+        finally:
+            server.close()
 
 
 def feed_of(monitor: WorkerMonitor) -> MonitorFeed:
@@ -201,12 +298,17 @@ def feed_of(monitor: WorkerMonitor) -> MonitorFeed:
 
 
 class MonitorFeed:
-    """A WorkerMonitor's state and counters, kept from the `WorkerEvents` it is told."""
+    """A WorkerMonitor's state and counters, kept from the `WorkerEvents` it is told on the
+    event loop, and read by the threads that serve them: each side holds `lock` (uncontended
+    but for the moment a probe copies the numbers)."""
 
     __slots__ = (
+        "_beat_due",
+        "_beating",
         "in_flight",
         "known_types",
         "last_reserve_error",
+        "lock",
         "reserve_duration",
         "reserve_failures",
         "reserves_failed",
@@ -217,6 +319,9 @@ class MonitorFeed:
     )
 
     def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self._beating = 0  # heartbeat tasks running (one per serve())
+        self._beat_due: float | None = None  # time.monotonic() by which the loop beats again
         self.state = _State.STARTING
         self.reserve_failures = 0  # in a row
         self.last_reserve_error = ""
@@ -230,57 +335,91 @@ class MonitorFeed:
 
     def worker_started(self, job_types: Iterable[str] | None) -> None:
         """The job types with a handler of their own (None: label every type as it is)."""
-        self.known_types = None if job_types is None else frozenset(job_types)
+        with self.lock:
+            self.known_types = None if job_types is None else frozenset(job_types)
 
     def waiting_for_server(self) -> None:
-        self.state = _State.WAITING
+        with self.lock:
+            self.state = _State.WAITING
 
     def reserving(self) -> None:
-        if self.state in (_State.STARTING, _State.WAITING):
-            self.state = _State.RESERVING
+        with self.lock:
+            if self.state in (_State.STARTING, _State.WAITING):
+                self.state = _State.RESERVING
 
     def shutting_down(self) -> None:
-        if self.state is not _State.STOPPED:
-            self.state = _State.SHUTTING_DOWN
+        with self.lock:
+            if self.state is not _State.STOPPED:
+                self.state = _State.SHUTTING_DOWN
 
     def stopped(self) -> None:
-        self.state = _State.STOPPED
+        with self.lock:
+            self.state = _State.STOPPED
 
     def reserve_done(self, duration_s: float, error: BaseException | None) -> None:
-        self.reserve_duration.observe(duration_s)
-        if error is None:
-            self.reserves_ok += 1
-            self.reserve_failures = 0
-        else:
-            self.reserves_failed += 1
-            self.reserve_failures += 1
-            self.last_reserve_error = f"{type(error).__name__}: {error}"[:300]
+        with self.lock:
+            self.reserve_duration.observe(duration_s)
+            if error is None:
+                self.reserves_ok += 1
+                self.reserve_failures = 0
+            else:
+                self.reserves_failed += 1
+                self.reserve_failures += 1
+                self.last_reserve_error = f"{type(error).__name__}: {error}"[:300]
 
     def job_started(self, ctx: JobContext) -> None:
-        self.in_flight += 1
-        self._series_for(ctx).started += 1
+        with self.lock:
+            self.in_flight += 1
+            self._series_for(ctx).started += 1
 
     def job_ended(self, ctx: JobContext, duration_s: float) -> None:
-        self.in_flight -= 1
-        self._series_for(ctx).duration.observe(duration_s)
+        with self.lock:
+            self.in_flight -= 1
+            self._series_for(ctx).duration.observe(duration_s)
 
     def job_settled(self, ctx: JobContext, label: str | None, dead_lettered: bool | None) -> None:
-        if label == "unknown_type":
-            self.unknown_type[ctx.queue] = self.unknown_type.get(ctx.queue, 0) + 1
-            return
-        series = self._series_for(ctx)
-        if label is None:
-            series.lease_lost += 1
-        elif label == "ack":
-            series.succeeded += 1
-        elif label != "shutdown":
-            series.failed += 1
-            if dead_lettered:
-                series.dead_lettered += 1
-            elif dead_lettered is not None:
-                series.retried += 1
+        with self.lock:
+            if label == "unknown_type":
+                self.unknown_type[ctx.queue] = self.unknown_type.get(ctx.queue, 0) + 1
+                return
+            series = self._series_for(ctx)
+            if label is None:
+                series.lease_lost += 1
+            elif label == "ack":
+                series.succeeded += 1
+            elif label != "shutdown":
+                series.failed += 1
+                if dead_lettered:
+                    series.dead_lettered += 1
+                elif dead_lettered is not None:
+                    series.retried += 1
 
-    def _series_for(self, ctx: JobContext) -> _Series:
+    def loop_lag(self, now: float) -> float | None:
+        """How late the heartbeat is at `now` (None: no heartbeat runs). Under `lock`."""
+        return None if self._beat_due is None else max(0.0, now - self._beat_due)
+
+    def beat(self, *, first: bool = False) -> None:
+        """Stamp the loop as running (the `first` beat of a heartbeat, before it starts)."""
+        due = time.monotonic() + HEARTBEAT_S
+        with self.lock:
+            self._beating += first
+            self._beat_due = max(due, self._beat_due or 0.0)
+
+    async def heartbeat(self, cc: Concurrency) -> None:
+        """After the `first` beat: stamp the loop as running every `HEARTBEAT_S` seconds,
+        until cancelled (then `last_beat()`)."""
+        while True:
+            await cc.sleep(HEARTBEAT_S)
+            self.beat()
+
+    def last_beat(self) -> None:
+        """A heartbeat ended; with the last one, the lag is no longer measured."""
+        with self.lock:
+            self._beating -= 1
+            if not self._beating:
+                self._beat_due = None
+
+    def _series_for(self, ctx: JobContext) -> _Series:  # under `lock`
         job_type = ctx.job_type
         if self.known_types is not None and job_type not in self.known_types:
             job_type = OTHER

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from .client_calls import WorkerClient
     from .events import WorkerEvents
     from .lease_keeper import LeaseKeeper
+    from .loop_watch import LoopWatch
     from .reporting import WorkerReport
     from .settings import UnknownTypes
     from .shutdown import WorkerShutdown
@@ -75,6 +76,7 @@ class JobProcessor:
         report: WorkerReport,
         events: WorkerEvents | None,
         metrics: _otel.WorkerMetrics,
+        loop_watch: LoopWatch | None = None,
         cc: Concurrency = TRIO,
     ) -> None:
         self._cc = cc
@@ -88,6 +90,7 @@ class JobProcessor:
         self._report = report
         self._events = events
         self._metrics = metrics
+        self._loop_watch = loop_watch
         # The handlers as they run, rebuilt at each registration (rare): a job's costs one get.
         self._routes: dict[str, Route] = {}
         self._catch_all: Route | None = None
@@ -213,10 +216,12 @@ class JobProcessor:
                     events.job_started(ctx)
                 if attributes is not None:
                     metrics.add("in_flight", 1, attributes)
-                if route.middleware:
-                    await run_chain(held.job, route.middleware, route.fn)
-                else:
-                    await route.fn(held.job.payload, ctx)
+                call = (
+                    run_chain(held.job, route.middleware, route.fn)
+                    if route.middleware
+                    else route.fn(held.job.payload, ctx)
+                )
+                await (call if self._loop_watch is None else self._loop_watch.stepping(ctx, call))
                 returned = True
         except Exception as exc:  # the handler's failure is the job's outcome, not ours
             error = exc

@@ -47,6 +47,7 @@ class WorkerSettings:
     own: RouteSettings  # the worker's middleware, timeout and backoff (always one)
     unknown_types: UnknownTypes
     monitor: WorkerMonitor | None
+    loop_block_warning_s: float | None  # warn when a handler's step holds the loop this long
     handlers: Router | None
     lifespan: LifespanCall | None  # the Worker's, or its handlers' Router's, called as f(worker)
 
@@ -71,6 +72,7 @@ class WorkerSettings:
         backoff: BackoffSetting,
         unknown_types: UnknownTypes,
         monitor: WorkerMonitor | None,
+        loop_block_warning: float | timedelta | None,
         wall_clock: Callable[[], datetime] | None,
     ) -> WorkerSettings:
         """Check every option, in the order the Worker's signature names them."""
@@ -107,6 +109,11 @@ class WorkerSettings:
             raise ValidationError(
                 "monitor", f"must be a sepp.WorkerMonitor, got {type(monitor).__name__}"
             )
+        loop_block_warning_s = (
+            None
+            if loop_block_warning is None
+            else v.seconds("loop_block_warning", loop_block_warning)
+        )
         if handlers is not None:
             if not isinstance(handlers, Router):
                 raise ValidationError(
@@ -133,6 +140,7 @@ class WorkerSettings:
             own=own,
             unknown_types=unknown_types,
             monitor=monitor,
+            loop_block_warning_s=loop_block_warning_s,
             handlers=handlers,
             lifespan=None if lifespan is None else lifespan_call(lifespan),
         )

@@ -32,6 +32,7 @@ from .client_calls import WorkerClient
 from .events import WorkerEvents
 from .held_job import HeldJobs
 from .lease_keeper import LeaseKeeper
+from .loop_watch import LoopWatch
 from .middleware import Middleware
 from .monitor import WorkerMonitor, feed_of
 from .processing import JobProcessor
@@ -95,7 +96,10 @@ class Worker:
     `sepp.Middleware`) wraps every handler call, outside the routers' own. A failed job (any
     exception, a `HandlerError.retry`, a `timeout`) is nacked for a retry after `backoff`'s delay
     (`sepp.Retry.DEFAULT`: the queue's policy); `timeout` (None: no limit) is the handlers'
-    default time limit. A job type without a handler goes back to the queue after
+    default time limit. An `async def` handler that holds the event loop (runs without
+    awaiting) for more than `loop_block_warning` seconds is logged at WARNING with its job's
+    type and id, at most once a minute (None: never; a thread of the run's watches). A job type
+    without a handler goes back to the queue after
     `unknown_types`' delay, or to the dead letters at once with "dead_letter". A payload that
     does not decode into a typed handler's type is dead-lettered at once (see `sepp.Router`).
     """
@@ -121,6 +125,7 @@ class Worker:
         backoff: BackoffSetting = DEFAULT_BACKOFF,
         unknown_types: Backoff | Literal["dead_letter"] = DEFAULT_UNKNOWN_TYPE_BACKOFF,
         monitor: WorkerMonitor | None = None,
+        loop_block_warning: float | timedelta | None = 1.0,
         _wall_clock: Callable[[], datetime] | None = None,
     ) -> None:
         settings = WorkerSettings.parse(
@@ -141,6 +146,7 @@ class Worker:
             backoff=backoff,
             unknown_types=unknown_types,
             monitor=monitor,
+            loop_block_warning=loop_block_warning,
             wall_clock=_wall_clock,
         )
         self._settings = settings
@@ -170,6 +176,11 @@ class Worker:
             self._log, settings.worker_id, list(settings.queues), client
         )
         metrics = _otel.WorkerMetrics()
+        self._loop_watch = (
+            None
+            if settings.loop_block_warning_s is None
+            else LoopWatch(settings.loop_block_warning_s, self._log, settings.worker_id)
+        )
         self._jobs = JobProcessor(
             client,
             worker_id=settings.worker_id,
@@ -181,6 +192,7 @@ class Worker:
             report=report,
             events=events,
             metrics=metrics,
+            loop_watch=self._loop_watch,
         )
         self._build_routes()
         self._reserver = ReserveLoop(
@@ -368,6 +380,9 @@ class Worker:
             # Types without a handler of their own are one "other" in the metrics' labels.
             events.worker_started(self._router.job_types)
         started = False
+        loop_watch = self._loop_watch
+        if loop_watch is not None:
+            loop_watch.start()
 
         def mark_started() -> None:
             nonlocal started
@@ -398,6 +413,8 @@ class Worker:
                         await shutdown.drain(self._held, self._report)
                     jobs.stop_lease_keeping_if_idle()
         finally:
+            if loop_watch is not None:
+                loop_watch.stop()
             self._state = _RunState.DONE
             self._mark_reserving()  # nobody waits for a run that has ended
             if events is not None:
