@@ -23,8 +23,9 @@ from fixtures.fake_client import FakeClient, RecordingLogger
 
 import sepp
 from sepp import Retry
+from sepp._runtime import concurrency
 from sepp._util.log import Log
-from sepp._worker import concurrency, loop_watch, probe_server
+from sepp._worker import loop_watch, probe_server
 from sepp._worker.http_responder import Responder
 from sepp._worker.monitor import MAX_SERIES, WorkerMonitor, feed_of
 from sepp.testing import job_context

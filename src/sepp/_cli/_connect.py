@@ -91,12 +91,12 @@ async def run_connected(
                 raise
             failures += 1
             delay = _backoff(failures)
+            if on_waiting is not None:  # first: the probes (a thread of their own) read it
+                on_waiting()
             log.warning(
                 "server not reachable yet (%s; failure %d); retrying in %.1fs",
                 exc,
                 failures,
                 delay,
             )
-            if on_waiting is not None:
-                on_waiting()
             await concurrency.current().sleep(delay)

@@ -118,7 +118,11 @@ class GroupProbes:
                 failing.append(f"{child.label}: no answer within {CHILD_ANSWER_TIMEOUT_S:g}s")
             else:
                 status, body = answer
-                what = body.strip().partition(": ")[2] or body.strip()
+                first, _, rest = body.strip().partition("\n")
+                what = first.partition(": ")[2] or first
+                lag = rest.strip().removeprefix("event loop lag: ")
+                if lag and lag != rest.strip():  # the child's loop lag, on one line
+                    what += f" (loop lag {lag})"
                 (ok if status == 200 else failing).append(f"{child.label}: {what}")
         if ready and self._fleet.stopping:
             failing.insert(0, "shutting down")
