@@ -17,6 +17,7 @@ from trio.testing import MockClock
 
 import sepp
 from sepp import Retry
+from sepp._worker.held_job import HeldJobs
 
 
 def make_worker(fake: FakeClient, **options: Any) -> sepp.Worker:
@@ -255,4 +256,79 @@ def test_on_asyncio_jobs_waiting_for_a_slot_at_shutdown_are_nacked() -> None:
     assert sorted(c.job_id for c in fake.nacks) == sorted(ids[1:])
     assert {c.reason for c in fake.nacks} == {"worker shutdown"}
     assert [c.job_id for c in fake.acks] == ids[:1]
+    nothing_stranded(fake)
+
+
+# -- a slot freeing as the stop begins ----------------------------------------------------------
+
+
+class SendsCounted(FakeClient):
+    """Counts the reserves sent once the worker's shutdown began (at the call, before any
+    await: the real client writes the request before it first waits)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.worker: sepp.Worker | None = None
+        self.sent_after_stop = 0
+
+    async def reserve(self, *args: Any, **kwargs: Any) -> list[sepp.Job] | None:
+        assert self.worker is not None
+        self.sent_after_stop += self.worker.is_shutdown
+        return await super().reserve(*args, **kwargs)
+
+
+def stop_as_a_slot_frees(fake: SendsCounted, **options: Any) -> sepp.Worker:
+    """A worker whose shutdown begins in the instant a held job settles (the reserve loop,
+    full until then, is woken but has not run yet)."""
+    worker = make_worker(fake, max_in_flight=1, **options)
+    fake.worker = worker
+
+    class StopWhenEmptied(HeldJobs):
+        __slots__ = ()
+
+        def changed(self) -> None:
+            super().changed()
+            if len(self) == 0:
+                worker.shutdown()
+
+    worker._held.__class__ = StopWhenEmptied
+    return worker
+
+
+async def test_no_reserve_is_sent_when_the_stop_begins_as_a_slot_frees(
+    autojump_clock: MockClock,
+) -> None:
+    fake = SendsCounted()
+    worker = stop_as_a_slot_frees(fake)
+
+    @worker.handler("work")
+    async def work(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
+        await trio.sleep(1)
+
+    fake.add()
+    fake.add()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(worker.run)
+    assert len(fake.acks) == 1
+    assert fake.sent_after_stop == 0
+    nothing_stranded(fake)
+
+
+def test_on_asyncio_no_reserve_is_sent_when_the_stop_begins_as_a_slot_frees() -> None:
+    fake = SendsCounted()
+
+    async def main() -> None:
+        worker = stop_as_a_slot_frees(fake)
+
+        @worker.handler("work")
+        async def work(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
+            await asyncio.sleep(0)
+
+        fake.add()
+        fake.add()
+        await worker.run()
+
+    asyncio.run(main())
+    assert len(fake.acks) == 1
+    assert fake.sent_after_stop == 0
     nothing_stranded(fake)
