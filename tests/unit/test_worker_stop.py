@@ -152,12 +152,13 @@ async def jobs_waiting_for_a_slot_at_shutdown(kind: str) -> None:
             release.wait(10)
 
     first, *waiting = (fake.add() for _ in range(4))
-    async with trio.open_nursery() as nursery:
-        await nursery.start(worker.run)
-        await started.wait()
-        worker.shutdown()
-        await nacked.wait()  # the three waiting ones, while the first still runs
-        release.set()
+    with trio.fail_after(60):  # a guard against a hang (jobs never nacked), not a bound
+        async with trio.open_nursery() as nursery:
+            await nursery.start(worker.run)
+            await started.wait()
+            worker.shutdown()
+            await nacked.wait()  # the three waiting ones, while the first still runs
+            release.set()
     assert sorted((c.job_id, c.retry, c.reason) for c in fake.nacks) == [
         (i, Retry.after(0), "worker shutdown") for i in sorted(waiting)
     ]
@@ -196,7 +197,7 @@ def test_on_asyncio_a_reserve_answer_on_its_way_at_shutdown_is_received() -> Non
         worker.shutdown()
         await task
 
-    asyncio.run(main())
+    asyncio.run(asyncio.wait_for(main(), 60))  # a guard against a hang, not a bound
     assert len(ran) == 4 and len(fake.acks) == 4
     assert fake.reserve_calls[1].cancelled is False
     nothing_stranded(fake)
@@ -225,7 +226,7 @@ def test_on_asyncio_a_job_arriving_at_an_idle_long_poll_as_the_stop_begins_is_ha
         worker.shutdown()
         await task
 
-    asyncio.run(main())
+    asyncio.run(asyncio.wait_for(main(), 60))  # a guard against a hang, not a bound
     assert len(ran) == 1 and len(fake.acks) == 1
     nothing_stranded(fake)
 
@@ -252,7 +253,7 @@ def test_on_asyncio_jobs_waiting_for_a_slot_at_shutdown_are_nacked() -> None:
         release.set()
         await task
 
-    asyncio.run(main())
+    asyncio.run(asyncio.wait_for(main(), 60))  # a guard against a hang, not a bound
     assert sorted(c.job_id for c in fake.nacks) == sorted(ids[1:])
     assert {c.reason for c in fake.nacks} == {"worker shutdown"}
     assert [c.job_id for c in fake.acks] == ids[:1]
@@ -328,7 +329,7 @@ def test_on_asyncio_no_reserve_is_sent_when_the_stop_begins_as_a_slot_frees() ->
         fake.add()
         await worker.run()
 
-    asyncio.run(main())
+    asyncio.run(asyncio.wait_for(main(), 60))  # a guard against a hang, not a bound
     assert len(fake.acks) == 1
     assert fake.sent_after_stop == 0
     nothing_stranded(fake)
