@@ -4,7 +4,8 @@ at random moments; afterwards every job they did not handle is reservable at onc
 after its lease (a long one here) expires.
 
 Three rounds of each kind by default (about a minute in all); before the fix, 20 rounds stranded
-jobs in 2 (trio) and 4 (asyncio). `SEPP_STOP_ROUNDS=N` runs more (to measure how often a stop
+jobs in 2 (trio) and 4 (asyncio); after it, none in 40 of each (and 20 with `def` handlers).
+`SEPP_STOP_ROUNDS=N` runs more (to measure how often a stop
 strands a job)."""
 
 from __future__ import annotations
