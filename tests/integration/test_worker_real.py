@@ -179,7 +179,8 @@ async def test_retry_after_delay_is_observed() -> None:
             worker.shutdown()
         assert [a for a, _ in seen] == [1, 2]
         gap = seen[1][1] - seen[0][1]
-        assert 1.45 <= gap < 4.0  # the sweep promotes up to ~1 s late
+        assert gap >= 1.45  # not before its delay (no upper bound: a loaded machine is slow)
+        # Back by the nack's delay, not by its lease's end: the nack said 1.5 s.
         assert spy.nacks == [(job_id, "backend busy", sepp.Retry.after(1.5))]
         figures("retry_after 1.5s", observed_delay=f"{gap:.2f}s", redeliveries=1)
 
@@ -305,6 +306,7 @@ async def test_without_auto_extend_the_handler_is_cut_off_at_its_lease_and_never
         runs: list[tuple[int, float, float]] = []
         running: set[int] = set()
         overlapped = False
+        cut_off: list[int] = []  # attempts whose handler was cancelled
 
         @worker.handler("task")
         async def task(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
@@ -315,6 +317,9 @@ async def test_without_auto_extend_the_handler_is_cut_off_at_its_lease_and_never
             try:
                 if ctx.attempt == 1:
                     await trio.sleep(12)  # far past its 1 s lease
+            except trio.Cancelled:
+                cut_off.append(ctx.attempt)
+                raise
             finally:
                 running.discard(ctx.attempt)
                 runs.append((ctx.attempt, began, trio.current_time()))
@@ -324,7 +329,9 @@ async def test_without_auto_extend_the_handler_is_cut_off_at_its_lease_and_never
             await wait_until(lambda: len(spy.acked) == 1, timeout=15)
             worker.shutdown()
         (first, second) = runs
-        assert first[0] == 1 and first[2] - first[1] < 1.5  # cancelled at its lease's end
+        # Cancelled (its 12 s never ran out), once its lease ended (the worker's own deadline;
+        # no upper bound on the seconds: a loaded machine is slow).
+        assert first[0] == 1 and cut_off == [1] and first[2] - first[1] >= 0.9
         assert second[0] == 2 and second[1] >= first[2] and not overlapped
         assert spy.delivered == [(job_id, 1), (job_id, 2)]
         assert spy.acked == [job_id] and spy.ack_errors == [] and spy.nacks == []
@@ -357,8 +364,10 @@ async def test_a_failed_job_comes_back_only_after_its_backoff_delay() -> None:
         # ... and a long-poll gets it once the delay passed (the sweep promotes ≤ ~1 s late).
         jobs = await client.reserve(QUEUE, lease_duration=5, wait_timeout=10)
         came_back = trio.current_time() - nacked_at
+        # Within the long poll's 10 s, far below the worker's 30 s lease: back by the nack's
+        # delay (the server's wait bounds it, not a wall-clock assertion here).
         assert jobs is not None and [(j.id, j.ctx.attempt) for j in jobs] == [(job_id, 2)]
-        assert 1.9 <= came_back < 4.0
+        assert came_back >= 1.9
         figures("backoff 2s", observed_delay=f"{came_back:.2f}s")
 
 
@@ -369,12 +378,16 @@ async def test_a_handler_past_its_timeout_is_cancelled_and_its_job_nacked() -> N
         log = RecordingLogger()
         worker = worker_for(spy, timeout=0.5, logger=log)
         ended: list[float] = []
+        cancelled: list[bool] = []
 
         @worker.handler("task")
         async def task(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
             began = trio.current_time()
             try:
                 await trio.sleep(30)
+            except trio.Cancelled:
+                cancelled.append(True)
+                raise
             finally:
                 ended.append(trio.current_time() - began)
 
@@ -382,7 +395,8 @@ async def test_a_handler_past_its_timeout_is_cancelled_and_its_job_nacked() -> N
             await nursery.start(worker.run)
             await wait_until(lambda: len(spy.nacks) == 1, timeout=10)
             worker.shutdown()
-        assert len(ended) == 1 and ended[0] < 1.5
+        # Cancelled (its 30 s never ran out), not before its timeout.
+        assert cancelled == [True] and len(ended) == 1 and ended[0] >= 0.5
         (record,) = await client.drain_dead_letters(QUEUE)  # its only attempt
         assert record.job_id == ack.job_id
         assert "ran past its 0.5s timeout" in (record.last_reason or "")
@@ -482,38 +496,34 @@ async def test_sigterm_shutdown_mid_run_leaves_no_job_in_flight() -> None:
                     worker.shutdown()
                     return
 
+        acked_at_signal = 0
         async with trio.open_nursery() as nursery:
             await nursery.start(stop_on_sigterm)
             await nursery.start(worker.run)
             await wait_until(lambda: len(spy.acked) >= 40, timeout=30)
+            acked_at_signal = len(spy.acked)
             os.kill(os.getpid(), signal.SIGTERM)
             signalled = trio.current_time()
         shutdown_s = trio.current_time() - signalled
         assert worker.in_flight == 0
-        assert shutdown_s < 0.3 + 1.0  # the grace, plus the nacks
         shutdown_nacks = [n for n in spy.nacks if n[1] == "worker shutdown"]
         assert spy.nacks == shutdown_nacks  # the only nacks were the shutdown's
         assert shutdown_nacks, "no handler outlasted the grace: the test proved less than it says"
         assert all(retry == sepp.Retry.after(0) for _, _, retry in shutdown_nacks)
+        # The shutdown did not wait for the 10 s handlers (counted, not timed): none running
+        # at the signal was acked after it; they were cancelled at the grace's end and nacked.
+        sleepers = {job_id for n, job_id in enumerate(ids) if n % 10 == 9}
+        assert not sleepers & set(spy.acked[acked_at_signal:])
+        assert sleepers & {job_id for job_id, _, _ in shutdown_nacks}  # some were running
 
-        # A fresh worker finds every job that was not acked, at once: none is stuck in a lease.
-        fresh = Spy(client)
-        fresh_worker = worker_for(fresh, max_in_flight=32)
-
-        @fresh_worker.handler("task")
-        async def drain(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None: ...
-
+        # Every job that was not acked is reservable at once (no wait): none is stuck in a
+        # lease (30 s), whatever the time this took.
         expected = set(ids) - set(spy.acked)
-        began = trio.current_time()
-        async with trio.open_nursery() as nursery:
-            await nursery.start(fresh_worker.run)
-            await wait_until(lambda: len(fresh.acked) >= len(expected), timeout=10)
-            drained_s = trio.current_time() - began
-            await trio.sleep(1.5)  # nothing more turns up
-            fresh_worker.shutdown()
+        back: list[str] = []
+        while jobs := await client.reserve(QUEUE, lease_duration=60, wait_timeout=0, max_jobs=64):
+            back.extend(job.ctx.id for job in jobs)
         assert Counter(spy.acked).most_common(1)[0][1] == 1
-        assert sorted(fresh.acked) == sorted(expected)  # acked or back in the queue; none lost
-        assert drained_s < 5  # far below the 30 s lease: nothing was left leased
+        assert sorted(back) == sorted(expected)  # acked or back in the queue; none lost
         figures(
             "SIGTERM mid-run",
             jobs=200,
@@ -521,7 +531,6 @@ async def test_sigterm_shutdown_mid_run_leaves_no_job_in_flight() -> None:
             returned_by_shutdown=len(shutdown_nacks),
             never_reserved=len(expected) - len(shutdown_nacks),
             shutdown_s=f"{shutdown_s:.2f}",
-            drained_s=f"{drained_s:.2f}",
         )
 
 

@@ -182,16 +182,20 @@ async def test_nursery_start_returns_once_the_first_reserve_is_pending(
         await nursery.start(worker.run)
         assert len(fake.reserve_calls) == 1
         call = fake.reserve_calls[0]
-        assert call.ended_at is None  # still long-polling
+        assert call.ended_at is None  # sent, not answered yet
+        # The first reserve does not wait (whether there is work is not known yet).
         assert (call.queues, call.max_jobs, call.lease_duration, call.wait_timeout) == (
             ["q"],
             7,
             12.0,
-            9.0,
+            0.0,
         )
         assert call.worker_id == worker.worker_id
+        await trio.sleep(1)
+        first, long_poll = fake.reserve_calls  # it found nothing: a long poll follows
+        assert (long_poll.max_jobs, long_poll.wait_timeout, long_poll.ended_at) == (7, 9.0, None)
         worker.shutdown()
-    assert call.cancelled
+    assert long_poll.cancelled and not first.cancelled
 
 
 async def test_reserve_asks_for_exactly_the_free_slots(autojump_clock: MockClock) -> None:
@@ -208,10 +212,15 @@ async def test_reserve_asks_for_exactly_the_free_slots(autojump_clock: MockClock
     async with running(worker):
         await trio.sleep(1)
         assert worker.in_flight == 3
-        assert [c.max_jobs for c in fake.reserve_calls] == [5, 2]
+        # 3 of 5 (maybe a server's batch cap): asked again without waiting, then long-polled
+        assert [(c.max_jobs, c.wait_timeout) for c in fake.reserve_calls] == [
+            (5, 0),
+            (2, 0),
+            (2, 30),
+        ]
         release.set()
         await trio.sleep(30)  # the pending poll (asking for 2) ends empty at t=30
-        assert [c.max_jobs for c in fake.reserve_calls] == [5, 2, 5]
+        assert [c.max_jobs for c in fake.reserve_calls] == [5, 2, 2, 5]
     assert len(fake.acks) == 3
 
 
@@ -323,7 +332,9 @@ async def test_permanent_reserve_errors_are_logged_as_errors_every_time(
     worker = make_worker(fake, reserve_error_backoff=1)
     async with running(worker):
         await trio.sleep(20)
-        assert fake.reserve_calls[3].ended_at is None  # the loop survived and polls again
+        # The loop survived: a reserve that does not wait, then it long-polls again.
+        assert [c.wait_timeout for c in fake.reserve_calls[3:]] == [0, 30]
+        assert fake.reserve_calls[4].ended_at is None
     errors = log_of(worker).at("error")
     assert len(errors) == 3
     assert all("cannot reserve from ['q']" in m and type(error).__name__ in m for m in errors)
@@ -338,7 +349,7 @@ async def test_an_unexpected_reserve_exception_is_logged_and_the_loop_goes_on(
     with caplog.at_level(logging.ERROR, logger="test.worker"):
         async with running(worker):
             await trio.sleep(3)
-            assert len(fake.reserve_calls) == 2
+            assert len(fake.reserve_calls) == 3  # failed; then one without waiting, a long poll
     (record,) = caplog.records
     assert "RuntimeError: bug in a proxy" in record.getMessage()
     assert record.exc_info is not None and record.exc_info[0] is RuntimeError
@@ -353,14 +364,15 @@ async def test_early_empty_polls_pause_and_full_length_ones_do_not(
     async with running(worker):
         await trio.sleep(1.1)
     early = [c.at for c in fake.reserve_calls]
-    assert [b - a for a, b in itertools.pairwise(early)] == [0.25, 0.25, 0.25, 0.25]
+    # The first does not wait (no pause after it): the long polls after it pause.
+    assert [b - a for a, b in itertools.pairwise(early)] == [0, 0.25, 0.25, 0.25, 0.25]
 
     fake = FakeClient()
     worker = make_worker(fake, wait_timeout=5)
     async with running(worker):
         await trio.sleep(11)
     full = [c.at for c in fake.reserve_calls]
-    assert [round(t - full[0], 9) for t in full] == [0, 5, 10]
+    assert [round(t - full[0], 9) for t in full] == [0, 0, 5, 10]
 
 
 class StepCounter(trio.abc.Instrument):
@@ -413,9 +425,13 @@ async def test_after_a_short_batch_its_handlers_start_before_the_next_long_poll_
         for _ in range(20):  # trio orders each scheduler pass at random: try it many times
             fake.add()
             await trio.sleep(1)
-    # Job i came alone from reserve i (asking for 16): its handler ran before reserve i + 1.
-    assert [c.returned for c in fake.reserve_calls[:20]] == [1] * 20
-    assert reserves_at_start == list(range(1, 21))
+    # Job i came alone (asking for 16) from reserve 2i + 1 (the first reserve, then long
+    # polls, each after a reserve that found nothing): its handler ran before the next
+    # reserve was sent.
+    first, *rest = fake.reserve_calls
+    assert first.returned == 1
+    assert [(c.wait_timeout, c.returned) for c in rest[1:39:2]] == [(30, 1)] * 19
+    assert reserves_at_start == list(range(1, 41, 2))
 
 
 async def test_after_a_full_batch_the_next_reserve_goes_out_before_its_handlers_start(
@@ -972,7 +988,8 @@ async def test_shutdown_while_a_reserve_is_pending_returns_at_once(
         worker.shutdown()
         worker.shutdown()  # idempotent
     assert trio.current_time() == 3
-    ((call),) = fake.reserve_calls
+    first, call = fake.reserve_calls  # the first found nothing: a long poll followed
+    assert not first.cancelled
     assert call.cancelled and call.ended_at == 3
     assert worker.is_shutdown
 
@@ -1002,7 +1019,7 @@ async def test_a_reserve_sent_just_before_shutdown_may_finish_and_its_jobs_are_r
     assert len(fake.reserve_calls) == 1
 
 
-async def test_a_fresh_long_poll_is_cancelled_when_the_settle_window_ends(
+async def test_a_fresh_long_poll_is_cancelled_at_shutdown_without_a_settle_window(
     autojump_clock: MockClock,
 ) -> None:
     fake = FakeClient()
@@ -1011,11 +1028,12 @@ async def test_a_fresh_long_poll_is_cancelled_when_the_settle_window_ends(
         await nursery.start(worker.run)
         await trio.sleep(0.1)
         worker.shutdown()
-    ((call),) = fake.reserve_calls
-    assert call.cancelled and call.ended_at == pytest.approx(0.5)
+    first, call = fake.reserve_calls
+    assert (first.wait_timeout, first.returned) == (0, 0)
+    assert (call.at, call.wait_timeout, call.cancelled, call.ended_at) == (0, 30, True, 0.1)
 
 
-async def test_shutdown_cancels_at_once_a_reserve_sent_after_the_queues_were_found_drained(
+async def test_shutdown_cancels_a_long_poll_sent_after_the_queues_were_found_drained(
     autojump_clock: MockClock,
 ) -> None:
     fake = FakeClient()
@@ -1032,20 +1050,28 @@ async def test_shutdown_cancels_at_once_a_reserve_sent_after_the_queues_were_fou
         fake.add()
         await trio.sleep(0.05)
         worker.shutdown()
-    first, second, third = fake.reserve_calls
-    assert (first.max_jobs, first.returned) == (5, 3)
-    # Fewer than asked, and fewer than the server sent at once before: the queue was drained.
-    assert (second.returned, second.ended_at) == (1, 0.05)
-    assert second.max_jobs is not None and second.max_jobs > 1
-    assert (third.at, third.cancelled, third.ended_at) == (0.05, True, 0.1)  # no settle window
+    first, second, third, fourth = fake.reserve_calls
+    # 3 of 5 (maybe a server's batch cap): not known to be drained, so asked again without
+    # waiting; nothing: drained, so a long poll.
+    assert (first.max_jobs, first.wait_timeout, first.returned) == (5, 0, 3)
+    assert (second.wait_timeout, second.returned) == (0, 0)
+    # One, fewer than the server sent at once before: drained, so a long poll again.
+    assert (third.wait_timeout, third.returned, third.ended_at) == (30, 1, 0.05)
+    assert (fourth.at, fourth.wait_timeout, fourth.cancelled, fourth.ended_at) == (
+        0.05,
+        30,
+        True,
+        0.1,
+    )
     assert len(fake.acks) == 4
 
 
 @pytest.mark.parametrize("max_batch", [None, 2])
-async def test_a_reserve_sent_after_a_full_batch_may_settle_at_shutdown(
+async def test_after_a_full_batch_the_next_reserve_does_not_wait(
     max_batch: int | None, autojump_clock: MockClock
 ) -> None:
-    # Full: all it asked for, or (max_batch) as many as the server ever sends at once.
+    # Full: all it asked for, or (max_batch) as many as the server ever sends at once. The
+    # server answers the next reserve at once, so the shutdown never has to cancel it.
     fake = FakeClient()
     fake.max_batch = max_batch
     worker = make_worker(fake, max_in_flight=5, max_jobs=None if max_batch else 2)
@@ -1059,11 +1085,15 @@ async def test_a_reserve_sent_after_a_full_batch_may_settle_at_shutdown(
         await nursery.start(worker.run)
         await trio.sleep(0.1)
         worker.shutdown()
-    first, second, third = fake.reserve_calls
-    assert (first.returned, second.returned) == (2, 2)
+    first, second, third, fourth = fake.reserve_calls
+    assert [(c.wait_timeout, c.returned) for c in (first, second, third)] == [
+        (0, 2),
+        (0, 2),
+        (0, 0),
+    ]
     if max_batch is not None:
         assert second.max_jobs is not None and second.max_jobs > 2  # more than the server sends
-    assert third.cancelled and third.ended_at == pytest.approx(0.5)
+    assert (fourth.wait_timeout, fourth.cancelled, fourth.ended_at) == (30, True, 0.1)
 
 
 async def test_shutdown_grace_then_cancel_and_nack_for_immediate_retry(
@@ -1096,7 +1126,8 @@ async def test_shutdown_grace_then_cancel_and_nack_for_immediate_retry(
     assert [(c.job_id, c.at, c.retry, c.reason) for c in fake.nacks] == [
         (slow, 6, Retry.after(0), "worker shutdown")
     ]
-    assert len(fake.reserve_calls) == 2 and fake.reserve_calls[1].cancelled
+    *_, long_poll = fake.reserve_calls
+    assert len(fake.reserve_calls) == 3 and long_poll.cancelled
     assert fake.leased == []  # nothing left in flight
     assert worker.in_flight == 0
 
@@ -1136,8 +1167,8 @@ async def test_jobs_from_a_reserve_completing_as_shutdown_begins_are_still_proce
         fake.over_deliver = 1
         ids = [fake.add(), fake.add(), fake.add()]
         worker.shutdown()
-    assert fake.reserve_calls[0].returned == 3
-    assert len(fake.reserve_calls) == 1  # nothing reserved after shutdown
+    first, long_poll = fake.reserve_calls  # nothing reserved after shutdown
+    assert (first.returned, long_poll.returned) == (0, 3)
     # The two that got a slot (the first two, in the server's order) ran in the grace; the one
     # left waiting for a slot went straight back. None was dropped.
     assert sorted(ran) == ids[:2]
@@ -1237,7 +1268,9 @@ def test_shutdown_handle_works_from_another_thread() -> None:
             await trio.to_thread.run_sync(handle.shutdown)
         return trio.current_time() - began
 
-    elapsed = trio.run(main)
-    assert elapsed < 5
-    assert fake.reserve_calls[0].cancelled
+    trio.run(main)
+    # It did not wait out the 30 s long poll (which would have ended uncancelled): a reserve
+    # that does not wait was let finish, a long poll (if one was sent) cancelled.
+    calls = fake.reserve_calls
+    assert [c.cancelled for c in calls] == [c.wait_timeout == 30 for c in calls]
     assert handle.is_shutdown

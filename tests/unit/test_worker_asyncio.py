@@ -97,7 +97,8 @@ def test_an_anyio_task_group_starts_the_worker_once_it_is_reserving() -> None:
             worker.shutdown()
 
     asyncio.run(main())
-    assert fake.reserve_calls[0].cancelled  # the long poll was cancelled at shutdown
+    # The first reserve does not wait: the shutdown let it finish, and no long poll followed.
+    assert [(c.wait_timeout, c.cancelled) for c in fake.reserve_calls] == [(0, False)]
 
 
 def test_wait_until_reserving_returns_when_the_worker_ends_before_it_reserved() -> None:
@@ -407,7 +408,8 @@ import sepp
 
 class Idle:
     async def reserve(self, queues, **options):
-        await trio.sleep_forever()
+        if options["wait_timeout"]:  # the long poll, after a first reserve that does not wait
+            await trio.sleep_forever()
 
     async def ack(self, ctx, **options): ...
     async def nack(self, ctx, **options): ...

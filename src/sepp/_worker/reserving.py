@@ -26,16 +26,21 @@ RESERVE_BACKOFF_CAP_S = 10.0
 # (draining, or shutting down); pause before the next poll instead of spinning.
 EARLY_EMPTY_THRESHOLD_S = 0.1
 EARLY_EMPTY_PAUSE_S = 0.25
-# A reserve sent less than this long before shutdown is let finish rather than cancelled: on a
-# non-empty queue the server has most likely leased jobs for it already, and cancelling would
-# strand them until their leases expire. Older ones are long-polling an empty queue, and so is
-# one sent after a reserve that found the queues drained (see ReserveLoop.run).
-RESERVE_SETTLE_S = 0.5
+# A long poll pending at shutdown is cancelled only after this many scheduler passes: an
+# answer already in the socket when the shutdown began is read meanwhile (the connection's
+# reader wakes on the next I/O poll and takes two steps; the caller then returns it, which a
+# cancel after that no longer stops), so the jobs the server leased for it are not stranded.
+# Passes, not seconds: a handler holding the loop (CPU-bound) delays both alike.
+READ_PASSES = 4
 
 
 class ReserveLoop:
-    """Reserves until the shutdown begins; `run` inside `scope`, which `stop` cancels (or lets
-    a reserve just sent finish first)."""
+    """Reserves until the shutdown begins; `run` inside `scope`. A cancelled reserve whose
+    jobs the server leased strands them until their leases expire, so a reserve the server
+    answers at once is never cancelled: one that does not wait (`wait_timeout` 0), sent
+    first and after each reserve that found more work. Only after one found the queues
+    drained does the loop long-poll, and `stop` cancels that one (once an answer already on
+    its way has been read)."""
 
     def __init__(
         self,
@@ -66,30 +71,45 @@ class ReserveLoop:
         self._events = events
         self._metrics = metrics
         self.use(cc)
-        self._sent_at: float | None = None
-        # The last reserve found the queues drained, so the pending one is long-polling.
+        self._sent_at: float | None = None  # while a reserve is pending
+        # The last reserve found the queues drained: the next one long-polls. Not known yet
+        # (the first one, or after a failure): it does not wait.
         self._queues_drained = False
+        self._long_polling = False  # the pending reserve is a long poll
         self._largest_batch = 0  # the most jobs one reserve has returned
 
     def use(self, cc: Concurrency) -> None:
         """Run on `cc` (before the Worker's run)."""
         self._cc = cc
         self.scope = cc.cancel_scope()
+        self._stopping = cc.event()  # set by stop() while a long poll is pending
 
     def stop(self) -> None:
-        """The shutdown began: cancel the pending reserve, unless it was sent so recently that
-        the server has most likely leased jobs for it already (then it may finish)."""
-        sent_at = self._sent_at
-        if (
-            sent_at is not None
-            and not self._queues_drained
-            and self._cc.current_time() - sent_at < RESERVE_SETTLE_S
-        ):
-            self.scope.deadline = sent_at + RESERVE_SETTLE_S
-        else:
+        """The shutdown began (or, with `stop_now`, has to end now): end the loop. A reserve
+        the server answers at once is let finish (its jobs are dispatched), within the grace
+        period; a long poll is cancelled once an answer already on its way has been read;
+        with no reserve pending, or told to stop now, at once."""
+        shutdown = self._shutdown
+        if self._sent_at is None or shutdown.stop_now:
             self.scope.cancel()
+        elif self._long_polling:
+            self._stopping.set()
+        else:  # answered at once, unless the server or the network hangs: the grace bounds it
+            self.scope.deadline = shutdown.began_at + shutdown.timeout_s
 
     async def run(self, mark_started: Callable[[], None]) -> None:
+        async with self._cc.open_nursery() as nursery:
+            nursery.start_soon(self._cancel_long_poll_when_stopping)
+            await self._reserve_until_stopped(mark_started)
+            nursery.cancel_scope.cancel()
+
+    async def _cancel_long_poll_when_stopping(self) -> None:
+        await self._stopping.wait()
+        for _ in range(READ_PASSES):
+            await self._cc.checkpoint()
+        self.scope.cancel()
+
+    async def _reserve_until_stopped(self, mark_started: Callable[[], None]) -> None:
         cc = self._cc
         current_time = cc.current_time
         failures = 0
@@ -99,16 +119,22 @@ class ReserveLoop:
             # An over-generous server can leave us holding more than max_in_flight.
             while len(held) >= self._max_in_flight:
                 await held.wait_for_change()
+            if not self._reserving():
+                # The shutdown began as a slot freed, before this task ran again: its cancel
+                # found no reserve pending, and under asyncio it lands only once the next one
+                # was sent, after the server had leased its jobs.
+                return
             want = self._max_in_flight - len(held)
             if self._max_jobs is not None:
                 want = min(want, self._max_jobs)
             mark_started()
+            long_poll = self._long_polling = self._queues_drained
             began = self._sent_at = current_time()
             try:
                 jobs = await self._client.reserve(
                     self._queues,
                     lease_duration=self._lease_s,
-                    wait_timeout=self._wait_s,
+                    wait_timeout=self._wait_s if long_poll else 0.0,
                     max_jobs=want,
                     worker_id=self._worker_id,
                 )
@@ -122,6 +148,8 @@ class ReserveLoop:
                 failures += 1
                 delay = self._backoff(failures)
                 self._report.reserve_failed(exc, failures, delay)
+                if not self._reserving():
+                    return  # it failed as the shutdown began: no backoff to sit out
                 await cc.sleep(delay)
                 continue
             self._sent_at = None
@@ -153,7 +181,7 @@ class ReserveLoop:
                 # meanwhile.
                 await cc.checkpoint()
                 await cc.checkpoint()
-            if not jobs and current_time() - began < early_empty_s:
+            if long_poll and not jobs and current_time() - began < early_empty_s:
                 await cc.sleep(EARLY_EMPTY_PAUSE_S)
 
     def _reserving(self) -> bool:

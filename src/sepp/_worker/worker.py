@@ -76,9 +76,11 @@ class Worker:
     the handler and neither acks nor nacks; without it, the handler is cancelled when its lease
     ends. A redelivery of a job still running in this worker waits for that run to end.
 
-    `shutdown()` stops reserving at once (a long-poll is cancelled; a reserve sent under half a
-    second earlier may finish, since the server has most likely leased its jobs already, unless
-    the one before it found the queues drained), and returns jobs still waiting for a slot.
+    `shutdown()` stops reserving at once and returns jobs still waiting for a slot. A reserve
+    the server answers at once (the first, and each after one that found more work: they do
+    not wait) is let finish within the grace period, and its jobs run or go back; a long-poll,
+    sent only after the queues were found drained, is cancelled once an answer already on its
+    way has been read. So no job the server leased to the worker is left to its lease.
     Running handlers get `shutdown_timeout` seconds; then they are cancelled and their jobs
     nacked for immediate retry. `run()` returns when every job it held is settled. Cancelling
     `run()` itself is the hard stop: nothing is acked or nacked and held jobs return when their
@@ -351,6 +353,8 @@ class Worker:
         shutdown.requested = True
         if shutdown.stop_now:
             shutdown.grace.cancel()
+            if shutdown.begun:
+                self._reserver.stop()  # a reserve let finish is cancelled now
         if shutdown.begun or self._state is not _RunState.RUNNING:
             return
         shutdown.begin()
