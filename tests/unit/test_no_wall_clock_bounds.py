@@ -35,21 +35,6 @@ ALLOWED: dict[tuple[str, str], str] = {
         "the 0.5 s fail_after is the enclosing deadline under test, not a bound on the test:"
         " the call's own wait is 60 s, and a hang guard tells a late end from an early one"
     ),
-    # Rewritten on the branch `stop` (worker shutdown), which owns these files this round: the
-    # entries go when its rewrite lands (test_every_allowed_bound_is_still_there says when).
-    **{
-        ("integration/test_worker_real.py", test): "rewritten on the branch `stop`"
-        for test in (
-            "test_retry_after_delay_is_observed",
-            "test_without_auto_extend_the_handler_is_cut_off_at_its_lease_and_never_overlaps",
-            "test_a_failed_job_comes_back_only_after_its_backoff_delay",
-            "test_a_handler_past_its_timeout_is_cancelled_and_its_job_nacked",
-            "test_sigterm_shutdown_mid_run_leaves_no_job_in_flight",
-        )
-    },
-    ("unit/test_worker.py", "test_shutdown_handle_works_from_another_thread"): (
-        "rewritten on the branch `stop`"
-    ),
 }
 
 
