@@ -90,7 +90,9 @@ async def test_enqueue_file_task_reports_lines_that_do_not_fit_by_number(
     )
     assert done.returncode == 1, done
     assert done.stdout.splitlines() == ["2 enqueued, 0 deduplicated, 0 rejected, 3 invalid"]
-    reports = sorted(done.stderr.splitlines())
+    warning, *others = done.stderr.splitlines()
+    assert warning.startswith("line 1: warning: no idempotency_key")
+    reports = sorted(others)
     assert reports == [
         "line 2: invalid: 'json' does not fit task 'send_welcome': payload does not decode into"
         " Welcome: $.user: expected integer, got string",
