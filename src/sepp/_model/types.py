@@ -119,6 +119,10 @@ class TraceContext:
             v.utf8_text("trace_context.tracestate", self.tracestate, allow_empty=True)
 
 
+# (queue, job_type) pairs that passed EnqueueRequest's checks (exact str only), bounded.
+_CHECKED: set[tuple[str, str]] = set()
+
+
 @dataclass(frozen=True, slots=True)
 class EnqueueRequest:
     """One job to enqueue. Checked on construction: bad values raise ValidationError."""
@@ -134,18 +138,30 @@ class EnqueueRequest:
     trace_context: TraceContext | None = None
 
     def __post_init__(self) -> None:
-        v.queue_name("queue", self.queue)
-        v.utf8_text("job_type", self.job_type)
-        if self.payload is not None and not isinstance(self.payload, Payload):
+        # Batches build requests by the hundred: a (queue, job_type) pair checked before is
+        # one set lookup, and an empty custom map a fresh dict, not a call.
+        names = (self.queue, self.job_type)
+        if type(names[0]) is not str or type(names[1]) is not str or names not in _CHECKED:
+            v.queue_name("queue", self.queue)
+            v.utf8_text("job_type", self.job_type)
+            if len(_CHECKED) >= 256:
+                _CHECKED.clear()
+            _CHECKED.add(names)
+        payload = self.payload
+        if payload is not None and not isinstance(payload, Payload):
             raise ValidationError(
-                "payload", f"must be a sepp.Payload, got {type(self.payload).__name__}"
+                "payload", f"must be a sepp.Payload, got {type(payload).__name__}"
             )
-        v.optional_text("idempotency_key", self.idempotency_key)
+        if self.idempotency_key is not None:
+            v.utf8_text("idempotency_key", self.idempotency_key)
         if self.priority is not None:
             v.whole_number("priority", self.priority, low=0, high=9)
         if self.max_attempts is not None:
             v.whole_number("max_attempts", self.max_attempts, low=1, high=v.UINT32_MAX)
-        object.__setattr__(self, "custom", v.custom_map("custom", self.custom))
+        custom = self.custom
+        # Copied either way: the caller's dict may change after the check.
+        checked = {} if type(custom) is dict and not custom else v.custom_map("custom", custom)
+        object.__setattr__(self, "custom", checked)
         if self.scheduled_at is not None:
             object.__setattr__(
                 self, "scheduled_at", v.aware_datetime("scheduled_at", self.scheduled_at)
