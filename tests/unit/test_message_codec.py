@@ -404,6 +404,33 @@ def test_protobufs_responses_decode_as_convert_makes_them(which: str, data: st.D
     both(READERS[which], body)
 
 
+server_ids = st.text(st.characters(max_codepoint=0x7F), min_size=1, max_size=40) | texts
+
+
+@settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(
+        st.builds(pb.EnqueueResponse, job_id=server_ids, deduplicated=st.booleans()), max_size=120
+    ),
+    st.lists(st.tuples(st.integers(0, 120), job_results), max_size=2),
+)
+def test_batch_results_of_every_size_read_as_protobuf_reads_them(
+    successes: list[Any], others: list[tuple[int, Any]]
+) -> None:
+    # Mostly successes with ASCII ids, as a server answers (read in place), now and then an
+    # id that is not ASCII, a rejection or a result without outcome (read through the schema).
+    results = [pb.JobResult(success=ack) for ack in successes]
+    for at, result in others:
+        results.insert(at, result)
+    body = pb.EnqueueBatchResponse(results=results).SerializeToString()
+    note(f"body: {body.hex()}")
+    count = len(results)
+    ours = outcome(lambda b: wire_responses.batch_results(b, count), body)
+    assert ours == outcome(lambda b: protobuf_codec.batch_results(b, count), body)
+    wrong = outcome(lambda b: wire_responses.batch_results(b, count + 1), body)
+    assert wrong == outcome(lambda b: protobuf_codec.batch_results(b, count + 1), body)
+
+
 @pytest.mark.needs("upb")  # the oracle: our codec reads as upb does
 @pytest.mark.skipif(
     PROTOBUF_MAJOR < 7, reason="protobuf 6's upb reads edge cases differently (VERSION_DEPENDENT)"

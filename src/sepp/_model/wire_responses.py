@@ -334,6 +334,7 @@ def _acks_in_place(body: bytes) -> list[EnqueueAck | rj.JobRejection] | None:
     is anything else; the caller then reads the whole body through the schema."""
     out: list[EnqueueAck | rj.JobRejection] = []
     append = out.append
+    new, set_job_id, set_deduplicated = _new_ack, _set_job_id, _set_deduplicated
     pos = 0
     end = len(body)
     while pos < end:
@@ -356,9 +357,17 @@ def _acks_in_place(body: bytes) -> list[EnqueueAck | rj.JobRejection] | None:
         job_id = body[pos + 6 : id_end]
         if not job_id.isascii():
             return None
-        append(EnqueueAck(job_id.decode("ascii"), deduplicated))
+        ack = new(EnqueueAck)  # EnqueueAck(...) sets its frozen fields at twice the cost
+        set_job_id(ack, job_id.decode("ascii"))
+        set_deduplicated(ack, deduplicated)
+        append(ack)
         pos = stop
     return out
+
+
+_new_ack = object.__new__
+_set_job_id = vars(EnqueueAck)["job_id"].__set__  # the slots' own setters
+_set_deduplicated = vars(EnqueueAck)["deduplicated"].__set__
 
 
 def single_result(body: bytes) -> EnqueueAck | rj.JobRejection:
