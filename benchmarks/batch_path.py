@@ -82,7 +82,7 @@ def pieces(jobs: int) -> dict[str, Callable[[], object]]:
     limits = _limits()
     batch = [sepp.EnqueueRequest("bench.q", "bench", payload=PAYLOAD) for _ in range(jobs)]
 
-    def build() -> object:
+    def build() -> list[sepp.EnqueueRequest]:
         return [sepp.EnqueueRequest("bench.q", "bench", payload=PAYLOAD) for _ in range(jobs)]
 
     def whole() -> object:
