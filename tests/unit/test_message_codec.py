@@ -105,6 +105,11 @@ def test_enqueue_batches_encode_as_protobuf_does(
 
 
 @given(st.lists(requests, min_size=1, max_size=2 * mc.UPB_BATCH_JOBS), st.none() | traces)
+@example(  # enough jobs for upb, but one payload big enough to travel uncopied: ours
+    [sepp.EnqueueRequest("q", "t")] * (mc.UPB_BATCH_JOBS - 1)
+    + [sepp.EnqueueRequest("q", "t", payload=sepp.Payload.bytes(b"p" * (1 << 16)))],
+    None,
+)
 def test_auto_encodes_batches_as_protobuf_does_on_either_side_of_the_crossover(
     jobs: list[sepp.EnqueueRequest], trace: sepp.TraceContext | None
 ) -> None:
