@@ -104,6 +104,33 @@ def test_enqueue_batches_encode_as_protobuf_does(
         assert [part for part in ours if any(part is data for data in big)] == big
 
 
+@given(st.lists(requests, min_size=1, max_size=2 * mc.UPB_BATCH_JOBS), st.none() | traces)
+@example(  # enough jobs for upb, but one payload big enough to travel uncopied: ours
+    [sepp.EnqueueRequest("q", "t")] * (mc.UPB_BATCH_JOBS - 1)
+    + [sepp.EnqueueRequest("q", "t", payload=sepp.Payload.bytes(b"p" * (1 << 16)))],
+    None,
+)
+def test_auto_encodes_batches_as_protobuf_does_on_either_side_of_the_crossover(
+    jobs: list[sepp.EnqueueRequest], trace: sepp.TraceContext | None
+) -> None:
+    # "auto" where upb runs: protobuf from UPB_BATCH_JOBS jobs on, ours below and for a batch
+    # with a big payload (kept a part of its own, uncopied).
+    ours = mc._enqueue_batch_upb_when_big(iter(jobs), trace)
+    reference = protobuf_codec.enqueue_batch(jobs, trace)
+    ordered = all(len(job.custom) <= 1 for job in jobs)
+    same_bytes_or_message(joined(ours), reference, pb.EnqueueBatchRequest, ordered)
+    big = [
+        job.payload.data
+        for job in jobs
+        if job.payload is not None and len(job.payload.data) >= wire_requests.SEPARATE_PART_BYTES
+    ]
+    if big:
+        assert isinstance(ours, tuple)
+        assert [part for part in ours if any(part is data for data in big)] == big
+    if len(jobs) >= mc.UPB_BATCH_JOBS and not big:
+        assert ours == reference  # protobuf's own bytes
+
+
 def test_a_big_payload_travels_as_a_part_of_its_own() -> None:
     data = bytes(range(256)) * 4096  # 1 MiB
     job = sepp.EnqueueRequest("q", "t", payload=sepp.Payload.bytes(data), priority=3)
@@ -382,6 +409,33 @@ def test_protobufs_responses_decode_as_convert_makes_them(which: str, data: st.D
     both(READERS[which], body)
 
 
+server_ids = st.text(st.characters(max_codepoint=0x7F), min_size=1, max_size=40) | texts
+
+
+@settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(
+        st.builds(pb.EnqueueResponse, job_id=server_ids, deduplicated=st.booleans()), max_size=120
+    ),
+    st.lists(st.tuples(st.integers(0, 120), job_results), max_size=2),
+)
+def test_batch_results_of_every_size_read_as_protobuf_reads_them(
+    successes: list[Any], others: list[tuple[int, Any]]
+) -> None:
+    # Mostly successes with ASCII ids, as a server answers (read in place), now and then an
+    # id that is not ASCII, a rejection or a result without outcome (read through the schema).
+    results = [pb.JobResult(success=ack) for ack in successes]
+    for at, result in others:
+        results.insert(at, result)
+    body = pb.EnqueueBatchResponse(results=results).SerializeToString()
+    note(f"body: {body.hex()}")
+    count = len(results)
+    ours = outcome(lambda b: wire_responses.batch_results(b, count), body)
+    assert ours == outcome(lambda b: protobuf_codec.batch_results(b, count), body)
+    wrong = outcome(lambda b: wire_responses.batch_results(b, count + 1), body)
+    assert wrong == outcome(lambda b: protobuf_codec.batch_results(b, count + 1), body)
+
+
 @pytest.mark.needs("upb")  # the oracle: our codec reads as upb does
 @pytest.mark.skipif(
     PROTOBUF_MAJOR < 7, reason="protobuf 6's upb reads edge cases differently (VERSION_DEPENDENT)"
@@ -576,7 +630,12 @@ def test_the_default_reads_jobs_with_upb_where_present_and_the_rest_with_ours(
         from_upb = upb and name in job_readers
         expected = protobuf_codec if from_upb else wire_responses
         assert getattr(mc.RESPONSES, name) is getattr(expected, name), name
-    assert mc.REQUESTS is wire_requests
+    for name in [n for n in vars(mc.Requests) if not n.startswith("_")]:
+        from_upb = upb and name == "enqueue_batch"
+        expected_encoder = (
+            mc._enqueue_batch_upb_when_big if from_upb else getattr(wire_requests, name)
+        )
+        assert getattr(mc.REQUESTS, name) is expected_encoder, name
 
 
 def test_a_codec_named_explicitly_is_used_for_everything() -> None:

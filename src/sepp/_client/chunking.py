@@ -21,13 +21,15 @@ _ENVELOPE_BYTES = 64  # per-job protobuf overhead beyond the variable fields, ge
 
 def estimated_bytes(request: EnqueueRequest) -> int:
     """An upper bound of the job's encoded size (strings at 4 bytes a character)."""
-    size = _ENVELOPE_BYTES + len(request.queue) * 4 + len(request.job_type) * 4
-    if request.payload is not None:
-        size += len(request.payload.data) + len(request.payload.encoding) * 4
+    size = _ENVELOPE_BYTES + (len(request.queue) + len(request.job_type)) * 4
+    payload = request.payload
+    if payload is not None:
+        size += len(payload.data) + len(payload.encoding) * 4
     if request.idempotency_key is not None:
         size += len(request.idempotency_key) * 4
-    for key, value in request.custom.items():
-        size += 16 + len(key) * 4 + (len(value) * 4 if isinstance(value, str) else 8)
+    if request.custom:
+        for key, value in request.custom.items():
+            size += 16 + len(key) * 4 + (len(value) * 4 if isinstance(value, str) else 8)
     if request.trace_context is not None:
         size += 80 + len(request.trace_context.tracestate or "") * 4
     return size
@@ -38,6 +40,8 @@ def split_batch(
 ) -> list[list[EnqueueRequest]]:
     """Consecutive chunks, in order, of at most `max_jobs` jobs and (unless one job alone is
     bigger) `max_bytes` estimated bytes."""
+    if len(requests) <= max_jobs and sum(map(estimated_bytes, requests)) <= max_bytes:
+        return [list(requests)]  # the common batch: one call
     chunks: list[list[EnqueueRequest]] = []
     chunk: list[EnqueueRequest] = []
     chunk_bytes = 0

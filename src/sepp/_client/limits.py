@@ -47,23 +47,30 @@ def custom_map_bytes(request: EnqueueRequest) -> int:
 class ServerLimits:
     """A cached ServerInfo and the local clock reading taken when it was fetched."""
 
-    __slots__ = ("fetched_at", "info")
+    __slots__ = ("fetched_at", "info", "names_within")
 
     def __init__(self, info: ServerInfo, fetched_at: datetime) -> None:
         self.info = info
         self.fetched_at = fetched_at
+        # (queue, job_type) pairs found within the name limits: a batch repeats them.
+        self.names_within: set[tuple[str, str]] = set()
 
     def server_now(self) -> datetime:
         return self.info.server_time + (datetime.now(timezone.utc) - self.fetched_at)
 
     def check(self, request: EnqueueRequest) -> rj.JobRejection | None:
         info = self.info
-        size = _utf8_len(request.queue)
-        if info.max_queue_name_bytes and size > info.max_queue_name_bytes:
-            return rj.QueueNameTooLong(info.max_queue_name_bytes, size)
-        size = _utf8_len(request.job_type)
-        if info.max_job_type_bytes and size > info.max_job_type_bytes:
-            return rj.JobTypeNameTooLong(info.max_job_type_bytes, size)
+        names = (request.queue, request.job_type)
+        if names not in self.names_within:
+            size = _utf8_len(request.queue)
+            if info.max_queue_name_bytes and size > info.max_queue_name_bytes:
+                return rj.QueueNameTooLong(info.max_queue_name_bytes, size)
+            size = _utf8_len(request.job_type)
+            if info.max_job_type_bytes and size > info.max_job_type_bytes:
+                return rj.JobTypeNameTooLong(info.max_job_type_bytes, size)
+            if len(self.names_within) >= 256:
+                self.names_within.clear()
+            self.names_within.add(names)
         if request.idempotency_key is not None:
             size = _utf8_len(request.idempotency_key)
             if info.max_idempotency_key_bytes and size > info.max_idempotency_key_bytes:

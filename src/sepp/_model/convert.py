@@ -169,10 +169,15 @@ def enqueue_batch_to_pb(jobs: Iterable[EnqueueRequest], trace: TraceContext | No
     for job in jobs:
         out = enqueue_request_to_pb(job, repeated)
         if trace is not None and job.trace_context is None:
-            out.trace_context.traceparent = trace.traceparent
-            if trace.tracestate:
-                out.trace_context.tracestate = trace.tracestate
+            trace_to_pb(trace, out.trace_context)
     return msg.SerializeToString()
+
+
+def trace_to_pb(trace: TraceContext, out: pb.TraceContext) -> None:
+    """A batch's trace context, for a job without its own (an empty tracestate is dropped)."""
+    out.traceparent = trace.traceparent
+    if trace.tracestate:
+        out.tracestate = trace.tracestate
 
 
 # -- responses ------------------------------------------------------------------------------

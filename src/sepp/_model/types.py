@@ -5,8 +5,9 @@ from __future__ import annotations
 import builtins
 import enum
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta
+from types import MappingProxyType
 from typing import Any, ClassVar, Literal, overload
 
 from . import validate as v
@@ -119,7 +120,13 @@ class TraceContext:
             v.utf8_text("trace_context.tracestate", self.tracestate, allow_empty=True)
 
 
-@dataclass(frozen=True, slots=True)
+# (queue, job_type) pairs that passed EnqueueRequest's checks (exact str only), bounded.
+_CHECKED: set[tuple[str, str]] = set()
+# EnqueueRequest's default custom map: replaced by a fresh dict in each request.
+_NO_CUSTOM: Mapping[str, CustomValue] = MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True, init=False)
 class EnqueueRequest:
     """One job to enqueue. Checked on construction: bad values raise ValidationError."""
 
@@ -133,25 +140,72 @@ class EnqueueRequest:
     scheduled_at: datetime | None = None
     trace_context: TraceContext | None = None
 
-    def __post_init__(self) -> None:
-        v.queue_name("queue", self.queue)
-        v.utf8_text("job_type", self.job_type)
-        if self.payload is not None and not isinstance(self.payload, Payload):
+    # Written out rather than generated: batches build requests by the hundred, and the
+    # generated __init__ of a frozen dataclass sets each field with object.__setattr__ (a
+    # lookup of the name per field) before __post_init__ reads them all back; this one checks
+    # the arguments, then stores them through the slots' own setters (_SLOT_SETTERS).
+    def __init__(
+        self,
+        queue: str,
+        job_type: str,
+        payload: Payload | None = None,
+        idempotency_key: str | None = None,
+        priority: int | None = None,
+        max_attempts: int | None = None,
+        custom: Mapping[str, CustomValue] = _NO_CUSTOM,
+        scheduled_at: datetime | None = None,
+        trace_context: TraceContext | None = None,
+    ) -> None:
+        # A (queue, job_type) pair checked before is one set lookup.
+        names = (queue, job_type)
+        if type(queue) is not str or type(job_type) is not str or names not in _CHECKED:
+            v.queue_name("queue", queue)
+            v.utf8_text("job_type", job_type)
+            if len(_CHECKED) >= 256:
+                _CHECKED.clear()
+            _CHECKED.add(names)
+        if payload is not None and not isinstance(payload, Payload):
             raise ValidationError(
-                "payload", f"must be a sepp.Payload, got {type(self.payload).__name__}"
+                "payload", f"must be a sepp.Payload, got {type(payload).__name__}"
             )
-        v.optional_text("idempotency_key", self.idempotency_key)
-        if self.priority is not None:
-            v.whole_number("priority", self.priority, low=0, high=9)
-        if self.max_attempts is not None:
-            v.whole_number("max_attempts", self.max_attempts, low=1, high=v.UINT32_MAX)
-        object.__setattr__(self, "custom", v.custom_map("custom", self.custom))
-        if self.scheduled_at is not None:
-            object.__setattr__(
-                self, "scheduled_at", v.aware_datetime("scheduled_at", self.scheduled_at)
-            )
-        if self.trace_context is not None and not isinstance(self.trace_context, TraceContext):
+        if idempotency_key is not None:
+            v.utf8_text("idempotency_key", idempotency_key)
+        if priority is not None:
+            v.whole_number("priority", priority, low=0, high=9)
+        if max_attempts is not None:
+            v.whole_number("max_attempts", max_attempts, low=1, high=v.UINT32_MAX)
+        # Copied either way: the caller's dict may change after the check.
+        if custom is _NO_CUSTOM or (type(custom) is dict and not custom):
+            custom = {}
+        else:
+            custom = v.custom_map("custom", custom)
+        if scheduled_at is not None:
+            scheduled_at = v.aware_datetime("scheduled_at", scheduled_at)
+        if trace_context is not None and not isinstance(trace_context, TraceContext):
             raise ValidationError("trace_context", "must be a sepp.TraceContext")
+        (
+            set_queue,
+            set_job_type,
+            set_payload,
+            set_idempotency_key,
+            set_priority,
+            set_max_attempts,
+            set_custom,
+            set_scheduled_at,
+            set_trace_context,
+        ) = _SLOT_SETTERS
+        set_queue(self, queue)
+        set_job_type(self, job_type)
+        set_payload(self, payload)
+        set_idempotency_key(self, idempotency_key)
+        set_priority(self, priority)
+        set_max_attempts(self, max_attempts)
+        set_custom(self, custom)
+        set_scheduled_at(self, scheduled_at)
+        set_trace_context(self, trace_context)
+
+
+_SLOT_SETTERS = tuple(vars(EnqueueRequest)[f.name].__set__ for f in fields(EnqueueRequest))
 
 
 @dataclass(frozen=True, slots=True)

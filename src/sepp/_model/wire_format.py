@@ -41,6 +41,8 @@ def varint(value: int) -> bytes:
     """The varint of `value`; a negative one as its 64-bit two's complement (10 bytes)."""
     if 0 <= value < 128:
         return _ONE_BYTE[value]
+    if 0 < value < 16384:  # a payload's size, most often: two bytes, no loop
+        return bytes((value & 0x7F | 0x80, value >> 7))
     if value < 0:
         value &= _MASK64
     out = bytearray()
