@@ -362,6 +362,8 @@ def run_part(part: Part, pytest_args: list[str], logs: Path) -> Part:
     env.pop("VIRTUAL_ENV", None)
     if part.engines:
         env["SEPP_TEST_WIRE_ENGINES"] = part.engines
+    if part.name == "main":  # the outbox's minute-long outage once (the others: seconds)
+        env.setdefault("SEPP_TEST_OUTBOX_OUTAGE_S", "60")
     status = 0
     try:
         if part.interpreter:
