@@ -313,3 +313,13 @@ def test_the_commands_refuse_bad_arguments_before_touching_anything(
     assert not (tmp_path / "a.db").exists()
     assert main(["outbox", "init", "--print", "sqlite"]) == 0
     assert "CREATE TABLE IF NOT EXISTS sepp_outbox" in capsys.readouterr().out
+
+
+def test_sqlite3_connections_are_known_on_pypy_too() -> None:
+    # PyPy's sqlite3 classes are defined in `_sqlite3` (what CI's PyPy part met).
+    from sepp._outbox import dialects
+
+    assert dialects.dialect_of_module("_sqlite3") == dialects.SQLITE
+    assert dialects.dialect_of_module("sqlite3.dbapi2") == dialects.SQLITE
+    assert dialects.dialect_of_module("psycopg.connection") == dialects.POSTGRESQL
+    assert dialects.dialect_of_module("pymysql.connections") is None

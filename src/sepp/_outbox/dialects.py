@@ -109,7 +109,7 @@ def notify_sql(placeholder: str) -> str:
 def dialect_of_module(module: str) -> str | None:
     """The dialect of a DB-API driver, from the module its connection class lives in."""
     root = module.split(".")[0]
-    if root == "sqlite3":
+    if root in ("sqlite3", "_sqlite3"):  # PyPy's sqlite3 classes live in `_sqlite3`
         return SQLITE
     if root == "psycopg":
         return POSTGRESQL
