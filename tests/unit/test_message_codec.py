@@ -104,31 +104,45 @@ def test_enqueue_batches_encode_as_protobuf_does(
         assert [part for part in ours if any(part is data for data in big)] == big
 
 
-@given(st.lists(requests, min_size=1, max_size=2 * mc.UPB_BATCH_JOBS), st.none() | traces)
-@example(  # enough jobs for upb, but one payload big enough to travel uncopied: ours
-    [sepp.EnqueueRequest("q", "t")] * (mc.UPB_BATCH_JOBS - 1)
-    + [sepp.EnqueueRequest("q", "t", payload=sepp.Payload.bytes(b"p" * (1 << 16)))],
-    None,
+# A plain job (queue, job type, a payload, nothing else): its framing comes from a cache keyed
+# by the payload's length, so the lengths are taken around each varint's width.
+plain_requests = st.builds(
+    sepp.EnqueueRequest,
+    names,
+    names,
+    payload=st.builds(
+        sepp.Payload,
+        st.binary(min_size=1, max_size=300)
+        | st.sampled_from([1, 127, 128, 16383, 16384, wire_requests.SEPARATE_PART_BYTES]).flatmap(
+            lambda n: st.sampled_from([n - 1, n, n + 1]).filter(bool).map(lambda k: b"d" * k)
+        ),
+        names,
+    ),
 )
-def test_auto_encodes_batches_as_protobuf_does_on_either_side_of_the_crossover(
+
+
+@given(st.lists(plain_requests | requests, min_size=1, max_size=8), st.none() | traces)
+def test_plain_jobs_encode_as_protobuf_does_whether_their_framing_is_cached_or_not(
     jobs: list[sepp.EnqueueRequest], trace: sepp.TraceContext | None
 ) -> None:
-    # "auto" where upb runs: protobuf from UPB_BATCH_JOBS jobs on, ours below and for a batch
-    # with a big payload (kept a part of its own, uncopied).
-    ours = mc._enqueue_batch_upb_when_big(iter(jobs), trace)
+    first = joined(wire_requests.enqueue_batch(jobs, trace))
+    again = joined(wire_requests.enqueue_batch(jobs, trace))  # every framing from the cache
+    wire_requests._PLAIN.clear()
+    fresh = joined(wire_requests.enqueue_batch(jobs, trace))
     reference = protobuf_codec.enqueue_batch(jobs, trace)
     ordered = all(len(job.custom) <= 1 for job in jobs)
-    same_bytes_or_message(joined(ours), reference, pb.EnqueueBatchRequest, ordered)
-    big = [
-        job.payload.data
-        for job in jobs
-        if job.payload is not None and len(job.payload.data) >= wire_requests.SEPARATE_PART_BYTES
+    same_bytes_or_message(first, reference, pb.EnqueueBatchRequest, ordered)
+    assert again == first and fresh == first
+
+
+def test_the_plain_framing_cache_stays_bounded() -> None:
+    jobs = [
+        sepp.EnqueueRequest("q", "t", payload=sepp.Payload.bytes(b"x" * n))
+        for n in range(1, 2 * wire_requests._PLAIN_CACHED)
     ]
-    if big:
-        assert isinstance(ours, tuple)
-        assert [part for part in ours if any(part is data for data in big)] == big
-    if len(jobs) >= mc.UPB_BATCH_JOBS and not big:
-        assert ours == reference  # protobuf's own bytes
+    body = joined(wire_requests.enqueue_batch(jobs))
+    assert len(wire_requests._PLAIN) <= wire_requests._PLAIN_CACHED
+    assert body == protobuf_codec.enqueue_batch(jobs)
 
 
 def test_a_big_payload_travels_as_a_part_of_its_own() -> None:
@@ -631,11 +645,7 @@ def test_the_default_reads_jobs_with_upb_where_present_and_the_rest_with_ours(
         expected = protobuf_codec if from_upb else wire_responses
         assert getattr(mc.RESPONSES, name) is getattr(expected, name), name
     for name in [n for n in vars(mc.Requests) if not n.startswith("_")]:
-        from_upb = upb and name == "enqueue_batch"
-        expected_encoder = (
-            mc._enqueue_batch_upb_when_big if from_upb else getattr(wire_requests, name)
-        )
-        assert getattr(mc.REQUESTS, name) is expected_encoder, name
+        assert getattr(mc.REQUESTS, name) is getattr(wire_requests, name), name
 
 
 def test_a_codec_named_explicitly_is_used_for_everything() -> None:

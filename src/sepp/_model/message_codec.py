@@ -5,8 +5,9 @@ classes (`protobuf_codec`), the reference. Both are modules with the functions o
 
 The default, "auto", is the faster of the two per message: ours everywhere, but where protobuf
 runs on upb (C), upb parses the responses that carry jobs (Reserve, DrainDeadLetters) faster than
-our reader does (a Worker's drain: ~8 % less client CPU), and encodes an EnqueueBatch of several
-jobs faster than our encoder does, so those go through protobuf.
+our reader does (a Worker's drain: ~8 % less client CPU), so those go through protobuf. Requests
+are ours everywhere: an EnqueueBatch of plain jobs costs our encoder about a quarter of what
+building and serializing upb's message does (docs/performance.md, "The batch path").
 SEPP_MESSAGE_CODEC=sepp or =protobuf picks one codec for everything.
 """
 
@@ -122,38 +123,6 @@ def fastest_responses() -> Responses:
     return cast(Responses, SimpleNamespace(**readers))
 
 
-# From this many jobs on, upb encodes an EnqueueBatch for less than our encoder (which costs
-# per job in Python what upb does in C); below, building protobuf's message costs more than
-# it saves. Measured with callgrind (docs/performance.md).
-UPB_BATCH_JOBS = 4
-
-
-def _enqueue_batch_upb_when_big(
-    jobs: Iterable[EnqueueRequest], trace: TraceContext | None = None
-) -> bytes | tuple[bytes, ...]:
-    """ "auto"'s EnqueueBatch encoder where upb is present: upb from UPB_BATCH_JOBS jobs on,
-    unless a payload is big enough to travel as a part of its own (ours leaves it uncopied)."""
-    if not isinstance(jobs, list):
-        jobs = list(jobs)
-    if len(jobs) >= UPB_BATCH_JOBS:
-        from . import protobuf_codec
-
-        body = protobuf_codec.enqueue_batch_of_small(jobs, trace, wire_requests.SEPARATE_PART_BYTES)
-        if body is not None:
-            return body
-    return wire_requests.enqueue_batch(jobs, trace)
-
-
-def fastest_requests() -> Requests:
-    """Our encoders, with upb's for EnqueueBatch requests of several jobs where upb runs."""
-    if not upb_present():
-        return wire_requests
-    names = [name for name in vars(Requests) if not name.startswith("_")]
-    encoders = {name: getattr(wire_requests, name) for name in names}
-    encoders["enqueue_batch"] = _enqueue_batch_upb_when_big
-    return cast(Requests, SimpleNamespace(**encoders))
-
-
 def select(name: str) -> None:
     """Use the codec `name` from the next call on (tests run suites over each)."""
     global NAME, REQUESTS, RESPONSES
@@ -167,9 +136,9 @@ def select(name: str) -> None:
 
 def preload() -> None:
     """Load what the codec needs before the first call (protobuf's classes take ~25 ms)."""
-    global REQUESTS, RESPONSES
+    global RESPONSES
     if NAME == DEFAULT and RESPONSES is wire_responses:
-        REQUESTS, RESPONSES = fastest_requests(), fastest_responses()
+        RESPONSES = fastest_responses()
     if RESPONSES is not wire_responses:
         from . import protobuf_codec
 

@@ -54,23 +54,6 @@ def enqueue_batch(jobs: Iterable[EnqueueRequest], trace: TraceContext | None = N
     return cv.enqueue_batch_to_pb(jobs, trace)
 
 
-def enqueue_batch_of_small(
-    jobs: Iterable[EnqueueRequest], trace: TraceContext | None, most: int
-) -> bytes | None:
-    """The batch's bytes, or None as soon as a payload has `most` bytes or more: upb copies
-    every payload twice (into its message, then out), where ours leaves a big one uncopied."""
-    msg = pb.EnqueueBatchRequest()
-    repeated = msg.jobs
-    for job in jobs:
-        payload = job.payload
-        if payload is not None and len(payload.data) >= most:
-            return None
-        out = cv.enqueue_request_to_pb(job, repeated)
-        if trace is not None and job.trace_context is None:
-            cv.trace_to_pb(trace, out.trace_context)
-    return msg.SerializeToString()
-
-
 def reserve(
     queues: Sequence[str],
     wait_s: float,
