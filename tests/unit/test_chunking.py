@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from trio.testing import MockClock
 
 import sepp
-from sepp._client.chunking import MAX_CHUNK_BYTES, estimated_bytes, split_batch
+from sepp._client.chunking import MAX_CHUNK_BYTES, _total_bytes, estimated_bytes, split_batch
 from sepp._model.convert import enqueue_batch_to_pb
 from sepp.wire._status import StatusCode
 from sepp.wire.drivers._trio import RpcError
@@ -161,3 +161,29 @@ async def test_an_atomic_batch_over_the_servers_max_is_refused_before_sending(
     assert info.value.field == "jobs"
     assert "max_enqueue_batch" in str(info.value)
     assert channel.methods() == ["GetServerInfo"]
+
+
+plain_or_not = st.builds(
+    R,
+    st.sampled_from(["q", "orders", "q" * 30]),
+    st.sampled_from(["t", "send_email"]),
+    payload=st.none()
+    | st.builds(
+        sepp.Payload.bytes, st.binary(min_size=1, max_size=600), st.sampled_from(["a/b", "ü"])
+    ),
+    idempotency_key=st.none() | texts,
+    custom=st.just({}) | st.dictionaries(texts, st.integers(0, 9), max_size=2),
+    trace_context=st.none() | st.just(sepp.TraceContext("00-" + "1" * 32 + "-" + "2" * 16 + "-01")),
+)
+
+
+@given(st.lists(plain_or_not, min_size=1, max_size=20), st.integers(1, 30), st.integers(0, 9000))
+def test_a_batch_is_split_as_the_per_job_estimates_say(
+    jobs: list[sepp.EnqueueRequest], max_jobs: int, max_bytes: int
+) -> None:
+    # The common batch is summed inline (a plain job with no call): the same total.
+    assert _total_bytes(jobs) == sum(map(estimated_bytes, jobs))
+    chunks = split_batch(jobs, max_jobs=max_jobs, max_bytes=max_bytes)
+    assert [job for chunk in chunks for job in chunk] == jobs
+    fits = len(jobs) <= max_jobs and sum(map(estimated_bytes, jobs)) <= max_bytes
+    assert (len(chunks) == 1) == (fits or len(jobs) == 1)

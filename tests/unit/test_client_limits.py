@@ -5,15 +5,21 @@ from __future__ import annotations
 
 import math
 from collections.abc import Awaitable
+from datetime import datetime, timedelta, timezone
+from typing import Any
 
 import pytest
 import trio
 from fixtures.scripted_channel import ScriptedChannel, connected
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 from trio.testing import MockClock
 
 import sepp
 from sepp._client.client import Client
+from sepp._client.limits import ServerLimits
 from sepp._client.retry import NO_RETRY
+from sepp._model.types import ServerInfo
 from sepp._runtime.trio_runtime import TRIO
 from sepp._util.log import Log
 from sepp.wire._status import StatusCode
@@ -157,3 +163,86 @@ async def test_without_a_nursery_the_calling_task_fetches_within_its_budget(
     began = trio.current_time()
     assert (await fresh.enqueue("q", "ok", timeout=4)).job_id
     assert trio.current_time() - began == 2
+
+
+# -- a batch's jobs checked in one pass --------------------------------------------------------
+
+names_hyp = st.sampled_from(["q", "orders", "a-much-longer-queue-name"])
+batch_jobs = st.lists(
+    st.builds(
+        sepp.EnqueueRequest,
+        names_hyp,
+        st.sampled_from(["t", "send_email", "a-much-longer-job-type"]),
+        payload=st.none()
+        | st.builds(
+            sepp.Payload.bytes,
+            st.sampled_from([1, 2, 8, 9, 20, 21]).map(lambda n: b"p" * n),
+            st.sampled_from(["application/json", "text/plain"]),
+        ),
+        idempotency_key=st.none() | st.sampled_from(["k", "a-long-key"]),
+        custom=st.just({})
+        | st.dictionaries(st.sampled_from(["a", "bbbbbb"]), st.integers(0, 9), max_size=3),
+        scheduled_at=st.none()
+        | st.just(datetime(2026, 1, 1, tzinfo=timezone.utc))
+        | st.just(datetime(2099, 1, 1, tzinfo=timezone.utc)),
+    ),
+    min_size=1,
+    max_size=12,
+)
+limit = st.sampled_from([0, 1, 8, 20])
+LIMIT_FIELDS = (
+    "max_payload_bytes",
+    "max_queue_name_bytes",
+    "max_job_type_bytes",
+    "max_idempotency_key_bytes",
+    "max_custom_entries",
+    "max_custom_total_bytes",
+    "max_custom_key_bytes",
+)
+
+
+_plain = sepp.EnqueueRequest("q", "t", payload=sepp.Payload.bytes(b"p" * 9, "text/plain"))
+
+
+@settings(max_examples=300)
+@given(
+    batch_jobs,
+    st.builds(
+        dict,
+        max_payload_bytes=limit,
+        max_queue_name_bytes=limit,
+        max_job_type_bytes=limit,
+        max_idempotency_key_bytes=limit,
+        max_custom_entries=st.sampled_from([0, 2]),
+        max_custom_total_bytes=limit,
+        max_custom_key_bytes=st.sampled_from([0, 3]),
+        restricts_encodings=st.booleans(),
+    ),
+)
+# A plain job over the payload limit, and one with an encoding the server does not allow, the
+# second time (their names known, so checked inline).
+@example([_plain], {"max_payload_bytes": 8})
+@example([_plain], {"restricts_encodings": True})
+def test_a_batch_checked_in_one_pass_gets_each_job_s_own_verdict(
+    jobs: list[sepp.EnqueueRequest], limits: dict[str, Any]
+) -> None:
+    now = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    limits = {f: 0 for f in LIMIT_FIELDS} | {"restricts_encodings": False} | limits
+    info = ServerInfo(
+        server_version="0.1.1",
+        supported_protocol_versions=("1",),
+        server_time=now,
+        allowed_encodings=("application/json",),
+        max_schedule_horizon=timedelta(days=30),
+        max_enqueue_batch=256,
+        max_reserve_batch=256,
+        max_reserve_queues=16,
+        max_wait_timeout=timedelta(seconds=60),
+        max_lease_duration=timedelta(hours=1),
+        strict_queues=False,
+        dead_letter_retention_enabled=True,
+        **limits,
+    )
+    # The same jobs twice over: the second time their names are known (the inline path).
+    one_pass, each = ServerLimits(info, now), ServerLimits(info, now)
+    assert one_pass.check_all(jobs + jobs) == [each.check(job) for job in jobs + jobs]

@@ -35,12 +35,30 @@ def estimated_bytes(request: EnqueueRequest) -> int:
     return size
 
 
+def _total_bytes(requests: Sequence[EnqueueRequest]) -> int:
+    """The sum of estimated_bytes, a plain job's (a payload, no key, map or trace) inline."""
+    total = 0
+    for request in requests:
+        payload = request.payload
+        if (
+            payload is None
+            or request.idempotency_key is not None
+            or request.custom
+            or request.trace_context is not None
+        ):
+            total += estimated_bytes(request)
+        else:
+            names = len(request.queue) + len(request.job_type) + len(payload.encoding)
+            total += _ENVELOPE_BYTES + names * 4 + len(payload.data)
+    return total
+
+
 def split_batch(
     requests: Sequence[EnqueueRequest], *, max_jobs: int, max_bytes: int = MAX_CHUNK_BYTES
 ) -> list[list[EnqueueRequest]]:
     """Consecutive chunks, in order, of at most `max_jobs` jobs and (unless one job alone is
     bigger) `max_bytes` estimated bytes."""
-    if len(requests) <= max_jobs and sum(map(estimated_bytes, requests)) <= max_bytes:
+    if len(requests) <= max_jobs and _total_bytes(requests) <= max_bytes:
         return [list(requests)]  # the common batch: one call
     chunks: list[list[EnqueueRequest]] = []
     chunk: list[EnqueueRequest] = []

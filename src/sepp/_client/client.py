@@ -52,6 +52,9 @@ from .options import DEFAULT_MAX_RECEIVE_MESSAGE_BYTES as DEFAULT_MAX_RECEIVE_ME
 from .options import ConnectOptions
 from .retry import RetryPolicy, call_with_retry
 
+# The results of a batch the server took whole: no rejection to look at.
+_ACK_TYPE = {EnqueueAck}
+
 _FORKED_HINT = (
     "Open a new client in the child, in its own trio.run (the parent's trio.run and the"
     " client's connection tasks do not exist there); sepp.SyncClient reconnects by itself."
@@ -305,7 +308,7 @@ class Client:
         """Check jobs against the server's limits, send the rest; every result in order."""
         deadline = self._deadline(timeout)
         limits = await self._current_limits(deadline)
-        local = [limits.check(r) for r in requests] if limits is not None else []
+        local = limits.check_all(requests) if limits is not None else []
         if not any(local):
             results = await self._enqueue_in_chunks(requests, deadline)
         else:
@@ -313,7 +316,8 @@ class Client:
             to_send = [r for r, rejection in zip(requests, local, strict=True) if rejection is None]
             remote = iter(await self._enqueue_in_chunks(to_send, deadline) if to_send else [])
             results = [rejection or next(remote) for rejection in local]
-        self._limits.note_rejections([r for r in results if isinstance(r, JobRejection)])
+        if set(map(type, results)) != _ACK_TYPE:  # (a C loop: the common batch is all acks)
+            self._limits.note_rejections([r for r in results if isinstance(r, JobRejection)])
         return results
 
     async def _enqueue_in_chunks(

@@ -97,6 +97,32 @@ class ServerLimits:
                 return rj.ScheduledTooFar(info.max_schedule_horizon, request.scheduled_at)
         return None
 
+    def check_all(self, requests: Sequence[EnqueueRequest]) -> list[rj.JobRejection | None]:
+        """`check` for each job, in order; a job with nothing but names seen before and a
+        payload is checked inline (a batch's jobs mostly are)."""
+        info = self.info
+        names_within = self.names_within
+        most = info.max_payload_bytes or math.inf
+        free_encodings = not info.restricts_encodings
+        out: list[rj.JobRejection | None] = []
+        append = out.append
+        check = self.check
+        for request in requests:
+            payload = request.payload
+            if (
+                payload is not None
+                and free_encodings
+                and request.idempotency_key is None
+                and not request.custom
+                and request.scheduled_at is None
+                and len(payload.data) <= most
+                and (request.queue, request.job_type) in names_within
+            ):
+                append(None)
+            else:
+                append(check(request))
+        return out
+
     def contradicted_by(self, rejection: rj.JobRejection) -> bool:
         """A deterministic server rejection naming a different global limit than ours: the
         config may have been hot-reloaded, so the cache should be refreshed."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._model import message_codec as mc
@@ -120,10 +121,14 @@ def job_requests(jobs: Iterable[EnqueueRequest]) -> list[EnqueueRequest]:
     requests = list(jobs)
     if not requests:
         raise ValidationError("jobs", "must not be empty")
-    for index, job in enumerate(requests):
-        if not isinstance(job, EnqueueRequest):
-            raise ValidationError(f"jobs[{index}]", "must be a sepp.EnqueueRequest")
+    if set(map(type, requests)) != _REQUEST_TYPE:  # (a C loop; subclasses are looked at here)
+        for index, job in enumerate(requests):
+            if not isinstance(job, EnqueueRequest):
+                raise ValidationError(f"jobs[{index}]", "must be a sepp.EnqueueRequest")
     return requests
+
+
+_REQUEST_TYPE = {EnqueueRequest}
 
 
 def enqueue_batch_call(
@@ -171,7 +176,10 @@ def read_enqueue_atomic(body: bytes, count: int) -> list[EnqueueAck]:
 def all_keyed(requests: Sequence[EnqueueRequest]) -> bool:
     # Without a key on every job, a failure after sending may hide a commit: a retry could
     # duplicate jobs, so only failures known to precede the server's work are retried.
-    return all(job.idempotency_key for job in requests)
+    return all(map(_IDEMPOTENCY_KEY, requests))
+
+
+_IDEMPOTENCY_KEY = attrgetter("idempotency_key")
 
 
 # -- consuming ------------------------------------------------------------------------------
