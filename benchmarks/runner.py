@@ -82,6 +82,8 @@ class Scenario:
     # The harness drains the queue after the run (untimed): big payloads would otherwise pile
     # up gigabytes in the server over the rounds.
     drain_after: bool = False
+    # The clients it runs on, when not every one has the feature (the others show n/a).
+    only: frozenset[str] = frozenset()
 
 
 def _n(base: int, factor: float, floor: int = 50) -> int:
@@ -113,6 +115,10 @@ def _batch(f: float) -> tuple[dict[str, Any], int]:
         "concurrency": 1,
         "payload_size": PAYLOAD_SIZE,
     }, 0
+
+
+def _outbox(f: float) -> tuple[dict[str, Any], int]:
+    return {"n": _n(3000, f), "batch_size": 100, "payload_size": PAYLOAD_SIZE}, 0
 
 
 def _auto_batched(f: float) -> tuple[dict[str, Any], int]:
@@ -192,6 +198,15 @@ SCENARIOS: dict[str, Scenario] = {
             "bench_enqueue_batch",
             "throughput",
             _batch,
+        ),
+        Scenario(
+            "outbox_relay",
+            "outbox relay, sqlite3, batches of 100 (jobs/s; sepp-py has no outbox)",
+            "bench_outbox_relay",
+            "throughput",
+            _outbox,
+            drain_after=True,
+            only=frozenset({SEPP_TRIO}),
         ),
         Scenario(
             "drain_raw",
@@ -694,6 +709,8 @@ async def run_mode(
                 log(f"[{mode}] warm-up")
                 for scenario in (s for s in scenarios if not s.fresh):
                     for d in drivers:
+                        if scenario.only and d.name not in scenario.only:
+                            continue
                         q = f"warm.{mode}.{scenario.name}.{d.name}"
                         await run_one(d, scenario, q, 0.05, loader, batch_max)
                 runs: dict[str, dict[str, list[dict[str, Any]]]] = {
@@ -709,6 +726,8 @@ async def run_mode(
                     for scenario in scenarios:
                         parts = []
                         for d in order:
+                            if scenario.only and d.name not in scenario.only:
+                                continue
                             q = f"b.{mode}.{scenario.name}.r{rnd}.{d.name}"
                             if scenario.fresh:
                                 fresh_log = log_dir / f"{mode}-{d.name}-fresh.log"

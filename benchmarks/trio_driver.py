@@ -248,6 +248,37 @@ class Driver:
             raise DriverError(f"{rejected} job(s) were rejected during bench_enqueue_batch")
         return out
 
+    async def op_bench_outbox_relay(self, req: Request) -> Result:
+        """`sepp.OutboxRelay` (a trio task, batches of `batch_size`) forwarding `n` rows of a
+        fresh sqlite3 file, written beforehand (untimed), until all are relayed. The relay's
+        database calls run in threads of this process, so their CPU counts too."""
+        import sqlite3
+        import tempfile
+
+        client = self.need_client()
+        queue, n = req["queue"], int(req["n"])
+        payload = _payload(int(req.get("payload_size", 0)))
+        with tempfile.TemporaryDirectory(prefix="sepp-bench-outbox-") as tmp:
+            path = os.path.join(tmp, "outbox.db")
+            db = sqlite3.connect(path)
+            outbox = sepp.Outbox()
+            outbox.create_table(db)
+            with db:
+                for _ in range(n):
+                    outbox.add(db, queue, "bench", payload=payload)
+            db.close()
+            relay = sepp.OutboxRelay(f"sqlite:///{path}", batch_size=int(req["batch_size"]))
+            out: Result = {"n": n}
+            async with trio.open_nursery() as nursery:
+                with _measure(req, out):
+                    await nursery.start(relay.run, client)
+                    while relay.counters.relayed < n:  # noqa: ASYNC110 (counters, no event)
+                        await trio.sleep(0.002)
+                relay.shutdown()
+        if relay.counters.rejected:
+            raise DriverError(f"{relay.counters.rejected} row(s) were rejected by the server")
+        return out
+
     async def op_bench_drain_raw(self, req: Request) -> Result:
         """Reserve (max_jobs = free slots) + one ack task per job, at most `in_flight` jobs
         held at once. The queue must already hold `n` jobs."""
