@@ -5,7 +5,8 @@
 
 The pieces, each per batch of `--jobs` jobs (256-byte payloads, one queue and job type, as
 the harness's `enqueue_batch` scenario builds them): `build` (the EnqueueRequests, with their
-checks), `check` (the server's limits, as the client checks them before sending), `encode`
+checks), `check` (the server's limits, as the client checks them before sending, and the
+size estimate that decides whether the batch is one call), `encode`
 (the EnqueueBatchRequest, with the codec `SEPP_MESSAGE_CODEC` selects: "auto" by default),
 `read` (an answer of one success per job, recorded as the server lays it out) and `whole`
 (all four). Prints µs of CPU per batch (best of 5).
@@ -30,6 +31,7 @@ if str(REPO / "src") not in sys.path:
 
 import sepp
 from sepp._client import operations as ops
+from sepp._client.chunking import split_batch
 from sepp._client.limits import ServerLimits
 from sepp._model import message_codec as mc
 from sepp._model.types import ServerInfo
@@ -87,13 +89,14 @@ def pieces(jobs: int) -> dict[str, Callable[[], object]]:
 
     def whole() -> object:
         requests = ops.job_requests(build())
-        assert not any([limits.check(r) for r in requests])
+        assert not any(limits.check_all(requests))
+        assert len(split_batch(requests, max_jobs=256)) == 1
         ops.enqueue_batch_call(requests, None)
         return ops.read_enqueue_batch(body, len(requests))
 
     return {
         "build": build,
-        "check": lambda: [limits.check(r) for r in batch],
+        "check": lambda: (limits.check_all(batch), split_batch(batch, max_jobs=256)),
         "encode": lambda: mc.REQUESTS.enqueue_batch(batch, None),
         "read": lambda: ops.read_enqueue_batch(body, jobs),
         "whole": whole,
