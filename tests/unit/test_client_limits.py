@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Awaitable
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from typing import Any
 
 import pytest
 import trio
 from fixtures.scripted_channel import ScriptedChannel, connected
+from fixtures.server_info import default_server_info
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from trio.testing import MockClock
@@ -19,7 +20,6 @@ import sepp
 from sepp._client.client import Client
 from sepp._client.limits import ServerLimits
 from sepp._client.retry import NO_RETRY
-from sepp._model.types import ServerInfo
 from sepp._runtime.trio_runtime import TRIO
 from sepp._util.log import Log
 from sepp.wire._status import StatusCode
@@ -228,21 +228,7 @@ def test_a_batch_checked_in_one_pass_gets_each_job_s_own_verdict(
 ) -> None:
     now = datetime(2026, 1, 1, tzinfo=timezone.utc)
     limits = {f: 0 for f in LIMIT_FIELDS} | {"restricts_encodings": False} | limits
-    info = ServerInfo(
-        server_version="0.1.1",
-        supported_protocol_versions=("1",),
-        server_time=now,
-        allowed_encodings=("application/json",),
-        max_schedule_horizon=timedelta(days=30),
-        max_enqueue_batch=256,
-        max_reserve_batch=256,
-        max_reserve_queues=16,
-        max_wait_timeout=timedelta(seconds=60),
-        max_lease_duration=timedelta(hours=1),
-        strict_queues=False,
-        dead_letter_retention_enabled=True,
-        **limits,
-    )
+    info = default_server_info(now, allowed_encodings=("application/json",), **limits)
     # The same jobs twice over: the second time their names are known (the inline path).
     one_pass, each = ServerLimits(info, now), ServerLimits(info, now)
     assert one_pass.check_all(jobs + jobs) == [each.check(job) for job in jobs + jobs]

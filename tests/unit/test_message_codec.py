@@ -442,12 +442,15 @@ def test_batch_results_of_every_size_read_as_protobuf_reads_them(
     for at, result in others:
         results.insert(at, result)
     body = pb.EnqueueBatchResponse(results=results).SerializeToString()
+    reads_batch_results_as_protobuf_does(body, len(results))
+
+
+def reads_batch_results_as_protobuf_does(body: bytes, count: int) -> None:
+    """Our reader's outcome is protobuf's, for the right count of results and a wrong one."""
     note(f"body: {body.hex()}")
-    count = len(results)
-    ours = outcome(lambda b: wire_responses.batch_results(b, count), body)
-    assert ours == outcome(lambda b: protobuf_codec.batch_results(b, count), body)
-    wrong = outcome(lambda b: wire_responses.batch_results(b, count + 1), body)
-    assert wrong == outcome(lambda b: protobuf_codec.batch_results(b, count + 1), body)
+    for expected in (count, count + 1):
+        ours = outcome(lambda b, n=expected: wire_responses.batch_results(b, n), body)
+        assert ours == outcome(lambda b, n=expected: protobuf_codec.batch_results(b, n), body)
 
 
 def _successes(ids: list[str], deduplicated: int | None = None) -> bytes:
@@ -483,12 +486,7 @@ def test_answers_whose_ids_have_one_length_read_as_protobuf_reads_them(
     body = _successes(ids, deduplicated)
     if data is not None and data.draw(st.booleans()):
         body += data.draw(st.binary(min_size=1, max_size=3))
-    note(f"body: {body.hex()}")
-    count = len(ids)
-    ours = outcome(lambda b: wire_responses.batch_results(b, count), body)
-    assert ours == outcome(lambda b: protobuf_codec.batch_results(b, count), body)
-    wrong = outcome(lambda b: wire_responses.batch_results(b, count + 1), body)
-    assert wrong == outcome(lambda b: protobuf_codec.batch_results(b, count + 1), body)
+    reads_batch_results_as_protobuf_does(body, len(ids))
 
 
 def test_the_server_s_answer_to_a_batch_is_read_without_a_python_loop_per_job() -> None:
