@@ -249,3 +249,31 @@ def test_a_per_engine_suite_runs_on_the_engines_named_and_the_matrix_reads_them_
     lines = [line.strip() for line in done.stdout.splitlines()]
     read_back = [m["what"] for line in lines if (m := test_matrix._ENGINES_RAN.match(line))]
     assert read_back == (["codec only (SEPP_TEST_WIRE_ENGINES)"] if engines else [])
+
+
+def test_a_part_s_virtualenv_is_made_by_uv_from_the_main_one_and_gets_no_uv_itself(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    assert test_matrix.UV.is_file()  # requirements-dev.txt puts it in the main venv
+    steps: list[list[str]] = []
+    monkeypatch.setattr(test_matrix, "CACHE", tmp_path)
+
+    def run_logged(step: list[str], *_: object) -> int:
+        steps.append(step)
+        if step[1] == "venv":
+            Path(step[-1]).mkdir(parents=True)
+        return 0
+
+    monkeypatch.setattr(test_matrix, "run_logged", run_logged)
+    part = test_matrix.Part("py3.12", "3.12", engines="codec")
+    assert test_matrix.prepare(part, Path(sys.executable), tmp_path / "log", {}) == 0
+    (make, install) = steps
+    assert make[:2] == [str(test_matrix.UV), "venv"] and make[-1] == str(part.venv)
+    assert install[:3] == [str(test_matrix.UV), "pip", "install"]
+    requirements = Path(install[install.index("-r") + 1]).read_text()
+    names = {
+        canonicalize_name(Requirement(line.split("#", 1)[0]).name)
+        for line in requirements.splitlines()
+        if line.split("#", 1)[0].strip() and not line.startswith("-")
+    }
+    assert "uv" not in names and "pytest" in names
