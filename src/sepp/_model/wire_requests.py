@@ -152,16 +152,20 @@ _PLAIN: dict[tuple[str, str, str, int], tuple[bytes, bytes]] = {}
 _PLAIN_CACHED = 1024
 
 
+def _payload_head(length: int, encoding: bytes) -> bytes:
+    """The payload field's tag and size, and its data's tag and size: the bytes between the
+    job's head and the data."""
+    if not length:  # (Payload refuses empty data, but the wire format can say it)
+        return b"\x1a" + varint(len(encoding))
+    data_size = varint(length)
+    return b"\x1a" + varint(1 + len(data_size) + length + len(encoding)) + b"\x0a" + data_size
+
+
 def _plain(key: tuple[str, str, str, int]) -> tuple[bytes, bytes]:
     queue, job_type, encoding_name, length = key
     head = _head(queue, job_type)
     encoding = _encoding(encoding_name)
-    if length:
-        data_size = varint(length)
-        inner = 1 + len(data_size) + length + len(encoding)
-        field_head = b"\x1a" + varint(inner) + b"\x0a" + data_size
-    else:  # (Payload refuses empty data, but the wire format can say it)
-        field_head = b"\x1a" + varint(len(encoding))
+    field_head = _payload_head(length, encoding)
     size = len(head) + len(field_head) + length + len(encoding)
     if len(_PLAIN) >= _PLAIN_CACHED:
         _PLAIN.clear()
@@ -213,12 +217,7 @@ def enqueue_batch(
         data = payload.data
         encoding = _ENCODINGS.get(payload.encoding) or _encoding(payload.encoding)
         length = len(data)
-        if length:
-            data_size = varint(length)
-            field_head = b"\x1a" + varint(1 + len(data_size) + length + len(encoding))
-            field_head += b"\x0a" + data_size
-        else:  # (Payload refuses empty data, but the wire format can say it)
-            field_head = b"\x1a" + varint(len(encoding))
+        field_head = _payload_head(length, encoding)
         size = len(head) + len(field_head) + length + len(encoding) + len(rest)
         extend((b"\x0a" + varint(size) + head + field_head, data, encoding + rest))
         if size >= SEPARATE_PART_BYTES:
