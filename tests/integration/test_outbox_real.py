@@ -125,22 +125,48 @@ async def test_with_the_server_down_for_a_while_nothing_is_lost_or_doubled(
     assert relay.counters.relayed + relay.counters.deduplicated == 200
 
 
+class MeetFirst:
+    """A client whose first send waits until the other relay is in its first send too: both
+    hold a claimed batch at once, whatever the scheduler does (a loaded CI machine let one relay
+    take all 600 rows before the other looked once)."""
+
+    def __init__(self, client: sepp.Client, arrived: list[trio.Event], index: int) -> None:
+        self.client = client
+        self.arrived = arrived
+        self.index = index
+        self.first: list[str] = []
+
+    async def enqueue_batch(
+        self, jobs: list[sepp.EnqueueRequest], *, timeout: float | None = None
+    ) -> list[sepp.EnqueueAck | sepp.JobRejection]:
+        if not self.arrived[self.index].is_set():
+            self.first = [job.payload.json()["item"] for job in jobs if job.payload]
+            self.arrived[self.index].set()
+            await self.arrived[1 - self.index].wait()
+        return await self.client.enqueue_batch(jobs, timeout=timeout)
+
+
 async def test_two_relays_on_one_table_never_send_a_row_twice(
     database: str, sepp_server: SeppServer
 ) -> None:
     items = [f"item-{i}" for i in range(600)]
     add_orders(database, items)
     relays = [sepp.OutboxRelay(database, batch_size=25) for _ in range(2)]
+    arrived = [trio.Event(), trio.Event()]
     async with sepp.open(sepp_server.address) as client, trio.open_nursery() as nursery:
-        for relay in relays:
-            await nursery.start(relay.run, client)
+        clients = [MeetFirst(client, arrived, i) for i in range(2)]
+        for relay, meeting in zip(relays, clients, strict=True):
+            await nursery.start(relay.run, meeting)
         await drain_when_empty(database)
         for relay in relays:
             relay.shutdown()
+    # Both held a batch at the same moment, and the claims kept them apart.
+    first = [set(c.first) for c in clients]
+    assert all(first) and not first[0] & first[1]
     jobs = await consume_all(sepp_server.address, ["orders"], len(items))
     counts = once_each(jobs)
     assert set(counts) == set(items) and set(counts.values()) == {1}
-    # Claims kept the relays apart: no row went out twice, so none came back deduplicated.
+    # No row went out twice, so none came back deduplicated.
     assert [r.counters.deduplicated for r in relays] == [0, 0]
     assert sum(r.counters.relayed for r in relays) == len(items)
     assert all(r.counters.relayed > 0 for r in relays)
