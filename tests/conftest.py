@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from fixtures.asyncio_front import bridged
+from fixtures.fuzz import examples
 from fixtures.interpreters import FREE_THREADED, MISSING_TOOLS
 from hypothesis import settings
 
@@ -26,11 +27,12 @@ from sepp.wire import WIRE_ENGINES, _engine
 
 pytest_plugins = ["sepp.testing.pytest_plugin"]
 
-# Fuzzing in CI: a bounded number of examples, no per-example deadline on a shared 2-core
-# machine, and the reproduction blob printed on failure (pytest also prints the seed).
+# Fuzzing in CI: a bounded number of examples (SEPP_FUZZ_SCALE scales it: fixtures/fuzz.py),
+# no per-example deadline on a shared 2-core machine, and the reproduction blob printed on
+# failure (pytest also prints the seed).
 settings.register_profile(
     "sepp",
-    max_examples=int(os.environ.get("SEPP_FUZZ_EXAMPLES", "100")),
+    max_examples=examples(int(os.environ.get("SEPP_FUZZ_EXAMPLES", "100"))),
     deadline=None,
     print_blob=True,
 )

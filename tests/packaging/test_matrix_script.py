@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -190,7 +191,7 @@ def test_the_free_threaded_part_leaves_out_and_pins_what_the_needs_marker_says()
     assert {"pytest", "hypothesis", "pydantic", "sybil"} <= names
     (include,) = [line for line in kept.splitlines() if line.startswith("-r ")]
     assert Path(include.removeprefix("-r ")).is_file()  # absolute: the file lives elsewhere
-    assert test_matrix.PINNED_THERE["py3.13t"] == ["hypothesis<6.156", "pydantic-core<2.42"]
+    assert test_matrix.PINNED_THERE["py3.13t"] == ["hypothesis<6.156", "pydantic-core<2.34"]
 
 
 def test_excluded_tests_are_deselected_counted_and_read_back_by_the_matrix(
@@ -277,3 +278,57 @@ def test_a_part_s_virtualenv_is_made_by_uv_from_the_main_one_and_gets_no_uv_itse
         if line.split("#", 1)[0].strip() and not line.startswith("-")
     }
     assert "uv" not in names and "pytest" in names
+
+
+def test_the_properties_run_at_full_count_on_main_and_scaled_down_elsewhere() -> None:
+    scales = {
+        part.name: test_matrix.part_env(part, {}).get("SEPP_FUZZ_SCALE")
+        for part in test_matrix.plan()
+    }
+    assert scales.pop("main") is None
+    assert set(scales.values()) == {test_matrix.FUZZ_SCALE_OFF_MAIN}
+    assert test_matrix.part_env(test_matrix.plan()[0], {"SEPP_FUZZ_SCALE": "1"}) == {
+        "SEPP_FUZZ_SCALE": "1", "SEPP_STOP_ROUNDS": "1", "SEPP_TEST_WIRE_ENGINES": "codec"
+    }  # fmt: skip
+
+
+def test_every_part_writes_bytecode_caches_whatever_the_environment_says() -> None:
+    for part in test_matrix.plan():
+        env = test_matrix.part_env(part, {"PYTHONDONTWRITEBYTECODE": "1", "PATH": "/bin"})
+        assert "PYTHONDONTWRITEBYTECODE" not in env and env["PATH"] == "/bin"
+
+
+@pytest.mark.parametrize(
+    ("test", "full"),
+    [
+        # the profile's count (tests/conftest.py)
+        ("tests/unit/test_validation.py::test_custom_map_keeps_types_or_raises_validation", 100),
+        # a count of the test's own
+        ("tests/unit/test_convert.py::"
+         "test_arbitrary_jobs_records_and_info_never_raise_foreign_errors", 300),
+    ],
+)  # fmt: skip
+@pytest.mark.parametrize("scale", ["1", "0.25"])
+def test_the_fuzz_scale_sets_how_many_examples_a_property_tries(
+    test: str, full: int, scale: str
+) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--hypothesis-show-statistics",
+         "-s", test],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        env=os.environ | {"SEPP_FUZZ_SCALE": scale},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    stopped = re.findall(r"Stopped because settings.max_examples=(\d+)", done.stdout)
+    assert stopped == [str(round(full * float(scale)))], done.stdout[-3000:]
+
+
+def test_no_property_states_its_count_as_a_bare_number() -> None:
+    """Every count goes through fixtures/fuzz.py's `examples()`, so SEPP_FUZZ_SCALE reaches it."""
+    bare = [
+        f"{path.relative_to(ROOT)}:{number}"
+        for path in sorted((ROOT / "tests").rglob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if re.search(r"max_examples\s*=\s*\d", line)
+    ]
+    assert bare == []

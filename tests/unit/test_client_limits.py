@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import trio
+from fixtures.fuzz import examples
 from fixtures.scripted_channel import ScriptedChannel, connected
 from fixtures.server_info import default_server_info
 from hypothesis import example, given, settings
@@ -204,7 +205,7 @@ LIMIT_FIELDS = (
 _plain = sepp.EnqueueRequest("q", "t", payload=sepp.Payload.bytes(b"p" * 9, "text/plain"))
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(
     batch_jobs,
     st.builds(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
+from fixtures.fuzz import examples
 from google.protobuf.message import DecodeError
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -135,7 +136,7 @@ def _random_message(cls: type, blob: bytes) -> object:
         return None
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(st.binary(max_size=300))
 def test_arbitrary_jobs_records_and_info_never_raise_foreign_errors(blob: bytes) -> None:
     for cls, convert in (
@@ -153,7 +154,7 @@ def test_arbitrary_jobs_records_and_info_never_raise_foreign_errors(blob: bytes)
             pass
 
 
-@settings(max_examples=200)
+@settings(max_examples=examples(200))
 @given(st.binary(max_size=300), st.integers(0, 3))
 def test_arbitrary_batch_responses_parse_or_raise_malformed(blob: bytes, expected: int) -> None:
     try:

@@ -13,6 +13,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
+from fixtures.fuzz import examples
 from google.protobuf import __version__ as protobuf_version
 from google.protobuf.internal import api_implementation
 from hypothesis import HealthCheck, example, given, note, settings
@@ -411,7 +412,7 @@ MESSAGES: dict[str, st.SearchStrategy[Any]] = {
 
 
 @pytest.mark.parametrize("which", sorted(READERS))
-@settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_protobufs_responses_decode_as_convert_makes_them(which: str, data: st.DataObject) -> None:
     message = data.draw(MESSAGES[which])
@@ -426,7 +427,7 @@ def test_protobufs_responses_decode_as_convert_makes_them(which: str, data: st.D
 server_ids = st.text(st.characters(max_codepoint=0x7F), min_size=1, max_size=40) | texts
 
 
-@settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), suppress_health_check=[HealthCheck.too_slow])
 @given(
     st.lists(
         st.builds(pb.EnqueueResponse, job_id=server_ids, deduplicated=st.booleans()), max_size=120
@@ -468,7 +469,7 @@ ascii_ids_of_one_length = st.integers(0, 40).flatmap(
 )
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(ascii_ids_of_one_length, st.none() | st.integers(0, 119), st.data())
 # Ids holding the frame.
 @example(["\n\x10\n\x0e\n\x0cabcdef", "ab\n\x10\n\x0e\n\x0cdef"], None, None)
@@ -501,7 +502,7 @@ def test_the_server_s_answer_to_a_batch_is_read_without_a_python_loop_per_job() 
     PROTOBUF_MAJOR < 7, reason="protobuf 6's upb reads edge cases differently (VERSION_DEPENDENT)"
 )
 @pytest.mark.parametrize("which", sorted(READERS))
-@settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(200), suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_mutated_bytes_are_refused_exactly_when_protobuf_refuses(
     which: str, data: st.DataObject

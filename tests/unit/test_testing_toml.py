@@ -8,6 +8,7 @@ import tomllib
 from typing import Any
 
 import pytest
+from fixtures.fuzz import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -195,19 +196,19 @@ aot_documents = st.dictionaries(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(documents)
 def test_arbitrary_nested_documents_roundtrip(data: dict[str, Any]) -> None:
     assert roundtrip(data) == data
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(aot_documents)
 def test_arbitrary_arrays_of_tables_roundtrip(data: dict[str, Any]) -> None:
     assert roundtrip(data) == data
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.text())
 def test_arbitrary_strings_roundtrip(text: str) -> None:
     assert roundtrip({text: text, "t": {text: [text]}}) == {text: text, "t": {text: [text]}}

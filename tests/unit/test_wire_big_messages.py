@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import hpack
 import pytest
+from fixtures.fuzz import examples
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -162,7 +163,7 @@ def _connect(engine: str, initial_window: int, max_frame: int) -> GrpcConnection
 
 
 @pytest.mark.parametrize("engine", WIRE_ENGINES)
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     initial_window=WINDOWS,
     max_frame=st.sampled_from([16_384, 16_385, 20_000, 65_536, 1 << 20]),
@@ -354,7 +355,7 @@ def _response(stream_id: int, message: bytes, frame_sizes: list[int]) -> bytes:
     return b"".join(out)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     size=st.sampled_from([0, 1, 16_379, 16_384, 65_536, 300_000, 1 << 20]),
     frame_sizes=st.lists(st.sampled_from([0, 1, 8, 9, 16_384, 100_000, 1 << 20]), max_size=6),

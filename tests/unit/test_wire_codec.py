@@ -9,6 +9,7 @@ from __future__ import annotations
 import h2.events
 import hpack
 import pytest
+from fixtures.fuzz import examples
 from hpack import NeverIndexedHeaderTuple
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -129,7 +130,7 @@ _FIELDS = st.sampled_from(
 )
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     st.lists(
         st.tuples(

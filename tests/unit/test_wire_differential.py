@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 from importlib.metadata import version
 
 import hpack
+from fixtures.fuzz import examples
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
@@ -416,7 +417,7 @@ def run(engine: str, pieces: list[bytes]) -> tuple[dict[int, Outcome], bool]:
     return outcomes, conn.broken is not None
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(server_bytes(), st.data())
 def test_both_engines_agree_on_every_outcome(data: bytes, draw: st.DataObject) -> None:
     codec_pieces = _split(draw.draw, data, 6)
