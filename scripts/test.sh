@@ -16,8 +16,8 @@ echo "==> PyPy 3.11, free-threaded CPython 3.13, CPython 3.14 and 3.15, in the b
 bash scripts/ensure-interpreters.sh >"$interpreters_log" 2>&1 &
 interpreters_pid=$!
 
-# The sepp server likewise (a cold `cargo install` takes 8 minutes, much of it one core's LTO
-# link): the lint, type and docs steps need no server; the matrix waits for it below.
+# The sepp server likewise (a cold `cargo install` takes 7-8 minutes here, beside the 3.13t
+# build; 4.7 alone): the lint, type and docs steps need no server; the matrix waits for it below.
 server_log="$CACHE_ROOT/ensure-sepp-server.log"
 server_path="$CACHE_ROOT/ensure-sepp-server.path"
 echo "==> sepp server binary, in the background (log: $server_log)"
