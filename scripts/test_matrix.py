@@ -390,7 +390,7 @@ def part_env(part: Part, base: dict[str, str]) -> dict[str, str]:
         env["SEPP_TEST_WIRE_ENGINES"] = part.engines
     if part.name == "main":  # the outbox's minute-long outage once (the others: seconds)
         env.setdefault("SEPP_TEST_OUTBOX_OUTAGE_S", "60")
-    else:  # the CPU-bound stop test's three random rounds once, the properties' full count
+    else:  # main only: the CPU-bound stop test's 3 random rounds, the properties' full count
         env.setdefault("SEPP_STOP_ROUNDS", "1")
         env.setdefault("SEPP_FUZZ_SCALE", FUZZ_SCALE_OFF_MAIN)
     return env
