@@ -79,8 +79,8 @@ _EXCLUDED = re.compile(r"^sepp-trio tests excluded on this interpreter: (?P<what
 _ENGINES_RAN = re.compile(r"^sepp-trio per-engine suites ran on: (?P<what>.*)$")
 # Every part but main and the oldest Python's floors runs the per-engine suites on the default
 # engine only: the h2 reference engine's repeats (a quarter of a part's CPU) run with the
-# newest h2 (main) and h2's floor (floors-py3.11), which keeps a cold `make test` near CI's 45
-# minutes on 2 cores. h2 is pure Python: what PyPy and 3.13t could do to it
+# newest h2 (main) and h2's floor (floors-py3.11), one of the cuts that keep a cold `make test`
+# inside CI's 45 minutes on 2 cores. h2 is pure Python: what PyPy and 3.13t could do to it
 # differently, they do to our codec too, which they run in full.
 ONE_ENGINE = DEFAULT_WIRE_ENGINE
 # The property tests' examples off the main part (tests/fixtures/fuzz.py): every property on
