@@ -8,7 +8,8 @@ The package is built in layers, each a folder that imports only the layers below
 - `wire/`: gRPC over HTTP/2 with no domain types: the shared sans-IO pieces, the engines
   (`codec/`, ours and the default; `h2ref/`, the reference on h2) and the `drivers/` that give
   them sockets, one per front end (trio, asyncio, blocking) on a core that holds the rest;
-- `_model/`: the values users handle, errors, rejections, validation, message conversion;
+- `_model/`: the values users handle, errors, rejections, validation, the one backoff,
+  message conversion;
 - `_runtime/`: the one seam to the library the code runs on: the protocols (cancel scopes,
   task groups, events), the client's runtimes (trio, asyncio, blocking) and the Worker's and
   the Scheduler's primitives (trio; anyio on asyncio);
@@ -43,6 +44,7 @@ _PUBLIC: dict[str, tuple[str, bool]] = {
     "DEFAULT_MAX_RECEIVE_MESSAGE_BYTES": ("_client.client", EAGER),
     "open": ("_client.client", EAGER),
     "RetryPolicy": ("_client.retry", EAGER),
+    "Backoff": ("_model.backoff", EAGER),
     "AttemptMismatchError": ("_model.errors", EAGER),
     "BatchValidationError": ("_model.errors", EAGER),
     "ClientError": ("_model.errors", EAGER),
@@ -102,7 +104,6 @@ _PUBLIC: dict[str, tuple[str, bool]] = {
     "Task": ("_payloads.task", LAZY),
     "Schedule": ("_scheduling.schedule", LAZY),
     "Scheduler": ("_scheduling.scheduler", LAZY),
-    "Backoff": ("_worker.backoff", LAZY),
     "CallNext": ("_worker.middleware", LAZY),
     "Middleware": ("_worker.middleware", LAZY),
     "WorkerMonitor": ("_worker.monitor", LAZY),
@@ -126,6 +127,7 @@ if TYPE_CHECKING:
     from ._client.retry import RetryPolicy as RetryPolicy
     from ._client.sync import SyncClient as SyncClient
     from ._client.sync import connect as connect
+    from ._model.backoff import Backoff as Backoff
     from ._model.errors import AttemptMismatchError as AttemptMismatchError
     from ._model.errors import BatchValidationError as BatchValidationError
     from ._model.errors import ClientError as ClientError
@@ -186,7 +188,6 @@ if TYPE_CHECKING:
     from ._scheduling.schedule import Schedule as Schedule
     from ._scheduling.scheduler import Scheduler as Scheduler
     from ._version import __version__ as __version__
-    from ._worker.backoff import Backoff as Backoff
     from ._worker.middleware import CallNext as CallNext
     from ._worker.middleware import Middleware as Middleware
     from ._worker.monitor import WorkerMonitor as WorkerMonitor

@@ -28,6 +28,7 @@ from typing import Any
 
 import trio
 
+from .._model.backoff import backoff_delay
 from ._failures import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from ._fleet_child import child_main
 from ._signals import run_until_signalled
@@ -188,7 +189,9 @@ class Fleet:
                     f" {unready_in_row} times in a row, the last: pid {child.pid} {how}"
                 )
                 return
-            delay = min(RESTART_DELAY_S * 2 ** (failures_in_row - 1), MAX_RESTART_DELAY_S)
+            delay = backoff_delay(
+                failures_in_row, initial=RESTART_DELAY_S, multiplier=2.0, cap=MAX_RESTART_DELAY_S
+            )
             log.log(
                 logging.WARNING if exitcode == 0 else logging.ERROR,
                 "%s %s unexpectedly; the jobs it held return to the queue when their leases"

@@ -15,7 +15,7 @@ import sepp
 from .._model import validate as _validate
 from .._runtime import concurrency
 from .._worker.monitor import DEFAULT_MAX_LOOP_LAG_S
-from ._connect import run_connected
+from ._connect import retry_delay, run_connected
 from ._failures import EXIT_FAILURE, EXIT_OK, UsageError
 from ._fleet_child import SupervisorLink
 from ._signals import run_until_signalled
@@ -282,8 +282,6 @@ async def key_accepted(client: sepp.Client) -> None:
     """Return once the server accepts the client's API key (asked by a get_server_info, which
     needs it as reserve does), so that a worker whose key is refused never says it is
     reserving: its own reserves log the refusal meanwhile."""
-    from .._scheduling.scheduler import _backoff
-
     failures = 0
     while True:
         try:
@@ -291,7 +289,7 @@ async def key_accepted(client: sepp.Client) -> None:
             return
         except sepp.UnauthenticatedError:
             failures += 1
-            await concurrency.current().sleep(_backoff(failures))
+            await concurrency.current().sleep(retry_delay(failures))
         except sepp.SeppError:
             return  # not about the key: the worker's reserves say what it is
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import enum
 import logging
-import random
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from typing import Protocol
 
 from .._model import validate as v
+from .._model.backoff import backoff_delay
 from .._model.errors import JobRejectedError, SeppError, UnauthenticatedError, ValidationError
 from .._model.types import EnqueueAck, EnqueueRequest, ServerInfo
 from .._runtime.concurrency import (
@@ -516,5 +516,6 @@ class Scheduler:
 
 
 def _backoff(failures: int) -> float:
-    step = min(BACKOFF_INITIAL_S * 2.0 ** min(failures - 1, 62), BACKOFF_CAP_S)
-    return step * random.uniform(0.5, 1.0)
+    return backoff_delay(
+        failures, initial=BACKOFF_INITIAL_S, multiplier=2.0, cap=BACKOFF_CAP_S, jitter=0.5
+    )

@@ -7,9 +7,9 @@ from typing import TYPE_CHECKING, Any
 
 from .._client import otel as _otel
 from .._model import settlement as outcomes
+from .._model.backoff import Backoff
 from .._model.types import Job, JobContext, Retry, set_handler_context
 from .._runtime.concurrency import TRIO, Concurrency, Spawner, TooSlowError
-from .backoff import Backoff
 from .held_job import HeldJob, HeldJobs, Phase
 from .middleware import run_chain
 from .router import BackoffSetting, Handler, Router, RouteSettings, registered_handlers

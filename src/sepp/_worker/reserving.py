@@ -3,10 +3,10 @@ processing, and outlive every failure with a jittered backoff."""
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from .._model.backoff import backoff_delay
 from .._runtime.concurrency import TRIO, Concurrency
 
 if TYPE_CHECKING:
@@ -190,5 +190,4 @@ class ReserveLoop:
 
     def _backoff(self, failures: int) -> float:
         cap = max(RESERVE_BACKOFF_CAP_S, self._backoff_s)
-        step = min(self._backoff_s * 2.0 ** min(failures - 1, 62), cap)
-        return step * random.uniform(0.5, 1.0)
+        return backoff_delay(failures, initial=self._backoff_s, multiplier=2.0, cap=cap, jitter=0.5)

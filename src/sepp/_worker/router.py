@@ -10,10 +10,10 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar, overload
 
 from .._model import validate as v
+from .._model.backoff import Backoff
 from .._model.errors import SeppError, ValidationError
 from .._model.settlement import OnInvalid, check_on_invalid
 from .._model.types import JobContext, Payload, Retry
-from .backoff import Backoff
 from .middleware import Middleware, checked_middleware
 from .thread_handlers import SyncHandler, is_sync_function, run_in_thread
 

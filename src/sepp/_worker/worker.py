@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from .._client import otel as _otel
+from .._model.backoff import Backoff
 from .._model.settlement import HandlerError as HandlerError
 from .._model.types import JobContext
 from .._runtime.concurrency import (
@@ -27,7 +28,6 @@ from .._runtime.concurrency import (
 )
 from .._runtime.shutdown_handle import ShutdownHandle as ShutdownHandle
 from .._util.log import LoggerLike
-from .backoff import DEFAULT_BACKOFF, DEFAULT_UNKNOWN_TYPE_BACKOFF, Backoff
 from .client_calls import WorkerClient
 from .events import WorkerEvents
 from .held_job import HeldJobs
@@ -49,7 +49,7 @@ from .router import (
 )
 from .router import DuplicateHandlerError as DuplicateHandlerError
 from .router import Handler as Handler
-from .settings import WorkerSettings
+from .settings import DEFAULT_BACKOFF, DEFAULT_UNKNOWN_TYPE_BACKOFF, WorkerSettings
 from .shutdown import WorkerShutdown
 from .slots import WorkerSlots
 from .thread_handlers import SyncHandler
