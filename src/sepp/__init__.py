@@ -4,7 +4,9 @@
 The package is built in layers, each a folder that imports only the layers below it
 (tests/unit/test_module_structure.py holds this; docs/contributing.md draws it):
 
-- `_util/`: lazy imports and the logging adaptor, for every layer;
+- `_util/`: lazy imports and the logging adaptor, for every layer; beside it `_probes/`, what
+  a process tells the outside when asked: the one HTTP server for probes and metrics (a thread
+  of its own, for every front end) and the Prometheus text format;
 - `wire/`: gRPC over HTTP/2 with no domain types: the shared sans-IO pieces, the engines
   (`codec/`, ours and the default; `h2ref/`, the reference on h2) and the `drivers/` that give
   them sockets, one per front end (trio, asyncio, blocking) on a core that holds the rest;
@@ -16,10 +18,10 @@ The package is built in layers, each a folder that imports only the layers below
 - `_client/`: the operations (written once), `Client`, `SyncClient`, batching, local limits,
   retries, options;
 - `_payloads/`: payload codecs and typed tasks;
-- `_worker/` (`Worker`, `Router`, handlers, middleware, lease keeping, the monitor) and
-  `_scheduling/` (`Schedule` and `Scheduler`), which never import each other;
-- `_outbox/`: `Outbox` (jobs written in the application's database transaction) and
-  `OutboxRelay` (forwards them);
+- the services, which never import each other: `_worker/` (`Worker`, `Router`, handlers,
+  middleware, lease keeping, the monitor), `_scheduling/` (`Schedule` and `Scheduler`) and
+  `_outbox/` (`Outbox`, jobs written in the application's database transaction, and
+  `OutboxRelay`, which forwards them);
 - `_cli/` (the `sepp-trio` command) and `testing/` (public: a real server for tests) on top.
 
 The public API is the table below, and nothing else: every name in it presents as `sepp.X`.

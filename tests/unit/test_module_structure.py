@@ -90,25 +90,31 @@ def test_sepp_modules_import_each_other_without_cycles() -> None:
 # The layers, lowest first: a module may import its own layer and the ones before it. The
 # package namespace (`sepp`), `sepp.__main__`, the command line and `sepp.testing` sit on top
 # and may import anything. docs/contributing.md ("Architecture") draws the same picture.
-# `_runtime` is the one seam to trio, asyncio and anyio that the client and the services share.
+# `_runtime` is the one seam to trio, asyncio and anyio that the client and the services share;
+# `_probes` (the HTTP server and the Prometheus format) is at the bottom, for every service.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("sepp._version", "sepp._pb", "sepp._util"),
+    ("sepp._version", "sepp._pb", "sepp._util", "sepp._probes"),
     ("sepp.wire",),
     ("sepp._model",),
     ("sepp._runtime",),
     ("sepp._client",),
     ("sepp._payloads",),
-    ("sepp._worker", "sepp._scheduling"),
-    ("sepp._outbox",),
+    ("sepp._worker", "sepp._scheduling", "sepp._outbox"),
 )
 TOP = ("sepp", "sepp.__main__", "sepp._cli", "sepp.testing")
+SERVICES = ("sepp._worker", "sepp._scheduling", "sepp._outbox")
 # Within a layer, packages that never import each other: the two engines inside `wire` (and
-# only drivers import drivers), and the two services, whose shared parts are `_runtime`'s.
+# only drivers import drivers), and the three services, whose shared parts are `_runtime`'s
+# and `_probes`'.
 INDEPENDENT = (
     ("sepp.wire.codec", "sepp.wire.h2ref", "the engines are independent"),
     ("sepp.wire.h2ref", "sepp.wire.codec", "the engines are independent"),
-    ("sepp._worker", "sepp._scheduling", "the services are independent"),
-    ("sepp._scheduling", "sepp._worker", "the services are independent"),
+    *(
+        (importer, other, "the services are independent")
+        for importer in SERVICES
+        for other in SERVICES
+        if other != importer
+    ),
 )
 
 
@@ -157,8 +163,12 @@ def test_the_layer_check_sees_an_upward_import() -> None:
         "sepp._worker.shutdown",
     }
     graph["sepp._runtime.concurrency"] = {*graph["sepp._runtime.concurrency"], "sepp._client.sync"}
+    graph["sepp._outbox.metrics"] = {*graph["sepp._outbox.metrics"], "sepp._worker.monitor"}
+    graph["sepp._probes.server"] = {*graph["sepp._probes.server"], "sepp._model.errors"}
     assert layer_violations(graph) == [
         "sepp._model.types imports sepp._client.client, a layer above it",
+        "sepp._outbox.metrics imports sepp._worker.monitor: the services are independent",
+        "sepp._probes.server imports sepp._model.errors, a layer above it",
         "sepp._runtime.concurrency imports sepp._client.sync, a layer above it",
         "sepp._scheduling.scheduler imports sepp._worker.shutdown: the services are independent",
         "sepp.wire._framing imports sepp._model.errors, a layer above it",
@@ -170,11 +180,10 @@ def test_the_layer_check_sees_an_upward_import() -> None:
 # The Worker and the Scheduler take what they need of trio (clock, sleeping, cancel scopes,
 # nurseries, events, threads, calls from other threads) from `_runtime/concurrency.py` alone
 # (trio's primitives are `trio_concurrency`'s), so that another runtime provides one module; the
-# monitor's HTTP responder owns its sockets, as a wire driver does.
+# monitor's HTTP server (`_probes`) is a thread of plain sockets, under every runtime.
 TRIO_SEAM = (
     "sepp._runtime.concurrency",
     "sepp._runtime.trio_concurrency",
-    "sepp._worker.http_responder",
 )
 
 
@@ -204,7 +213,7 @@ def trio_importers(*packages: str) -> list[str]:
 
 def test_the_worker_and_the_scheduler_reach_trio_only_through_their_seam() -> None:
     assert [
-        name for name in trio_importers("sepp._worker", "sepp._scheduling") if name not in TRIO_SEAM
+        name for name in trio_importers(*SERVICES, "sepp._probes") if name not in TRIO_SEAM
     ] == []
     assert trio_importers("sepp._runtime.concurrency") == ["sepp._runtime.concurrency"]
 
@@ -238,10 +247,9 @@ def test_in_the_runtime_layer_each_library_is_imported_by_its_implementations_on
         assert found == importers, library
 
 
-# Under asyncio they run on anyio, which only these two modules import: the primitives, and the
-# monitor's responder on anyio's sockets. Neither is imported under trio (a test runs a Worker
-# there and looks).
-ANYIO_SEAM = ["sepp._runtime.anyio_concurrency", "sepp._worker.anyio_http"]
+# Under asyncio they run on anyio, which only the primitives import. They are not imported under
+# trio (a test runs a Worker there and looks).
+ANYIO_SEAM = ["sepp._runtime.anyio_concurrency"]
 
 
 def imports_anyio(source: str) -> bool:
@@ -252,10 +260,7 @@ def test_the_worker_and_the_scheduler_reach_anyio_only_through_their_seam() -> N
     importers = [
         _module_name(path)
         for path in sorted((SRC / "sepp").rglob("*.py"))
-        if any(
-            _within(_module_name(path), p)
-            for p in ("sepp._runtime", "sepp._worker", "sepp._scheduling")
-        )
+        if any(_within(_module_name(path), p) for p in ("sepp._runtime", *SERVICES, "sepp._probes"))
         and imports_anyio(path.read_text(encoding="utf-8"))
     ]
     assert importers == ANYIO_SEAM
@@ -345,7 +350,13 @@ def imports_asyncio(source: str) -> bool:
 
 
 def asyncio_violations(
-    packages: tuple[str, ...] = ("sepp._runtime", "sepp._client", "sepp._model", "sepp.wire"),
+    packages: tuple[str, ...] = (
+        "sepp._runtime",
+        "sepp._client",
+        "sepp._model",
+        "sepp.wire",
+        "sepp._probes",
+    ),
 ) -> list[str]:
     found = []
     for path in sorted((SRC / "sepp").rglob("*.py")):

@@ -9,26 +9,29 @@ supervisor asks every child when it is asked, so an answer is never older than t
   `process="<index>"` (the slot, 0 to N-1, kept across restarts, so a replaced child's
   counters restart from zero as Prometheus expects of a restarted target), plus the group's
   own: `sepp_worker_process_up` and `sepp_worker_process_restarts_total`.
+
+They are served by the threaded server every probe of sepp-trio uses (`_probes.server`): its
+thread hands each request to the supervisor's trio run, which asks the children and answers.
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import Future
 from typing import Protocol
 
 import trio
 
-from .._worker.http_responder import TEXT, Response, parse_request_line, read_head, render
-from .._worker.monitor import PROMETHEUS_TEXT
+from .._probes import prometheus
+from .._probes.http1 import TEXT, Response, Route
+from .._probes.server import ProbeServer
 
 log = logging.getLogger("sepp.cli")
 
 CHILD_ANSWER_TIMEOUT_S = 2.0  # a child's probe that takes longer counts as failed
-WRITE_TIMEOUT_S = 5.0
-MAX_CONNECTIONS = 32  # served at once; more are closed unanswered
 MAX_ANSWER_BYTES = 16 * 1024 * 1024  # a child's metrics: bounded as any read should be
 
 AsyncRoute = Callable[[], Awaitable[Response]]
@@ -139,102 +142,66 @@ class GroupProbes:
     async def metrics(self) -> Response:
         answers = await self._ask("metrics", "/metrics")
         texts = {
-            index: answer[1]
-            for index, answer in answers.items()
+            str(index): answer[1]
+            for index, answer in sorted(answers.items())
             if answer is not None and answer[0] == 200
         }
-        out = merge_metrics(texts)
-        children = self._fleet.children
-        out += [
-            "# HELP sepp_worker_process_up 1 if the worker process answered this scrape.",
-            "# TYPE sepp_worker_process_up gauge",
-            *(
-                f'sepp_worker_process_up{{process="{c.index}"}} {int(c.index in texts)}'
-                for c in children
-            ),
-            "# HELP sepp_worker_process_restarts_total Worker processes started again after an"
-            " unexpected exit.",
-            "# TYPE sepp_worker_process_restarts_total counter",
-            *(
-                f'sepp_worker_process_restarts_total{{process="{c.index}"}} {c.restarts}'
-                for c in children
-            ),
-        ]
-        return 200, PROMETHEUS_TEXT, ("\n".join(out) + "\n").encode()
+        families = prometheus.merge(texts, "process")
+        up = prometheus.Family(
+            "sepp_worker_process_up",
+            "gauge",
+            "1 if the worker process answered this scrape.",
+        )
+        restarts = prometheus.Family(
+            "sepp_worker_process_restarts_total",
+            "counter",
+            "Worker processes started again after an unexpected exit.",
+        )
+        for child in self._fleet.children:
+            up.add(int(str(child.index) in texts), process=str(child.index))
+            restarts.add(child.restarts, process=str(child.index))
+        text = prometheus.write([*families, up, restarts])
+        return 200, prometheus.CONTENT_TYPE, text.encode()
 
 
-def merge_metrics(texts: dict[int, str]) -> list[str]:
-    """The children's Prometheus texts as one: each family's HELP and TYPE once, then its
-    samples from every child, each with a `process` label (the child's index)."""
-    families: dict[str, tuple[list[str], list[str]]] = {}
-    for index, text in sorted(texts.items()):
-        family: tuple[list[str], list[str]] | None = None
-        for line in text.splitlines():
-            if line.startswith(("# HELP ", "# TYPE ")):
-                name = line.split(" ", 3)[2]
-                family = families.setdefault(name, ([], []))
-                if not any(seen.startswith(line[:7]) for seen in family[0]):
-                    family[0].append(line)
-            elif line and not line.startswith("#"):
-                if family is None:  # a sample before any HELP/TYPE: a family of its own
-                    family = families.setdefault(line.partition("{")[0].split(" ")[0], ([], []))
-                family[1].append(with_process_label(line, index))
-    return [line for header, samples in families.values() for line in (*header, *samples)]
+def answered_on(token: trio.lowlevel.TrioToken, nursery: trio.Nursery, route: AsyncRoute) -> Route:
+    """`route` as the server's threads call one: each request starts a task in `nursery`
+    (through `token`), whose answer completes the future the server waits on."""
 
+    def start() -> Future[Response]:
+        future: Future[Response] = Future()
 
-def with_process_label(sample: str, index: int) -> str:
-    """`name{a="b"} 1` -> `name{process="0",a="b"} 1`; `name 1` -> `name{process="0"} 1`."""
-    label = f'process="{index}"'
-    name, brace, rest = sample.partition("{")
-    if brace and " " not in name:
-        return f"{name}{{{label}{'' if rest.startswith('}') else ','}{rest}"
-    name, _, value = sample.partition(" ")
-    return f"{name}{{{label}}} {value}"
-
-
-class GroupServer:
-    """One GET per connection, as the worker's own responder; the routes are async."""
-
-    def __init__(self, routes: dict[str, AsyncRoute]) -> None:
-        self._routes = routes
-        self._active = 0
-
-    async def handle(self, stream: trio.SocketStream) -> None:
-        try:
-            if self._active >= MAX_CONNECTIONS:
-                return
-            self._active += 1
+        async def answer() -> None:
             try:
-                head = await read_head(stream.receive_some)
-                response = head if isinstance(head, tuple) else await self._respond(head)
-                with trio.move_on_after(WRITE_TIMEOUT_S):
-                    await stream.send_all(render(*response))
-            finally:
-                self._active -= 1
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-            pass  # the client went away
-        finally:
-            await trio.aclose_forcefully(stream)
+                response = await route()
+            except Exception as exc:
+                future.set_exception(exc)
+            else:
+                future.set_result(response)
 
-    async def _respond(self, head: bytes) -> Response:
-        path = parse_request_line(head)
-        if not isinstance(path, str):
-            return path
-        route = self._routes.get(path)
-        if route is None:
-            return 404, TEXT, f"not found; try {', '.join(sorted(self._routes))}\n".encode()
-        try:
-            return await route()
-        except Exception as exc:  # a probe must get an answer, and the server must live on
-            return 500, TEXT, f"{type(exc).__name__}: {exc}\n".encode()
+        def spawn() -> None:
+            try:
+                nursery.start_soon(answer)
+            except RuntimeError as exc:  # the group is stopping: no more tasks
+                future.set_exception(exc)
+
+        token.run_sync_soon(spawn)
+        return future
+
+    return start
 
 
-async def serve_group(nursery: trio.Nursery, fleet: Fleet, args: argparse.Namespace) -> None:
+async def serve_group(
+    fleet: Fleet,
+    args: argparse.Namespace,
+    *,
+    task_status: trio.TaskStatus[list[int]] = trio.TASK_STATUS_IGNORED,
+) -> None:
     """The group's probes and metrics on the ports the command line names (one port may serve
-    both, as for one worker), until the nursery is cancelled."""
+    both, as for one worker), until cancelled; `nursery.start()` returns the bound ports."""
     probes = GroupProbes(fleet)
     servers: list[tuple[int, dict[str, AsyncRoute]]] = []
-    health = {"/healthz": probes.healthz, "/readyz": probes.readyz}
+    health: dict[str, AsyncRoute] = {"/healthz": probes.healthz, "/readyz": probes.readyz}
     if args.health_port is not None:
         servers.append((args.health_port, dict(health)))
     if args.metrics_port is not None:
@@ -242,15 +209,21 @@ async def serve_group(nursery: trio.Nursery, fleet: Fleet, args: argparse.Namesp
             servers[0][1]["/metrics"] = probes.metrics
         else:
             servers.append((args.metrics_port, {"/metrics": probes.metrics}))
-    for port, routes in servers:
-        server = GroupServer(routes)
-        serve = functools.partial(trio.serve_tcp, server.handle, port, host=args.http_host)
-        listeners = await nursery.start(serve)
-        bound = listeners[0].socket.getsockname()[1]
-        log.info(
-            "serving %s on %s:%d (for the %d worker processes)",
-            " ".join(routes),
-            args.http_host or "*",
-            bound,
-            len(fleet.children),
-        )
+    token = trio.lowlevel.current_trio_token()
+    async with trio.open_nursery() as answering:
+        with contextlib.ExitStack() as serving:
+            bound: list[int] = []
+            for port, routes in servers:
+                threaded = {path: answered_on(token, answering, r) for path, r in routes.items()}
+                server = ProbeServer(threaded, port, host=args.http_host)
+                serving.enter_context(server)
+                bound.append(server.port)
+                log.info(
+                    "serving %s on %s:%d (for the %d worker processes)",
+                    " ".join(routes),
+                    args.http_host or "*",
+                    server.port,
+                    len(fleet.children),
+                )
+            task_status.started(bound)
+            await trio.sleep_forever()

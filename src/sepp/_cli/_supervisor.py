@@ -104,7 +104,7 @@ class Fleet:
         from ._fleet_http import serve_group
 
         async with trio.open_nursery() as nursery:
-            await serve_group(nursery, self, self.args)
+            await nursery.start(serve_group, self, self.args)
             async with trio.open_nursery() as keepers:
                 for child in self.children:
                     keepers.start_soon(self._keep, child)

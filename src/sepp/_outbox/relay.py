@@ -5,9 +5,11 @@
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -15,6 +17,7 @@ from .._model import validate as v
 from .._model.errors import SeppError, ValidationError
 from .._model.rejections import JobRejection
 from .._model.types import EnqueueAck, EnqueueRequest
+from .._probes.server import ProbeServer
 from .._runtime import concurrency
 from .._runtime.concurrency import TASK_STATUS_IGNORED, RunHandle, TaskStatus
 from . import metrics
@@ -45,6 +48,8 @@ class OutboxRelay:
     `database`: `sqlite:///path/to.db` (`sqlite:////abs/path.db`) or `postgresql://...`.
     Run it with `await relay.run(client)` in a nursery or task group (trio, asyncio), or
     `relay.run_sync(sync_client)` in a thread; `shutdown()` stops it after the batch in hand.
+    Its metrics are served by `await relay.serve_metrics(port)` beside `run`, or by
+    `run_sync(..., metrics_port=port)`.
 
     A row is deleted only once the server accepted it or already had it (its idempotency
     key); a job the server rejects stays as a 'rejected' row with the reason; a full queue's
@@ -85,6 +90,7 @@ class OutboxRelay:
         self._handle = RunHandle()
         self._last_log = 0.0
         self._logged: tuple[int, ...] = ()
+        self._metrics_port: int | None = None
 
     def __repr__(self) -> str:
         return f"<sepp.OutboxRelay {self._outbox.table} in {self._store.dialect}>"
@@ -106,6 +112,12 @@ class OutboxRelay:
         """The relay's metrics in the Prometheus text format."""
         return metrics.render(self._outbox.table, self._policy, self._backlog)
 
+    @property
+    def metrics_port(self) -> int | None:
+        """The port `/metrics` is being served on (by `serve_metrics()` or `run_sync()`), or
+        None."""
+        return self._metrics_port
+
     async def serve_metrics(
         self,
         port: int,
@@ -113,9 +125,22 @@ class OutboxRelay:
         host: str | None = None,
         task_status: TaskStatus[int] = TASK_STATUS_IGNORED,
     ) -> None:
-        """Serve `/metrics` over HTTP on `host:port` until cancelled; `nursery.start()`
-        returns the bound port."""
-        await metrics.serve(self.prometheus_text, port, host=host, task_status=task_status)
+        """Serve `/metrics` over HTTP on `host:port` (None: every interface; port 0: any free
+        one) until cancelled, from a thread of its own; `nursery.start()` returns the bound
+        port."""
+        with self._serving_metrics(port, host) as bound:
+            task_status.started(bound)
+            await concurrency.current().sleep(math.inf)
+
+    @contextmanager
+    def _serving_metrics(self, port: int, host: str | None) -> Iterator[int]:
+        """`/metrics` served from a thread while in the block; the bound port."""
+        with ProbeServer(metrics.route(self.prometheus_text), port, host=host) as server:
+            self._metrics_port = server.port
+            try:
+                yield server.port
+            finally:
+                self._metrics_port = None
 
     def shutdown(self) -> None:
         """Stop after the batch in hand (from any thread, or a signal handler)."""
@@ -183,8 +208,24 @@ class OutboxRelay:
 
     # -- in a thread --------------------------------------------------------------------------
 
-    def run_sync(self, client: SyncClient) -> None:
-        """Relay in the calling thread until `shutdown()`. `client`: a `sepp.SyncClient`."""
+    def run_sync(
+        self,
+        client: SyncClient,
+        *,
+        metrics_port: int | None = None,
+        metrics_host: str | None = None,
+    ) -> None:
+        """Relay in the calling thread until `shutdown()`. `client`: a `sepp.SyncClient`.
+        With `metrics_port`, `/metrics` is served meanwhile, as `serve_metrics()` serves it, on
+        `metrics_host:metrics_port` (port 0: any free one; `metrics_port` says which)."""
+        if metrics_port is None:
+            self._run_sync(client)
+            return
+        port = v.whole_number("metrics_port", metrics_port, low=0, high=65535)
+        with self._serving_metrics(port, metrics_host):
+            self._run_sync(client)
+
+    def _run_sync(self, client: SyncClient) -> None:
         self._start()
         try:
             while not self._stopping:

@@ -32,8 +32,7 @@ a blocking function in a worker thread (abandoned, not waited for, when the awai
 cancelled; no cap on the threads beyond the Worker's own `max_in_flight`, and never the loop's
 default executor); `TooSlowError`, what a handler's timeout raises (trio's, on every runtime).
 
-The monitor's HTTP server (`http_responder`, `WorkerMonitor.serve`) is the one other place in
-the Worker that uses trio: it owns its sockets, as a wire driver does.
+The monitor's HTTP server (`_probes.server`) is a thread on plain sockets: it needs none of it.
 """
 
 from __future__ import annotations
