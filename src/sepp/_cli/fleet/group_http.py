@@ -1,9 +1,10 @@
 """The group's `/healthz`, `/readyz` and `/metrics` under `sepp-trio worker --processes N`.
 
 Each child serves its own on ports of its own (127.0.0.1, reported over its pipe); the
-supervisor asks every child when it is asked, so an answer is never older than the request:
-- `/healthz`: 200 unless a running child's own `/healthz` fails or does not answer (a child
-  being restarted is the supervisor's business, not a reason to restart the group);
+supervisor asks every child when it is asked, so an answer is never older than the request. A
+child's health comes as data (`messages.Health`, on its `HEALTH_PATH`):
+- `/healthz`: 200 unless a running child is not live or does not answer (a child being
+  restarted is the supervisor's business, not a reason to restart the group);
 - `/readyz`: 200 when every child runs and is ready, else 503 naming the ones that are not;
 - `/metrics`: every child's families merged, one family each, each sample labelled
   `process="<index>"` (the slot, 0 to N-1, kept across restarts, so a replaced child's
@@ -21,15 +22,18 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import Future
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import trio
 
-from .._probes import prometheus
-from .._probes.http1 import TEXT, Response, Route
-from .._probes.server import ProbeServer
+from ..._probes import prometheus
+from ..._probes.http1 import TEXT, Response, Route
+from ..._probes.server import ProbeServer
+from ..._worker.monitor import Health
+from .messages import HEALTH_PATH, MessageError, Ports, decode
 
 log = logging.getLogger("sepp.cli")
+T = TypeVar("T")
 
 CHILD_ANSWER_TIMEOUT_S = 2.0  # a child's probe that takes longer counts as failed
 MAX_ANSWER_BYTES = 16 * 1024 * 1024  # a child's metrics: bounded as any read should be
@@ -38,7 +42,7 @@ AsyncRoute = Callable[[], Awaitable[Response]]
 
 
 class Child(Protocol):
-    """What the supervisor knows of one child (`_supervisor.Child`)."""
+    """What the supervisor knows of one child (`supervisor.Child`)."""
 
     @property
     def index(self) -> int: ...
@@ -49,13 +53,13 @@ class Child(Protocol):
     @property
     def state(self) -> str: ...
     @property
-    def ports(self) -> dict[str, int]: ...
+    def ports(self) -> Ports: ...
     @property
     def restarts(self) -> int: ...
 
 
 class Fleet(Protocol):
-    """What the supervisor knows of the group (`_supervisor.Fleet`)."""
+    """What the supervisor knows of the group (`supervisor.Fleet`)."""
 
     @property
     def children(self) -> Sequence[Child]: ...
@@ -87,46 +91,57 @@ async def child_get(port: int, path: str) -> tuple[int, str] | None:
     return None
 
 
+async def child_health(port: int) -> Health | None:
+    """A child's health, or None if it did not answer in time (or said no `Health`)."""
+    answer = await child_get(port, HEALTH_PATH)
+    if answer is None or answer[0] != 200:
+        return None
+    try:
+        health = decode(answer[1].encode())
+    except MessageError:
+        return None
+    return health if isinstance(health, Health) else None
+
+
 class GroupProbes:
     """The routes: asking the children of `fleet`."""
 
     def __init__(self, fleet: Fleet) -> None:
         self._fleet = fleet
 
-    async def _ask(self, port_name: str, path: str) -> dict[int, tuple[int, str] | None]:
-        """`path` from every running child that serves `port_name`, by child index."""
-        answers: dict[int, tuple[int, str] | None] = {}
+    async def _ask(
+        self, port_of: Callable[[Ports], int | None], ask: Callable[[int], Awaitable[T]]
+    ) -> dict[int, T]:
+        """`ask(port)` of every running child that serves on `port_of` its ports, by index."""
+        answers: dict[int, T] = {}
 
-        async def ask(child: Child, port: int) -> None:
-            answers[child.index] = await child_get(port, path)
+        async def ask_one(child: Child, port: int) -> None:
+            answers[child.index] = await ask(port)
 
         async with trio.open_nursery() as nursery:
             for child in self._fleet.children:
-                port = child.ports.get(port_name)
+                port = port_of(child.ports)
                 if child.running and port is not None:
-                    nursery.start_soon(ask, child, port)
+                    nursery.start_soon(ask_one, child, port)
         return answers
 
-    async def _probe(self, path: str, *, ready: bool) -> Response:
-        answers = await self._ask("health", path)
+    async def _probe(self, *, ready: bool) -> Response:
+        answers = await self._ask(lambda ports: ports.health, child_health)
         ok: list[str] = []
         failing: list[str] = []
         for child in self._fleet.children:
-            answer = answers.get(child.index)
             if not child.running:
                 (failing if ready else ok).append(f"child {child.index}: {child.state}")
             elif child.index not in answers:  # its port not known yet
                 (failing if ready else ok).append(f"{child.label}: starting")
-            elif answer is None:
+            elif (health := answers[child.index]) is None:
                 failing.append(f"{child.label}: no answer within {CHILD_ANSWER_TIMEOUT_S:g}s")
             else:
-                status, body = answer
-                first, _, rest = body.strip().partition("\n")
-                what = first.partition(": ")[2] or first
-                lag = rest.strip().removeprefix("event loop lag: ")
-                if lag and lag != rest.strip():  # the child's loop lag, on one line
-                    what += f" (loop lag {lag})"
-                (ok if status == 200 else failing).append(f"{child.label}: {what}")
+                what = health.status
+                if health.loop_lag is not None:
+                    what += f" (loop lag {health.loop_lag:.3f}s)"
+                passed = health.ready if ready else health.live
+                (ok if passed else failing).append(f"{child.label}: {what}")
         if ready and self._fleet.stopping:
             failing.insert(0, "shutting down")
         if failing:
@@ -134,13 +149,15 @@ class GroupProbes:
         return 200, TEXT, f"ok: {'; '.join(ok)}\n".encode()
 
     async def healthz(self) -> Response:
-        return await self._probe("/healthz", ready=False)
+        return await self._probe(ready=False)
 
     async def readyz(self) -> Response:
-        return await self._probe("/readyz", ready=True)
+        return await self._probe(ready=True)
 
     async def metrics(self) -> Response:
-        answers = await self._ask("metrics", "/metrics")
+        answers = await self._ask(
+            lambda ports: ports.metrics, lambda port: child_get(port, "/metrics")
+        )
         texts = {
             str(index): answer[1]
             for index, answer in sorted(answers.items())
