@@ -112,6 +112,7 @@ _PUBLIC: dict[str, tuple[str, bool]] = {
     "DuplicateHandlerError": ("_worker.router", LAZY),
     "Handler": ("_worker.router", LAZY),
     "Router": ("_worker.router", LAZY),
+    "SyncJobContext": ("_worker.thread_handlers", LAZY),
     "ShutdownHandle": ("_runtime.shutdown_handle", LAZY),
     "HandlerError": ("_model.settlement", LAZY),
     "Worker": ("_worker.worker", LAZY),
@@ -196,6 +197,7 @@ if TYPE_CHECKING:
     from ._worker.router import DuplicateHandlerError as DuplicateHandlerError
     from ._worker.router import Handler as Handler
     from ._worker.router import Router as Router
+    from ._worker.thread_handlers import SyncJobContext as SyncJobContext
     from ._worker.worker import Worker as Worker
     from .wire._status import StatusCode as StatusCode
 

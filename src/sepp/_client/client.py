@@ -46,6 +46,7 @@ from . import otel as _otel
 from .batching import Batching, EnqueueBatcher
 from .chunking import DEFAULT_MAX_ENQUEUE_BATCH, MAX_CONCURRENT_CHUNKS, split_batch
 from .duration_guard import DurationGuard
+from .handler_threads import refuse_in_handler_threads
 from .limits import LimitsCache, ServerLimits
 from .opening import Opening
 from .options import DEFAULT_MAX_RECEIVE_MESSAGE_BYTES as DEFAULT_MAX_RECEIVE_MESSAGE_BYTES
@@ -556,6 +557,23 @@ class Client:
                 kind=exc.kind,
                 addr=self._address,
             ) from None
+
+
+# In a Worker's `def` handler thread these raise rather than make a coroutine nothing runs
+# (handler_threads): every call a handler makes. `reserve` and `ack`, the Worker's own calls
+# for every job (a lookup through the guard costs about 0.2 µs), stay plain methods.
+refuse_in_handler_threads(
+    Client,
+    (
+        "enqueue",
+        "enqueue_batch",
+        "enqueue_atomic",
+        "nack",
+        "extend",
+        "drain_dead_letters",
+        "get_server_info",
+    ),
+)
 
 
 def _batch_attributes(requests: Sequence[EnqueueRequest]) -> dict[str, int | list[str]]:

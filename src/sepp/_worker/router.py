@@ -15,20 +15,22 @@ from .._model.errors import SeppError, ValidationError
 from .._model.settlement import OnInvalid, check_on_invalid
 from .._model.types import JobContext, Payload, Retry
 from .middleware import Middleware, checked_middleware
-from .thread_handlers import SyncHandler, is_sync_function, run_in_thread
+from .thread_handlers import SyncHandler, SyncJobContext, is_sync_function, run_in_thread
 
 if TYPE_CHECKING:
     from .._payloads.task import Task
 
 Handler = Callable[[Payload | None, JobContext], Awaitable[None]]
 """An async function `(payload, ctx) -> None` that processes one job. A plain `def` function
-is accepted too: it runs in a worker thread (see "Synchronous code" in the docs)."""
+is accepted too: it runs in a worker thread, its `ctx` a `sepp.SyncJobContext` whose client
+blocks (see "Synchronous code" in the docs)."""
 
 H = TypeVar("H", bound=Callable[[Any, JobContext], Awaitable[None]] | SyncHandler)
 T = TypeVar("T")
 
-# A task's handler: `async def` or `def` (run in a worker thread), taking the decoded payload.
-TaskHandler = Callable[[T, JobContext], Awaitable[None]] | Callable[[T, JobContext], None]
+# A task's handler: `async def` or `def` (run in a worker thread, with a SyncJobContext),
+# taking the decoded payload.
+TaskHandler = Callable[[T, JobContext], Awaitable[None]] | Callable[[T, SyncJobContext], None]
 
 
 class TaskDecorator(Protocol[T]):
@@ -41,8 +43,8 @@ class TaskDecorator(Protocol[T]):
 
     @overload
     def __call__(
-        self, fn: Callable[[T, JobContext], None], /
-    ) -> Callable[[T, JobContext], None]: ...
+        self, fn: Callable[[T, SyncJobContext], None], /
+    ) -> Callable[[T, SyncJobContext], None]: ...
 
 
 # Takes the sepp.Worker, or nothing (typed Any: router cannot import worker).

@@ -92,7 +92,9 @@ class Worker:
     `handlers` registers a `sepp.Router`'s handlers (and takes its lifespan); `task`
     registers a `sepp.Task`'s.
 
-    Handlers see the client as `ctx.client` and what `lifespan` yielded as `ctx.state`.
+    Handlers see the client as `ctx.client` (a `def` handler, run in a worker thread: a
+    blocking `sepp.SyncClient` bound to it, see `sepp.SyncJobContext`) and what `lifespan`
+    yielded as `ctx.state`.
     `lifespan(worker)` (or `lifespan()`) returns an async context manager, entered before the
     first reserve and exited after the last job settled. `middleware` (see
     `sepp.Middleware`) wraps every handler call, outside the routers' own. A failed job (any

@@ -25,9 +25,11 @@ Unit-test a handler without a server by calling it with a context built by
 
     async def test_send_welcome() -> None:
         await send_welcome(sepp.Payload.json({"user": 42}), job_context("send_welcome"))
+
+A `def` handler takes :func:`sync_job_context` of one (its ``ctx.client`` blocks).
 """
 
-from ._jobs import job_context, set_lease_expires_at
+from ._jobs import job_context, set_lease_expires_at, sync_job_context
 from ._server import (
     INSTALL_COMMAND,
     SEPP_SERVER_VERSION,
@@ -53,5 +55,6 @@ __all__ = [
     "sepp_cache_binary_path",
     "sepp_server",
     "set_lease_expires_at",
+    "sync_job_context",
     "toml_dumps",
 ]
