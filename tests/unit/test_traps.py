@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -173,6 +175,26 @@ def test_a_def_handler_may_run_a_client_of_its_own_run() -> None:
         trio.run(own_run)
     finally:
         HANDLER_THREAD.active = False
+
+
+async def test_services_refuse_the_other_kind_of_client_before_anything_is_sent(
+    tmp_path: Path,
+) -> None:
+    blocking = sepp.SyncClient("127.0.0.1:1")  # never connects: refused before any call
+    schedule = sepp.Schedule().every("tick", timedelta(minutes=1), queue="q", job_type="t")
+    for build in (
+        lambda: sepp.Worker(blocking, "q"),  # type: ignore[arg-type]
+        lambda: sepp.Scheduler(blocking, schedule),  # type: ignore[arg-type]
+    ):
+        with pytest.raises(sepp.ValidationError, match=r"not a sepp\.SyncClient") as info:
+            build()
+        assert info.value.field == "client"
+    relay = sepp.OutboxRelay(f"sqlite:///{tmp_path}/outbox.db")
+    with pytest.raises(sepp.ValidationError, match=r"not a sepp\.SyncClient"):
+        await relay.run(blocking)  # type: ignore[arg-type]
+    with pytest.raises(sepp.ValidationError, match="coroutines nothing awaits"):
+        relay.run_sync(unreachable_client())  # type: ignore[arg-type]
+    assert repr(blocking).endswith("not connected>")
 
 
 async def test_a_single_enqueue_names_enqueue_in_its_errors() -> None:

@@ -4,12 +4,13 @@ redeliveries of a job still running. Against the scripted FakeClient on trio's M
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import itertools
 import logging
 import pickle
 import traceback
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from datetime import timedelta
 from typing import Any
@@ -334,6 +335,67 @@ async def test_middleware_that_skips_call_next_acks_and_one_calling_it_twice_fai
     assert [c.job_id for c in fake.acks] == [b]
     ((nack),) = fake.nacks
     assert nack.job_id == twice and "awaited call_next() twice" in (nack.reason or "")
+
+
+async def test_middleware_calling_call_next_without_awaiting_it_fails_the_job(
+    autojump_clock: MockClock, recwarn: pytest.WarningsRecorder
+) -> None:
+    fake = FakeClient()
+    ran: list[str] = []
+
+    async def forgets_await(job: sepp.Job, call_next: sepp.CallNext) -> None:
+        call_next()  # the handler would silently not run
+
+    worker = make_worker(fake, middleware=[forgets_await], backoff=Retry.DEFAULT)
+
+    @worker.handler("work")
+    async def work(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
+        ran.append(ctx.id)
+
+    job_id = fake.add("work", max_attempts=1)
+    async with running(worker):
+        await trio.sleep(1)
+    assert ran == [] and fake.acks == []
+    ((nack),) = fake.nacks
+    assert nack.job_id == job_id
+    assert "forgets_await called call_next() without awaiting it" in (nack.reason or "")
+    assert not [w for w in recwarn if "never awaited" in str(w.message)]
+
+
+def test_a_plain_def_middleware_is_refused_where_it_is_given() -> None:
+    def plain(job: sepp.Job, call_next: sepp.CallNext) -> None:
+        call_next()
+
+    for build in (
+        lambda: sepp.Router(middleware=[plain]),  # type: ignore[list-item]
+        lambda: make_worker(FakeClient(), middleware=[plain]),  # type: ignore[list-item]
+    ):
+        with pytest.raises(sepp.ValidationError, match="plain `def` function") as info:
+            build()
+        assert info.value.field == "middleware[0]"
+
+
+async def test_a_lifespan_that_returns_a_coroutine_or_a_plain_context_manager_says_so(
+    autojump_clock: MockClock, recwarn: pytest.WarningsRecorder
+) -> None:
+    async def open_pool() -> dict[str, str]:
+        return {}
+
+    @contextlib.contextmanager
+    def blocking_pool() -> Iterator[None]:
+        yield
+
+    for lifespan, said in [
+        (lambda: open_pool(), "<lambda>' returned coroutine,"),
+        (blocking_pool, "blocking_pool' returned _GeneratorContextManager,"),
+    ]:
+        fake = FakeClient()
+        worker = make_worker(fake, lifespan=lifespan)
+        with pytest.raises(TypeError) as info:
+            await worker.run()
+        assert said in str(info.value) and "@contextlib.asynccontextmanager" in str(info.value)
+        assert fake.reserve_calls == []  # before anything was reserved
+    assert not [w for w in recwarn if "never awaited" in str(w.message)]
 
 
 def test_middleware_must_be_a_list_of_callables() -> None:

@@ -16,6 +16,7 @@ from contextlib import AbstractContextManager
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from .._client.client_kind import refuse_a_blocking_client, refuse_an_async_client
 from .._model import validate as v
 from .._model.errors import SeppError, ValidationError
 from .._model.rejections import JobRejection
@@ -162,6 +163,7 @@ class OutboxRelay:
         self, client: _AsyncClient, *, task_status: TaskStatus[None] = TASK_STATUS_IGNORED
     ) -> None:
         """Relay until `shutdown()` (or cancelled). `client`: a connected `sepp.Client`."""
+        refuse_a_blocking_client(client, "OutboxRelay.run")
         self._start()
         self._handle.enter()
         try:
@@ -181,6 +183,7 @@ class OutboxRelay:
         """Relay in the calling thread until `shutdown()`. `client`: a `sepp.SyncClient`.
         With `metrics_port`, `/metrics` is served meanwhile, as `serve_metrics()` serves it, on
         `metrics_host:metrics_port` (port 0: any free one; `metrics_port` says which)."""
+        refuse_an_async_client(client, "OutboxRelay.run_sync")
         port = (
             None
             if metrics_port is None

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from typing import Protocol
 
+from .._client.client_kind import refuse_a_blocking_client
 from .._model import validate as v
 from .._model.backoff import backoff_delay
 from .._model.errors import JobRejectedError, SeppError, UnauthenticatedError, ValidationError
@@ -193,6 +194,7 @@ class Scheduler:
                 f"{window_s:g}s leaves no room for a {self._lookahead_s:g}s lookahead, a"
                 f" {self._grace_s:g}s grace and a {CLOCK_MARGIN_S:g}s clock margin",
             )
+        refuse_a_blocking_client(client, "sepp.Scheduler")
         self._client = client
         self._missed = missed
         self._entries = tuple(schedule._entries.values())

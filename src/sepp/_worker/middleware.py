@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable
+import inspect
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from typing import Any
 
 from .._model.errors import ValidationError
 from .._model.types import Job, JobContext, Payload
@@ -17,8 +19,9 @@ Middleware = Callable[[Job, CallNext], Awaitable[None]]
 `job` is the reserved `sepp.Job` (`job.payload`, and `job.ctx` with `ctx.client` and
 `ctx.state`); `await call_next()` runs the inner middleware and then the handler, in the same
 task, so context variables set before it are seen by the handler. What the chain ends with
-decides the job: returning acks it (also when `call_next` was never awaited: the handler is
-skipped), raising nacks it as the exception says, exactly as if the handler had raised it
+decides the job: returning acks it (also when `call_next` was never called: the handler is
+skipped; calling it without awaiting it fails the job with a RuntimeError, as the handler never
+ran), raising nacks it as the exception says, exactly as if the handler had raised it
 (`sepp.HandlerError` to choose the nack; a handler's `timeout` arrives as `trio.TooSlowError`).
 So a middleware can time the job, log it, set context variables, or turn an exception into
 another outcome by catching it and returning or raising something else. Do not swallow
@@ -33,7 +36,8 @@ HandlerFn = Callable[[Payload | None, JobContext], Awaitable[None]]
 
 
 def checked_middleware(field: str, middleware: object) -> tuple[Middleware, ...]:
-    """The middleware as a tuple, each one checked to be callable."""
+    """The middleware as a tuple, each one checked to be callable, and not a plain `def`
+    function (which cannot await `call_next()`: its coroutine would be dropped)."""
     if callable(middleware) or not isinstance(middleware, Iterable):
         raise ValidationError(field, "must be a list of middleware functions")
     items: tuple[Middleware, ...] = tuple(middleware)
@@ -42,7 +46,21 @@ def checked_middleware(field: str, middleware: object) -> tuple[Middleware, ...]
             raise ValidationError(
                 f"{field}[{index}]", f"must be callable, got {type(item).__name__}"
             )
+        if _plain_function(item):
+            name = getattr(item, "__qualname__", type(item).__name__)
+            raise ValidationError(
+                f"{field}[{index}]",
+                f"{name} is a plain `def` function: a middleware is `async def` (job,"
+                " call_next), which awaits call_next() to run the handler",
+            )
     return items
+
+
+def _plain_function(fn: object) -> bool:
+    """A `def` function or method, also behind a `functools.wraps` wrapper of its own kind."""
+    return (inspect.isfunction(fn) or inspect.ismethod(fn)) and not (
+        inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(inspect.unwrap(fn))
+    )
 
 
 async def run_chain(job: Job, middleware: tuple[Middleware, ...], handler: HandlerFn) -> None:
@@ -56,13 +74,30 @@ async def _run_from(
     if index == len(middleware):
         await handler(job.payload, job.ctx)
         return
-    called = False
+    inner: Coroutine[Any, Any, None] | None = None  # what call_next() returned
+    started = False
 
-    async def call_next() -> None:
-        nonlocal called
-        if called:
-            raise RuntimeError("a sepp middleware awaited call_next() twice")
-        called = True
+    async def rest() -> None:
+        nonlocal started
+        started = True
         await _run_from(job, middleware, index + 1, handler)
 
-    await middleware[index](job, call_next)
+    def call_next() -> Awaitable[None]:
+        nonlocal inner
+        if inner is not None:
+            raise RuntimeError("a sepp middleware awaited call_next() twice")
+        inner = rest()
+        return inner
+
+    try:
+        await middleware[index](job, call_next)
+    finally:
+        dropped = inner is not None and not started
+        if dropped:
+            inner.close()  # type: ignore[union-attr]  # never run: said below, not in a warning
+    if dropped:
+        name = getattr(middleware[index], "__qualname__", type(middleware[index]).__name__)
+        raise RuntimeError(
+            f"the middleware {name} called call_next() without awaiting it: the handler never"
+            " ran (to skip the handler, return without calling call_next())"
+        )

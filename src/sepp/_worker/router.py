@@ -3,6 +3,7 @@ client and hand it to a Worker later."""
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Awaitable, Callable, Iterable
 from contextlib import AbstractAsyncContextManager
@@ -90,7 +91,28 @@ def lifespan_call(lifespan: object) -> LifespanCall:
         raise TypeError(
             f"the lifespan {name}{signature} cannot be called as lifespan(worker) or lifespan()"
         ) from None
-    return lambda _worker: lifespan()
+
+    @functools.wraps(lifespan)  # its name, for lifespan_manager's error
+    def without_the_worker(_worker: Any) -> AbstractAsyncContextManager[Any]:
+        return lifespan()  # type: ignore[no-any-return]
+
+    return without_the_worker
+
+
+def lifespan_manager(call: LifespanCall, worker: object) -> AbstractAsyncContextManager[Any]:
+    """What `call(worker)` returned, checked to be an async context manager: a coroutine (a
+    plain function returning an async function's call) is closed, never left unawaited, and a
+    plain context manager refused, each with a TypeError naming the fix."""
+    manager: object = call(worker)
+    if hasattr(manager, "__aenter__"):
+        return manager  # type: ignore[return-value]
+    if inspect.iscoroutine(manager):
+        manager.close()
+    name = getattr(call, "__qualname__", type(call).__name__)
+    raise TypeError(
+        f"the lifespan {name!r} returned {type(manager).__name__}, not an async context"
+        " manager: decorate it with @contextlib.asynccontextmanager"
+    )
 
 
 BackoffSetting = Backoff | Retry

@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from .._client import otel as _otel
+from .._client.client_kind import refuse_a_blocking_client
 from .._model.backoff import Backoff
 from .._model.settlement import HandlerError as HandlerError
 from .._model.types import JobContext
@@ -46,6 +47,7 @@ from .router import (
     TaskDecorator,
     TaskHandler,
     copy_handlers,
+    lifespan_manager,
 )
 from .router import DuplicateHandlerError as DuplicateHandlerError
 from .router import Handler as Handler
@@ -153,6 +155,7 @@ class Worker:
             loop_block_warning=loop_block_warning,
             wall_clock=_wall_clock,
         )
+        refuse_a_blocking_client(client, "sepp.Worker")
         self._settings = settings
         self._client = client
         self._log = settings.log
@@ -403,7 +406,7 @@ class Worker:
             async with contextlib.AsyncExitStack() as lifespan:
                 if self._settings.lifespan is not None:
                     jobs.lifespan_state = await lifespan.enter_async_context(
-                        self._settings.lifespan(self)
+                        lifespan_manager(self._settings.lifespan, self)
                     )
                 async with cc.open_nursery() as nursery:
                     nursery.start_soon(self._leases.run, nursery)
