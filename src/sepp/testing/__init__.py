@@ -13,9 +13,10 @@ or enable the pytest plugin (``pytest_plugins = ["sepp.testing.pytest_plugin"]``
 and take the ``sepp_server`` fixture.
 
 The server binary is found by :func:`find_sepp_binary` (``SEPP_BIN``, then
-the cache filled by ``scripts/ensure-sepp-server.sh``, then ``PATH``).  The
-pinned release is :data:`SEPP_SERVER_VERSION`; install it with
-``cargo install sepp --version 0.1.1 --locked``.
+the cache, :func:`sepp_cache_binary_path`, then ``PATH``).  The pinned release
+is :data:`SEPP_SERVER_VERSION`; install it with
+``cargo install sepp --version 0.1.1 --locked`` (``--root`` the cache's, or onto
+``PATH``), or point ``SEPP_BIN`` at a binary.
 
 Unit-test a handler without a server by calling it with a context built by
 :func:`job_context` (a fake client's ``extend`` can move its lease with

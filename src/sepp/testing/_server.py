@@ -76,9 +76,10 @@ def _cache_root() -> Path:
 
 
 def sepp_cache_binary_path() -> Path:
-    """Where ``scripts/ensure-sepp-server.sh`` installs the pinned server.
-
-    ``${SEPP_TRIO_CACHE:-~/.cache/sepp-trio}/sepp-<version>/bin/sepp``.
+    """Where the pinned server is looked for after ``SEPP_BIN``:
+    ``${SEPP_TRIO_CACHE:-~/.cache/sepp-trio}/sepp-<version>/bin/sepp``, where
+    ``cargo install sepp --version <version> --locked --root <that bin's parent>`` puts it
+    (as sepp-trio's own ``scripts/ensure-sepp-server.sh`` does in a checkout).
     """
     exe = "sepp.exe" if sys.platform == "win32" else "sepp"
     return _cache_root() / f"sepp-{SEPP_SERVER_VERSION}" / "bin" / exe
@@ -89,15 +90,29 @@ def _is_executable_file(path: str | os.PathLike[str]) -> bool:
 
 
 def _not_found_message(reason: str) -> str:
-    cache_bin = sepp_cache_binary_path()
+    """What to do, in steps a pip user can take: cargo, or SEPP_BIN; the repository's script
+    only when this package runs from a checkout that has it."""
+    root = sepp_cache_binary_path().parent.parent
+    steps = [
+        f"install it with cargo (Rust's package manager: https://rustup.rs) where it is looked"
+        f" for:\n      {INSTALL_COMMAND} --root {root}\n"
+        f"    (or plain `{INSTALL_COMMAND}` to put it on PATH)",
+        "point SEPP_BIN at a sepp binary you have: SEPP_BIN=/path/to/sepp",
+    ]
+    script = _repository_script()
+    if script is not None:
+        steps.append(f"in this checkout, run {script} (it builds the server into {root})")
     return (
-        f"{reason}\n"
-        f"The sepp server {SEPP_SERVER_VERSION} is needed to run these tests. Either:\n"
-        f"  * run scripts/ensure-sepp-server.sh (it installs into {cache_bin.parent.parent}), or\n"
-        f"  * install it yourself:  {INSTALL_COMMAND} --root {cache_bin.parent.parent}\n"
-        f"    (or plain `{INSTALL_COMMAND}` to put it on PATH), or\n"
-        f"  * point SEPP_BIN at an existing sepp binary."
+        f"{reason}\nThe sepp server {SEPP_SERVER_VERSION} is needed to run these tests."
+        " Either:\n" + ", or\n".join(f"  * {step}" for step in steps) + "."
     )
+
+
+def _repository_script(module: str = __file__) -> Path | None:
+    """sepp-trio's own `scripts/ensure-sepp-server.sh`, when this package is imported from a
+    source checkout (src/sepp/testing/, an editable install) that has it; a wheel has none."""
+    script = Path(module).resolve().parents[3] / "scripts" / "ensure-sepp-server.sh"
+    return script if script.is_file() else None
 
 
 def find_sepp_binary() -> str:
@@ -107,11 +122,11 @@ def find_sepp_binary() -> str:
 
     1. the ``SEPP_BIN`` environment variable (it must name an executable file;
        a wrong value is an error, not silently skipped);
-    2. the cache used by ``scripts/ensure-sepp-server.sh``:
+    2. the cache, :func:`sepp_cache_binary_path`:
        ``${SEPP_TRIO_CACHE:-~/.cache/sepp-trio}/sepp-0.1.1/bin/sepp``;
     3. ``sepp`` on ``PATH``.
 
-    Raises :class:`SeppServerNotFound` (with the install command in the
+    Raises :class:`SeppServerNotFound` (with the install command and ``SEPP_BIN`` in the
     message) if none of these yields a binary.
     """
     configured = os.environ.get("SEPP_BIN")
