@@ -571,6 +571,19 @@ def test_a_handler_error_is_named_by_its_public_name() -> None:
     assert pickle.loads(pickle.dumps(HandlerError.permanent("x"))).reason == "x"
 
 
+def test_a_handler_errors_outcome_is_public_and_read_only() -> None:
+    later = HandlerError.retry_after("busy", 30)
+    assert (later.directive.kind, later.directive.delay) == ("delay", timedelta(seconds=30))
+    assert HandlerError.permanent("gone").directive == Retry.DEAD_LETTER
+    assert HandlerError.retry("again").directive is Retry.DEFAULT
+    again = pickle.loads(pickle.dumps(later))
+    assert (again.reason, again.directive) == ("busy", later.directive)
+    with pytest.raises(AttributeError):
+        later.directive = Retry.DEFAULT  # type: ignore[misc]
+    for name in ("directive", "reason"):
+        assert isinstance(vars(HandlerError)[name], property) and vars(HandlerError)[name].__doc__
+
+
 async def test_the_dead_letter_log_asks_the_server_once_and_is_quiet_when_it_keeps_them(
     autojump_clock: MockClock,
 ) -> None:
