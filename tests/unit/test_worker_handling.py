@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 import itertools
 import logging
 import pickle
@@ -252,6 +253,83 @@ async def test_middleware_runs_worker_then_outer_router_then_inner_router_around
         await trio.sleep(1)
         assert calls == ["w1 in", "w2 in", "handler c", "w2 out", "w1 out"]
     assert len(fake.acks) == 3
+
+
+@dataclasses.dataclass
+class Refund:
+    order: int
+
+
+async def test_a_registrations_own_middleware_runs_inside_the_routers_and_the_workers() -> None:
+    # On the real clock: one of the handlers is a `def` one, whose thread MockClock cannot see.
+    fake = FakeClient()
+    calls: list[str] = []
+    inner = sepp.Router(middleware=[recording("inner", calls)])
+    outer = sepp.Router(middleware=[recording("outer", calls)])
+
+    @inner.handler("a", middleware=[recording("a1", calls), recording("a2", calls)])
+    async def a(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
+        calls.append("handler a")
+
+    async def b(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
+        calls.append("handler b")
+
+    inner.handle("b", b)  # no middleware of its own: the others' only
+
+    @inner.task(sepp.Task("q", "refund", Refund), middleware=[recording("task", calls)])
+    def refund(job: Refund, ctx: sepp.SyncJobContext) -> None:  # a def handler, in a thread
+        calls.append(f"refund {job.order}")
+
+    outer.include(inner)
+    worker = make_worker(fake, handlers=outer, middleware=[recording("w", calls)])
+    worker.handle("c", b, middleware=[recording("c", calls)])
+
+    @worker.task(sepp.Task("q", "d", Refund), middleware=[recording("d", calls)])
+    async def d(job: Refund, ctx: sepp.JobContext) -> None:
+        calls.append(f"handler d {job.order}")
+
+    chains = {}
+    async with running(worker):
+        for job_type in ("a", "b", "c", "d", "refund"):
+            fake.add(job_type, sepp.Payload.json({"order": 1}))
+            with trio.fail_after(30):  # a hang guard
+                while len(fake.acks) < len(chains) + 1:  # noqa: ASYNC110 - the fake has no event
+                    await trio.sleep(0.001)
+            chains[job_type], calls[:] = list(calls), []
+    assert chains["a"] == [  # the Worker's, then each router's, then the handler's own
+        *("w in", "outer in", "inner in", "a1 in", "a2 in", "handler a"),
+        *("a2 out", "a1 out", "inner out", "outer out", "w out"),
+    ]
+    assert chains["b"] == [
+        *("w in", "outer in", "inner in", "handler b", "inner out", "outer out", "w out")
+    ]
+    assert chains["c"] == ["w in", "c in", "handler b", "c out", "w out"]
+    assert chains["d"] == ["w in", "d in", "handler d 1", "d out", "w out"]
+    assert chains["refund"] == [
+        *("w in", "outer in", "inner in", "task in", "refund 1"),
+        *("task out", "inner out", "outer out", "w out"),
+    ]
+    assert fake.nacks == []
+
+
+def test_a_registrations_middleware_is_checked_when_it_is_given() -> None:
+    def plain(job: sepp.Job, call_next: sepp.CallNext) -> None: ...
+
+    router = sepp.Router()
+    worker = make_worker(FakeClient())
+    task = sepp.Task("q", "t", Refund)
+    for register in (
+        lambda: router.handler("x", middleware=[plain]),  # refused before it decorates
+        lambda: router.handle("x", recording("r", []), middleware=5),
+        lambda: router.task(task, middleware=[42]),
+        lambda: worker.handler("x", middleware=[plain]),
+        lambda: worker.handle("x", recording("r", []), middleware=[plain]),
+        lambda: worker.task(task, middleware=plain),
+    ):
+        with pytest.raises(sepp.ValidationError) as info:
+            register()  # type: ignore[no-untyped-call]
+        assert info.value.field.startswith("middleware")
+    assert router.job_types == () and worker._router.job_types == ()
 
 
 async def test_an_included_routers_settings_also_wrap_its_catch_all(

@@ -29,7 +29,8 @@ another outcome by catching it and returning or raising something else. Do not s
 there too).
 
 Order: the Worker's middleware (first in the list = outermost), then each router's from the
-outermost including router in, then the handler's own router's.
+outermost including router in, then the handler's own router's, then the handler's own
+registration's (`middleware=` of `handle`, `handler` or `task`).
 """
 
 HandlerFn = Callable[[Payload | None, JobContext], Awaitable[None]]

@@ -121,8 +121,8 @@ BackoffSetting = Backoff | Retry
 
 class RouteSettings(NamedTuple):
     """How a handler runs, beyond the function: the middleware of the routers it came through
-    (outermost first); its timeout and backoff, None where inherited from an enclosing router
-    or the Worker."""
+    and of its own registration (outermost first; the Worker adds its own in front); its
+    timeout and backoff, None where inherited from an enclosing router or the Worker."""
 
     middleware: tuple[Middleware, ...] = ()
     timeout_s: float | None = None
@@ -164,8 +164,9 @@ class Router:
     once; `on_invalid="retry"` nacks it for a retry instead.
 
     `middleware` (see `sepp.Middleware`) wraps this router's handlers, also after another
-    router includes it; `timeout` and `backoff` are defaults for its handlers (a handler's
-    own registration, else the nearest router's, else the Worker's). `lifespan` (see
+    router includes it, and a registration's own `middleware=` its handler alone, inside;
+    `timeout` and `backoff` are defaults for its handlers (a handler's own registration, else
+    the nearest router's, else the Worker's). `lifespan` (see
     `sepp.Worker`) is the Worker's when this router is handed to it, e.g. by
     `sepp-trio worker`; a router with a lifespan cannot be included in another.
     """
@@ -210,17 +211,21 @@ class Router:
         *,
         timeout: float | timedelta | None = None,
         backoff: BackoffSetting | None = None,
+        middleware: Iterable[Middleware] = (),
     ) -> Router:
         """Register `fn` for `job_type`; returns the router so calls chain. `timeout` (seconds
         or timedelta) cancels a handler running longer and nacks its job with the backoff;
         `backoff` paces the retries of its failed jobs. None inherits the router's, then the
-        Worker's."""
+        Worker's. `middleware` wraps this handler alone, inside the router's and the Worker's
+        (first in the list = outermost)."""
         v.utf8_text("job_type", job_type)
-        settings = RouteSettings((), optional_timeout(timeout), checked_backoff("backoff", backoff))
+        self._register(job_type, fn, own_settings(timeout, backoff, middleware))
+        return self
+
+    def _register(self, job_type: str, fn: Any, settings: RouteSettings) -> None:
         from .typed_handler import prepare
 
         self._add(job_type, _checked_handler(prepare(fn, job_type, self._on_invalid)), settings)
-        return self
 
     def _add(self, job_type: str, fn: Handler, settings: RouteSettings) -> None:
         if job_type in self._handlers:
@@ -235,17 +240,18 @@ class Router:
         *,
         timeout: float | timedelta | None = None,
         backoff: BackoffSetting | None = None,
+        middleware: Iterable[Middleware] = (),
     ) -> TaskDecorator[T]:
         """Decorator: register the handler of `task`'s job type; it gets the payload decoded
         into the task's type: `@router.task(send_welcome)` on
         `async def handle(job: Welcome, ctx: sepp.JobContext)`, or on a `def` handler, which
-        runs in a worker thread. `timeout` and `backoff` as for `handle`."""
+        runs in a worker thread. `timeout`, `backoff` and `middleware` as for `handle`."""
         from .._payloads.task import Task
         from .typed_handler import prepare_for_task
 
         if not isinstance(task, Task):
             raise ValidationError("task", f"must be a sepp.Task, got {type(task).__name__}")
-        settings = RouteSettings((), optional_timeout(timeout), checked_backoff("backoff", backoff))
+        settings = own_settings(timeout, backoff, middleware)
 
         def register(fn: TaskHandler[T]) -> TaskHandler[T]:
             self._add(task.job_type, _checked_handler(prepare_for_task(fn, task)), settings)
@@ -259,14 +265,14 @@ class Router:
         *,
         timeout: float | timedelta | None = None,
         backoff: BackoffSetting | None = None,
+        middleware: Iterable[Middleware] = (),
     ) -> Callable[[H], H]:
         """Decorator form of `handle`."""
         v.utf8_text("job_type", job_type)
-        optional_timeout(timeout)
-        checked_backoff("backoff", backoff)
+        settings = own_settings(timeout, backoff, middleware)  # refused now, not when applied
 
         def register(fn: H) -> H:
-            self.handle(job_type, fn, timeout=timeout, backoff=backoff)
+            self._register(job_type, fn, settings)
             return fn
 
         return register
@@ -357,6 +363,17 @@ def copy_handlers(into: Router, other: Router) -> None:
         into._handlers[entry.job_type] = entry.handler
         if entry.settings != NO_SETTINGS:
             into._settings[entry.job_type] = entry.settings
+
+
+def own_settings(
+    timeout: float | timedelta | None, backoff: object, middleware: object
+) -> RouteSettings:
+    """One registration's own settings, checked (ValidationError)."""
+    return RouteSettings(
+        checked_middleware("middleware", middleware),
+        optional_timeout(timeout),
+        checked_backoff("backoff", backoff),
+    )
 
 
 def optional_timeout(timeout: float | timedelta | None) -> float | None:

@@ -229,11 +229,13 @@ class Worker:
         *,
         timeout: float | timedelta | None = None,
         backoff: BackoffSetting | None = None,
+        middleware: Iterable[Middleware] = (),
     ) -> Worker:
         """Register `fn` for `job_type`; returns the worker so calls chain. A second
         registration for the same type raises DuplicateHandlerError. `timeout` and `backoff`
-        override the worker's for this handler."""
-        self._router.handle(job_type, fn, timeout=timeout, backoff=backoff)
+        override the worker's for this handler; `middleware` wraps it alone, inside the
+        worker's."""
+        self._router.handle(job_type, fn, timeout=timeout, backoff=backoff, middleware=middleware)
         self._build_routes()
         return self
 
@@ -243,9 +245,12 @@ class Worker:
         *,
         timeout: float | timedelta | None = None,
         backoff: BackoffSetting | None = None,
+        middleware: Iterable[Middleware] = (),
     ) -> Callable[[H], H]:
         """Decorator form of `handle`."""
-        register = self._router.handler(job_type, timeout=timeout, backoff=backoff)
+        register = self._router.handler(
+            job_type, timeout=timeout, backoff=backoff, middleware=middleware
+        )
 
         def register_here(fn: H) -> H:
             register(fn)
@@ -260,9 +265,10 @@ class Worker:
         *,
         timeout: float | timedelta | None = None,
         backoff: BackoffSetting | None = None,
+        middleware: Iterable[Middleware] = (),
     ) -> TaskDecorator[T]:
         """Decorator: register the handler of `task` (see `Router.task`)."""
-        register = self._router.task(task, timeout=timeout, backoff=backoff)
+        register = self._router.task(task, timeout=timeout, backoff=backoff, middleware=middleware)
 
         def register_here(fn: TaskHandler[T]) -> TaskHandler[T]:
             register(fn)
