@@ -487,6 +487,60 @@ def test_middleware_must_be_a_list_of_callables() -> None:
             make_worker(FakeClient(), middleware=bad)
 
 
+class Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+async def test_the_job_line_says_how_long_the_handler_ran_and_how_long_it_waited(
+    autojump_clock: MockClock,
+) -> None:
+    # One slot; the server sends two jobs at once. The middleware takes 2 s before the handler
+    # (3 s) and 1 s after it: each job ran 3 + 1 s, from its handler's start to the chain's end;
+    # the first waited 2 s (the middleware before the handler), the second 6 s more (the slot).
+    fake = FakeClient()
+    fake.over_deliver = 1
+    logger = logging.getLogger("tests.sepp.job_lines")
+    logger.setLevel(logging.INFO)
+    records = Records()
+    logger.addHandler(records)
+
+    async def slow_around(job: sepp.Job, call_next: sepp.CallNext) -> None:
+        await trio.sleep(2)
+        if job.ctx.job_type == "skipped":
+            return
+        await call_next()
+        await trio.sleep(1)
+
+    worker = make_worker(fake, max_in_flight=1, middleware=[slow_around], logger=logger)
+
+    @worker.handler("work")
+    @worker.handler("skipped")
+    async def work(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
+        await trio.sleep(3)
+
+    first, second = fake.add(), fake.add()
+    try:
+        async with running(worker):
+            await trio.sleep(20)
+            skipped = fake.add("skipped")
+            await trio.sleep(5)
+    finally:
+        logger.removeHandler(records)
+    lines = {r.args[0].id: r for r in records.records if " finished: " in r.msg}
+    assert [lines[job].getMessage().split(" finished: ")[1] for job in (first, second)] == [
+        "ack, ran 4.000s, waited 2.000s",
+        "ack, ran 4.000s, waited 8.000s",
+    ]
+    assert (lines[second].sepp_duration_s, lines[second].sepp_wait_s) == (4.0, 8.0)
+    assert lines[skipped].getMessage().endswith("finished: ack, did not run, waited 2.000s")
+    assert (lines[skipped].sepp_duration_s, lines[skipped].sepp_wait_s) == (None, 2.0)
+
+
 # -- backoff and what a failure logs ---------------------------------------------------------
 
 

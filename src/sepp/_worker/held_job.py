@@ -25,6 +25,7 @@ class HeldJob:
         "_seen_expiry",
         "_slot_granted",
         "cc",
+        "dispatched_at",
         "earlier",
         "ended",
         "forced",
@@ -34,6 +35,8 @@ class HeldJob:
         "phase",
         "run_s",
         "scope",
+        "started_at",
+        "wait_s",
         "watch_key",
     )
 
@@ -56,7 +59,16 @@ class HeldJob:
         self.ended: Event | None = None
         self._seen_expiry: datetime | None = None
         self._deadline = 0.0
-        self.run_s: float | None = None  # how long its handler ran, once it has
+        # On the run's clock: when the worker took the job from the reserve's answer, and when
+        # its handler function itself started (after the slot and the middleware before it).
+        self.dispatched_at = 0.0
+        self.started_at: float | None = None
+        self.run_s: float | None = None  # from the handler's start to the chain's end
+        self.wait_s = 0.0  # from the dispatch to the handler's start (or the end, if never)
+
+    def handler_started(self) -> None:
+        """The handler function itself starts now (the middleware chain's innermost step)."""
+        self.started_at = self.cc.current_time()
 
     @property
     def cancelled(self) -> bool:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
-from typing import Any
+from types import CoroutineType
+from typing import Any, Protocol, cast
 
 from .._model.errors import ValidationError
 from .._model.types import Job, JobContext, Payload
@@ -64,36 +65,47 @@ def _plain_function(fn: object) -> bool:
     )
 
 
-async def run_chain(job: Job, middleware: tuple[Middleware, ...], handler: HandlerFn) -> None:
-    """Run `handler` for `job` inside `middleware` (outermost first)."""
-    await _run_from(job, middleware, 0, handler)
+class HandlerStart(Protocol):
+    """Told when the handler function itself starts (the Worker's held job)."""
+
+    def handler_started(self) -> None: ...
+
+
+def run_chain(
+    job: Job, middleware: tuple[Middleware, ...], handler: HandlerFn, start: HandlerStart
+) -> Coroutine[Any, Any, None]:
+    """What runs `handler` for `job` inside `middleware` (outermost first), to await; `start`
+    hears when the handler itself starts, after the middleware before it."""
+    return _run_from(job, middleware, 0, handler, start)
 
 
 async def _run_from(
-    job: Job, middleware: tuple[Middleware, ...], index: int, handler: HandlerFn
+    job: Job,
+    middleware: tuple[Middleware, ...],
+    index: int,
+    handler: HandlerFn,
+    start: HandlerStart,
 ) -> None:
     if index == len(middleware):
+        start.handler_started()
         await handler(job.payload, job.ctx)
         return
-    inner: Coroutine[Any, Any, None] | None = None  # what call_next() returned
-    started = False
-
-    async def rest() -> None:
-        nonlocal started
-        started = True
-        await _run_from(job, middleware, index + 1, handler)
+    inner: CoroutineType[Any, Any, None] | None = None  # what call_next() returned
 
     def call_next() -> Awaitable[None]:
         nonlocal inner
         if inner is not None:
             raise RuntimeError("a sepp middleware awaited call_next() twice")
-        inner = rest()
+        inner = cast(
+            "CoroutineType[Any, Any, None]", _run_from(job, middleware, index + 1, handler, start)
+        )
         return inner
 
     try:
         await middleware[index](job, call_next)
     finally:
-        dropped = inner is not None and not started
+        # Never started: inspect.getcoroutinestate()'s CORO_CREATED, without its call.
+        dropped = inner is not None and inner.cr_frame is not None and not inner.cr_suspended
         if dropped:
             inner.close()  # type: ignore[union-attr]  # never run: said below, not in a warning
     if dropped:

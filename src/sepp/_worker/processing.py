@@ -3,6 +3,7 @@ lease and timeout, then its ack or nack."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
 from .._client import otel as _otel
@@ -126,7 +127,9 @@ class JobProcessor:
 
     # -- taking a job ---------------------------------------------------------------------------
 
-    def dispatch(self, job: Job) -> None:
+    def dispatch(self, job: Job, dispatched_at: float) -> None:
+        """Take `job`, which the worker took from a reserve's answer at `dispatched_at` (on the
+        run's clock): its wait for its handler starts there."""
         nursery = self.nursery
         assert nursery is not None
         ctx = job.ctx
@@ -135,6 +138,7 @@ class JobProcessor:
         earlier = self._held.add(held)
         route = self._routes.get(ctx.job_type, self._catch_all)
         if route is not None:
+            held.dispatched_at = dispatched_at
             if earlier is None:
                 self._slots.queue(held)
             else:
@@ -190,7 +194,7 @@ class JobProcessor:
         ctx = held.job.ctx
         if self._events is not None:
             self._events.job_settled(ctx, label, dead_lettered)
-        self._report.finished(ctx, label, dead_lettered, held.run_s)
+        self._report.finished(ctx, label, dead_lettered, held.run_s, held.wait_s)
 
     def _unknown_type(self, ctx: JobContext) -> outcomes.Outcome:
         policy = self._unknown_types
@@ -205,22 +209,23 @@ class JobProcessor:
         metrics = self._metrics
         attributes = _job_attributes(ctx) if metrics.enabled else None
         events = self._events
-        started: float | None = None
+        slotted = False
         try:
             with held.scope:
                 if held.earlier is not None:
                     await self._after_earlier_run(held, held.earlier)
                 await held.wait_for_slot()
-                started = self._cc.current_time()
+                slotted = True
                 if events is not None:
                     events.job_started(ctx)
                 if attributes is not None:
                     metrics.add("in_flight", 1, attributes)
-                call = (
-                    run_chain(held.job, route.middleware, route.fn)
-                    if route.middleware
-                    else route.fn(held.job.payload, ctx)
-                )
+                call: Awaitable[None]
+                if route.middleware:  # it says when the handler itself starts
+                    call = run_chain(held.job, route.middleware, route.fn, held)
+                else:
+                    held.started_at = self._cc.current_time()
+                    call = route.fn(held.job.payload, ctx)
                 await (call if self._loop_watch is None else self._loop_watch.stepping(ctx, call))
                 returned = True
         except Exception as exc:  # the handler's failure is the job's outcome, not ours
@@ -228,8 +233,15 @@ class JobProcessor:
         finally:
             self._slots.release(held)
             held.phase = Phase.SETTLING
-            if started is not None:
-                held.run_s = run_s = self._cc.current_time() - started
+            ended = self._cc.current_time()
+            started = held.started_at
+            if started is None:  # never started (a middleware skipped it, or it was stopped)
+                held.wait_s = ended - held.dispatched_at
+            else:
+                held.run_s = ended - started
+                held.wait_s = started - held.dispatched_at
+            if slotted:
+                run_s = held.run_s or 0.0
                 if events is not None:
                     events.job_ended(ctx, run_s)
                 if attributes is not None:

@@ -139,21 +139,38 @@ class WorkerReport:
         )
 
     def finished(
-        self, ctx: JobContext, label: str | None, dead_lettered: bool | None, run_s: float | None
+        self,
+        ctx: JobContext,
+        label: str | None,
+        dead_lettered: bool | None,
+        run_s: float | None,
+        wait_s: float,
     ) -> None:
-        """A settled job at INFO, with its fields for structured logs."""
+        """A settled job at INFO, with its fields for structured logs: how long its handler ran
+        (`run_s`, None if it never started) and how long it waited before (`wait_s`)."""
         if label == "unknown_type":
             return  # logged by unknown_type
         outcome = "lease_lost" if label is None else label
         if dead_lettered:
             outcome += ", dead-lettered"
-        self._log.info(
-            "sepp: %s finished: %s in %.3fs",
-            ctx,
-            outcome,
-            run_s or 0.0,
-            extra={"sepp_outcome": outcome, "sepp_duration_s": run_s},
-        )
+        extra = {"sepp_outcome": outcome, "sepp_duration_s": run_s, "sepp_wait_s": wait_s}
+        if run_s is None:
+            self._log.info(
+                "sepp: %s finished: %s, did not run, waited %.3fs",
+                ctx,
+                outcome,
+                wait_s,
+                extra=extra,
+            )
+        else:
+            self._log.info(
+                "sepp: %s finished: %s, ran %.3fs, waited %.3fs",
+                ctx,
+                outcome,
+                run_s,
+                wait_s,
+                extra=extra,
+            )
 
     def settle_failed(self, verb: str, ctx: JobContext, exc: Exception) -> None:
         """The ack or nack (`verb`) of `ctx` raised `exc`."""

@@ -48,7 +48,7 @@ class ReserveLoop:
         settings: WorkerSettings,
         *,
         held: HeldJobs,
-        dispatch: Callable[[Job], None],
+        dispatch: Callable[[Job, float], None],
         shutdown: WorkerShutdown,
         report: WorkerReport,
         events: WorkerEvents | None,
@@ -169,8 +169,10 @@ class ReserveLoop:
                 failures = 0
             # No checkpoint between the reserve returning and here: a shutdown cannot slip
             # in and drop leased jobs.
-            for job in jobs or ():
-                self._dispatch(job)
+            if jobs:
+                dispatched_at = current_time()  # one reading for the batch: their waits start
+                for job in jobs:
+                    self._dispatch(job, dispatched_at)
             if not self._reserving():
                 return
             if jobs and short:
