@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import trio
 
+import sepp
 from sepp.testing import (
     SEPP_SERVER_VERSION,
     ExternalSeppServer,
@@ -306,6 +307,25 @@ async def test_body_exception_is_not_wrapped() -> None:
         async with sepp_server(FAST) as server:
             raise KeyError("boom")
     assert not alive(server)
+
+
+async def test_dead_letters_are_kept_10_minutes_unless_the_config_says_otherwise() -> None:
+    # One default for sepp_server() and its fixture: a test of dead letters can drain them.
+    with trio.fail_after(60):
+        async with sepp_server() as server, sepp.open(server.address) as client:
+            assert server.config["storage"] == {"dead_letter_retention_ms": 600_000}
+            assert (await client.get_server_info()).dead_letter_retention_enabled
+            await client.enqueue("q", "t", max_attempts=1)
+            (job,) = await client.reserve("q") or []
+            assert await client.nack(job.ctx, reason="gone")  # dead-lettered, and kept:
+            (record,) = await client.drain_dead_letters("q")
+            assert record.last_reason == "gone"
+            server.update_config({"limits": {"max_enqueue_batch": 10}})  # the default stays
+            assert server.config["storage"] == {"dead_letter_retention_ms": 600_000}
+        none = {"storage": {"dead_letter_retention_ms": 0, "persist_mode": "buffer"}}
+        async with sepp_server(none) as server, sepp.open(server.address) as client:
+            assert server.config == none  # a config's own value wins, 0 included
+            assert not (await client.get_server_info()).dead_letter_retention_enabled
 
 
 async def test_cancellation_stops_the_server() -> None:

@@ -32,6 +32,7 @@ A `def` handler takes :func:`sync_job_context` of one (its ``ctx.client`` blocks
 
 from ._jobs import job_context, set_lease_expires_at, sync_job_context
 from ._server import (
+    DEAD_LETTER_RETENTION_MS,
     INSTALL_COMMAND,
     SEPP_SERVER_VERSION,
     ExternalSeppServer,
@@ -45,6 +46,7 @@ from ._server import (
 from ._toml import dumps as toml_dumps
 
 __all__ = [
+    "DEAD_LETTER_RETENTION_MS",
     "INSTALL_COMMAND",
     "SEPP_SERVER_VERSION",
     "ExternalSeppServer",

@@ -26,6 +26,10 @@ SEPP_SERVER_VERSION = "0.1.1"
 INSTALL_COMMAND = f"cargo install sepp --version {SEPP_SERVER_VERSION} --locked"
 """The command that installs the pinned server (add ``--root DIR`` to choose where)."""
 
+DEAD_LETTER_RETENTION_MS = 600_000
+"""How long a test server keeps dead letters (10 minutes) unless its config says otherwise: a
+test of dead letters drains them, and the real server's default (0) keeps none."""
+
 #: How many recent output lines (stdout and stderr together) a server keeps.
 OUTPUT_LINES_KEPT = 200
 #: How many of those lines go into an exception message.
@@ -217,6 +221,17 @@ def _write_config_file(path: Path, config: Mapping[str, object]) -> None:
     os.replace(tmp, path)
 
 
+def _with_test_defaults(config: Mapping[str, object] | None) -> dict[str, object]:
+    """`config` (copied) with what a test server has unless it says otherwise:
+    `storage.dead_letter_retention_ms` = DEAD_LETTER_RETENTION_MS. A `storage` that is not a
+    table is left for the config check to refuse."""
+    config = dict(config or {})
+    storage = config.get("storage", {})
+    if isinstance(storage, Mapping) and "dead_letter_retention_ms" not in storage:
+        config["storage"] = {**storage, "dead_letter_retention_ms": DEAD_LETTER_RETENTION_MS}
+    return config
+
+
 def _config_sets_admin_enabled(config: Mapping[str, object]) -> bool:
     admin = config.get("admin")
     return isinstance(admin, Mapping) and admin.get("enabled") is not None
@@ -337,7 +352,9 @@ class SeppServer:
         ~500 ms debounce; it logs ``configuration reloaded`` on success and
         ``config reload failed`` (keeping the old config) on an invalid one.
         Restart-only keys (``server.*``, ``storage.*``,
-        ``limits.max_message_bytes``) need :meth:`restart`.  An unknown key
+        ``limits.max_message_bytes``) need :meth:`restart`.  Dead letters are
+        kept for 10 minutes unless ``config`` sets
+        ``storage.dead_letter_retention_ms``, as in :func:`sepp_server`.  An unknown key
         or a value of the wrong type raises ``ValueError`` and writes nothing
         (unless the server was started with ``check_config=False``).  To wait for the
         reload::
@@ -347,7 +364,7 @@ class SeppServer:
             with trio.fail_after(10):
                 await server.wait_for_output("configuration reloaded", after=mark)
         """
-        new = dict(config or {})
+        new = _with_test_defaults(config)
         problem = config_problem(new) if self._check_config else None
         if problem is not None:
             raise ValueError(f"{problem} (sepp {SEPP_SERVER_VERSION})")
@@ -658,8 +675,12 @@ async def sepp_server(
     """Run a real ``sepp`` server on loopback for the duration of the block.
 
     ``config`` is written as TOML (see :mod:`sepp.testing._toml` for the
-    supported shapes) and passed with ``--config``.  The process also gets
-    these environment variables, which take precedence over the file:
+    supported shapes) and passed with ``--config``, with dead letters kept
+    for 10 minutes (``storage.dead_letter_retention_ms`` =
+    :data:`DEAD_LETTER_RETENTION_MS`) unless it sets that key (0: none, the
+    real server's default); :meth:`SeppServer.update_config` keeps the same
+    default.  The process also gets these environment variables, which take
+    precedence over the file:
 
     * ``SEPP_SERVER__LISTEN_ADDR=127.0.0.1:0`` (the OS picks the port; a
       restart pins the port it got first),
@@ -693,7 +714,7 @@ async def sepp_server(
     :class:`SeppServerStartError` (with the server's output) if it does not
     come up within ``startup_timeout`` seconds.
     """
-    config = dict(config or {})
+    config = _with_test_defaults(config)
     problem = config_problem(config) if check_config else None
     if problem is not None:
         raise SeppServerStartError(
