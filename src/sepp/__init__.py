@@ -13,8 +13,8 @@ The package is built in layers, each a folder that imports only the layers below
 - `_model/`: the values users handle, errors, rejections, validation, the one backoff,
   message conversion;
 - `_runtime/`: the one seam to the library the code runs on: the protocols (cancel scopes,
-  task groups, events), the client's runtimes (trio, asyncio, blocking) and the Worker's and
-  the Scheduler's primitives (trio; anyio on asyncio);
+  task groups, events) and one runtime per library (trio, asyncio with anyio for the
+  services, blocking for the client alone), for the client, the Worker and the Scheduler;
 - `_client/`: the operations (written once), `Client`, `SyncClient`, batching, local limits,
   retries, options;
 - `_payloads/`: payload codecs and typed tasks;

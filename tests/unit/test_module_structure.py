@@ -179,12 +179,10 @@ def test_the_layer_check_sees_an_upward_import() -> None:
 
 # The Worker and the Scheduler take what they need of trio (clock, sleeping, cancel scopes,
 # nurseries, events, threads, calls from other threads) from `_runtime/concurrency.py` alone
-# (trio's primitives are `trio_concurrency`'s), so that another runtime provides one module; the
-# monitor's HTTP server (`_probes`) is a thread of plain sockets, under every runtime.
-TRIO_SEAM = (
-    "sepp._runtime.concurrency",
-    "sepp._runtime.trio_concurrency",
-)
+# (trio's members are `trio_runtime`'s, the client's too), so that another library provides one
+# runtime module; the monitor's HTTP server (`_probes`) is a thread of plain sockets, under every
+# runtime.
+TRIO_SEAM = ("sepp._runtime.concurrency",)
 
 
 def imports_trio(source: str, library: str = "trio") -> bool:
@@ -218,22 +216,14 @@ def test_the_worker_and_the_scheduler_reach_trio_only_through_their_seam() -> No
     assert trio_importers("sepp._runtime.concurrency") == ["sepp._runtime.concurrency"]
 
 
-# Within the runtime layer, each library is imported by its own implementations only: the
-# protocols (`protocol`, `primitives`) and `shutdown_handle` import none of them, so each
-# implementation is one module beside them.
+# Within the runtime layer, each library is imported by its own runtime only (and trio by the
+# services' `concurrency`, for trio's TaskStatus and TooSlowError): the protocols
+# (`protocol`), the picking of a runtime (`running`) and `shutdown_handle` import none of them,
+# so each runtime is one module beside them.
 RUNTIME_IMPORTERS = {
-    "trio": [
-        "sepp._runtime.concurrency",
-        "sepp._runtime.trio_concurrency",
-        "sepp._runtime.trio_runtime",
-    ],
-    "anyio": ["sepp._runtime.anyio_concurrency"],
-    # the trio module's only inside functions that run under asyncio
-    "asyncio": [
-        "sepp._runtime.anyio_concurrency",
-        "sepp._runtime.asyncio_runtime",
-        "sepp._runtime.concurrency",
-    ],
+    "trio": ["sepp._runtime.concurrency", "sepp._runtime.trio_runtime"],
+    "anyio": ["sepp._runtime.asyncio_runtime"],  # only once a service runs under asyncio
+    "asyncio": ["sepp._runtime.asyncio_runtime"],
 }
 
 
@@ -247,9 +237,9 @@ def test_in_the_runtime_layer_each_library_is_imported_by_its_implementations_on
         assert found == importers, library
 
 
-# Under asyncio they run on anyio, which only the primitives import. They are not imported under
-# trio (a test runs a Worker there and looks).
-ANYIO_SEAM = ["sepp._runtime.anyio_concurrency"]
+# Under asyncio they run on anyio, which only the asyncio runtime (its services' members)
+# imports. It is not imported under trio (a test runs a Worker there and looks).
+ANYIO_SEAM = ["sepp._runtime.asyncio_runtime"]
 
 
 def imports_anyio(source: str) -> bool:
@@ -265,7 +255,7 @@ def test_the_worker_and_the_scheduler_reach_anyio_only_through_their_seam() -> N
     ]
     assert importers == ANYIO_SEAM
     assert imports_anyio("def f():\n    import anyio.lowlevel")
-    assert not imports_anyio("from .anyio_concurrency import ANYIO")
+    assert not imports_anyio("from .asyncio_runtime import ASYNCIO")
 
 
 def test_the_trio_check_sees_every_form_of_import() -> None:
@@ -324,13 +314,10 @@ def test_the_trio_check_sees_a_trio_import() -> None:
 
 
 # asyncio, likewise: only the asyncio runtime and the asyncio driver (with its cancel scopes)
-# import it, and the services' seam (anyio's primitives; the trio one only inside functions
-# that run under asyncio), so `import sepp` under trio never loads it (the runtime is imported
-# when a client is opened under asyncio).
+# import it, so `import sepp` under trio never loads it (the runtime is imported when a client
+# is opened, or a service run, under asyncio).
 ASYNCIO_USERS = (
     "sepp._runtime.asyncio_runtime",
-    "sepp._runtime.anyio_concurrency",
-    "sepp._runtime.concurrency",
     "sepp.wire.drivers._asyncio",
     "sepp.wire.drivers._asyncio_scopes",
 )

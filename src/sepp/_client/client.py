@@ -207,7 +207,7 @@ class Client:
             if self._limits.fresh:
                 limits = self._limits.limits
             else:  # the first calls, or a refresh: never wait past the call's deadline
-                deadline = math.inf if timeout_s is None else self._rt.now() + timeout_s
+                deadline = math.inf if timeout_s is None else self._rt.current_time() + timeout_s
                 limits = await self._limits.current(deadline)
                 timeout_s = self._left_s(deadline)
             local = limits.check(request) if limits is not None else None
@@ -368,14 +368,14 @@ class Client:
     def _deadline(self, timeout: float | timedelta | None) -> float:
         """The runtime's time by which a call given `timeout` (None: rpc_timeout) must be done."""
         timeout_s = self._rpc_timeout if timeout is None else v.seconds("timeout", timeout)
-        return math.inf if timeout_s is None else self._rt.now() + timeout_s
+        return math.inf if timeout_s is None else self._rt.current_time() + timeout_s
 
     def _left_s(self, deadline: float) -> float | None:
         """What is left until `deadline`, as a call's timeout (None: no deadline). Never zero,
         which is not a valid timeout: a call with no time left fails with DEADLINE_EXCEEDED."""
         if deadline == math.inf:
             return None
-        return max(deadline - self._rt.now(), 1e-6)
+        return max(deadline - self._rt.current_time(), 1e-6)
 
     async def _current_limits(self, deadline: float) -> ServerLimits | None:
         """The server's advertised limits for a call due by `deadline`; None when local checks

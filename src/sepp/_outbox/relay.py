@@ -334,7 +334,7 @@ class _InTask:
     transaction is never left half done in an abandoned thread); the waits in a cancel scope
     that `shutdown()` cancels."""
 
-    def __init__(self, relay: OutboxRelay, cc: concurrency.Concurrency) -> None:
+    def __init__(self, relay: OutboxRelay, cc: concurrency.ServiceRuntime) -> None:
         self._relay = relay
         self._cc = cc
 

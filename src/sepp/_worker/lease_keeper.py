@@ -10,7 +10,7 @@ from datetime import datetime
 
 from .._model.errors import AttemptMismatchError, JobNotFoundError
 from .._model.settlement import describe
-from .._runtime.concurrency import TRIO, Concurrency, Nursery
+from .._runtime.concurrency import TRIO, Nursery, ServiceRuntime
 from .._util.log import Log
 from .client_calls import WorkerClient
 from .held_job import HeldJob, Phase
@@ -46,7 +46,7 @@ class LeaseKeeper:
         now_utc: Callable[[], datetime],
         log: Log,
         extend: bool = True,
-        cc: Concurrency = TRIO,
+        cc: ServiceRuntime = TRIO,
     ) -> None:
         self._extend = extend
         self._client = client
@@ -63,7 +63,7 @@ class LeaseKeeper:
         self._wall_at = 0.0
         self.use(cc)
 
-    def use(self, cc: Concurrency) -> None:
+    def use(self, cc: ServiceRuntime) -> None:
         """Run on `cc` (before the Worker's run, while no job is watched)."""
         self._cc = cc
         self._due_changed = cc.event()
@@ -127,7 +127,7 @@ class LeaseKeeper:
                     heapq.heappop(self._due)  # released
                     continue
                 if cc.current_time() < due:
-                    with cc.move_on_at(due):
+                    with cc.cancel_scope(deadline=due):
                         await changed.wait()
                     continue
                 heapq.heappop(self._due)
@@ -172,7 +172,7 @@ class LeaseKeeper:
                 self._lose_lease(held, why)
                 return
             # An extend still pending at the expiry could not have saved the lease.
-            with cc.move_on_at(deadline) as attempt:
+            with cc.cancel_scope(deadline=deadline) as attempt:
                 try:
                     await self._client.extend(ctx, self._lease_s)
                 except (JobNotFoundError, AttemptMismatchError) as exc:

@@ -22,7 +22,7 @@ from .._probes.http1 import TEXT, Response, Route
 from .._probes.server import ProbeServer
 from .._runtime.concurrency import (
     TASK_STATUS_IGNORED,
-    Concurrency,
+    ServiceRuntime,
     TaskStatus,
     current,
 )
@@ -441,7 +441,7 @@ class MonitorFeed:
             self._beating += first
             self._beat_due = max(due, self._beat_due or 0.0)
 
-    async def heartbeat(self, cc: Concurrency) -> None:
+    async def heartbeat(self, cc: ServiceRuntime) -> None:
         """After the `first` beat: stamp the loop as running every `HEARTBEAT_S` seconds,
         until cancelled (then `last_beat()`)."""
         while True:

@@ -10,7 +10,7 @@ from .._client import otel as _otel
 from .._model import settlement as outcomes
 from .._model.backoff import Backoff
 from .._model.types import Job, JobContext, Retry, set_handler_context
-from .._runtime.concurrency import TRIO, Concurrency, Spawner, TooSlowError
+from .._runtime.concurrency import TRIO, ServiceRuntime, Spawner, TooSlowError
 from .held_job import HeldJob, HeldJobs, Phase
 from .middleware import run_chain
 from .router import BackoffSetting, Handler, Router, RouteSettings, registered_handlers
@@ -33,7 +33,7 @@ class HandlerTimeoutError(TooSlowError):
         super().__init__(f"the handler ran past its {timeout_s:g}s timeout and was cancelled")
 
 
-def _with_timeout(fn: Handler, timeout_s: float, cc: Concurrency) -> Handler:
+def _with_timeout(fn: Handler, timeout_s: float, cc: ServiceRuntime) -> Handler:
     move_on_after = cc.move_on_after
 
     async def timed(payload: Any, ctx: JobContext) -> None:
@@ -51,7 +51,7 @@ class Route:
 
     __slots__ = ("backoff", "fn", "middleware")
 
-    def __init__(self, fn: Handler, settings: RouteSettings, cc: Concurrency) -> None:
+    def __init__(self, fn: Handler, settings: RouteSettings, cc: ServiceRuntime) -> None:
         timeout_s = settings.timeout_s
         self.fn = fn if timeout_s is None else _with_timeout(fn, timeout_s, cc)
         self.middleware = settings.middleware
@@ -78,7 +78,7 @@ class JobProcessor:
         events: WorkerEvents | None,
         metrics: _otel.WorkerMetrics,
         loop_watch: LoopWatch | None = None,
-        cc: Concurrency = TRIO,
+        cc: ServiceRuntime = TRIO,
     ) -> None:
         self._cc = cc
         self._client = client
@@ -100,7 +100,7 @@ class JobProcessor:
         self.lifespan_state: Any = None  # every handler's ctx.state
         self._reserving_ended = False
 
-    def use(self, cc: Concurrency, router: Router, own: RouteSettings) -> None:
+    def use(self, cc: ServiceRuntime, router: Router, own: RouteSettings) -> None:
         """Run on `cc` (before the Worker's run)."""
         self._cc = cc
         self.use_routes(router, own)

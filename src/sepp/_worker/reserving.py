@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from .._model.backoff import backoff_delay
-from .._runtime.concurrency import TRIO, Concurrency
+from .._runtime.concurrency import TRIO, ServiceRuntime
 
 if TYPE_CHECKING:
     from .._client.otel import WorkerMetrics
@@ -53,7 +53,7 @@ class ReserveLoop:
         report: WorkerReport,
         events: WorkerEvents | None,
         metrics: WorkerMetrics,
-        cc: Concurrency = TRIO,
+        cc: ServiceRuntime = TRIO,
     ) -> None:
         self._client = client
         self._queues = list(settings.queues)  # as the client is given them, every time
@@ -78,7 +78,7 @@ class ReserveLoop:
         self._long_polling = False  # the pending reserve is a long poll
         self._largest_batch = 0  # the most jobs one reserve has returned
 
-    def use(self, cc: Concurrency) -> None:
+    def use(self, cc: ServiceRuntime) -> None:
         """Run on `cc` (before the Worker's run)."""
         self._cc = cc
         self.scope = cc.cancel_scope()

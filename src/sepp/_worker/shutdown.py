@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .._runtime.concurrency import TRIO, Concurrency, RunHandle
+from .._runtime.concurrency import TRIO, RunHandle, ServiceRuntime
 
 if TYPE_CHECKING:
     from .held_job import HeldJobs
@@ -19,7 +19,7 @@ class WorkerShutdown:
 
     __slots__ = ("began_at", "begun", "cc", "grace", "requested", "run", "stop_now", "timeout_s")
 
-    def __init__(self, timeout_s: float, cc: Concurrency = TRIO) -> None:
+    def __init__(self, timeout_s: float, cc: ServiceRuntime = TRIO) -> None:
         self.timeout_s = timeout_s  # the grace period, from the request
         # Set from any thread or signal handler; read by the Worker's run() when it starts.
         self.requested = False
@@ -29,7 +29,7 @@ class WorkerShutdown:
         self.run = RunHandle()  # the run to begin the shutdown in, while the Worker runs
         self.use(cc)
 
-    def use(self, cc: Concurrency) -> None:
+    def use(self, cc: ServiceRuntime) -> None:
         """Run on `cc` (before the Worker's run)."""
         self.cc = cc
         self.grace = cc.cancel_scope()  # cancelled early by shutdown(now=True)

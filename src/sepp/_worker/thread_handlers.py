@@ -13,10 +13,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from .._client.handler_threads import HANDLER_THREAD
-from .._client.opening import current_runtime
 from .._client.sync import RunCalls, SyncClient
 from .._model.types import JobContext, Payload
 from .._runtime.concurrency import run_sync_in_thread
+from .._runtime.running import current_runtime
 
 
 @dataclass(frozen=True, slots=True, eq=False)

@@ -22,8 +22,8 @@ from .._model.types import JobContext
 from .._runtime.concurrency import (
     TASK_STATUS_IGNORED,
     TRIO,
-    Concurrency,
     Event,
+    ServiceRuntime,
     TaskStatus,
     current,
 )
@@ -286,7 +286,7 @@ class Worker:
     def _build_routes(self) -> None:
         self._jobs.use_routes(self._router, self._settings.own)
 
-    def _use(self, cc: Concurrency) -> None:
+    def _use(self, cc: ServiceRuntime) -> None:
         """Move every part to `cc`'s primitives: once, when run() starts on another library
         than trio (nothing is held yet)."""
         self._cc = cc
