@@ -22,6 +22,7 @@ from trio.testing import MockClock
 
 import sepp
 from sepp import HandlerError, Retry, StatusCode
+from sepp._runtime.trio_runtime import TRIO
 from sepp._util.log import Log
 from sepp._worker import lease_keeper
 from sepp._worker.held_job import HeldJob, Phase
@@ -947,8 +948,10 @@ async def test_the_lease_keeper_lets_go_of_settled_jobs(autojump_clock: MockCloc
     async with running(worker):
         await trio.sleep(10)
         assert len(fake.acks) == 500
-        assert worker._leases._watched == {}
-        assert len(worker._leases._due) <= lease_keeper.REBUILD_SLACK
+        assert worker._parts is not None
+        keeper = worker._parts.leases
+        assert keeper._watched == {}
+        assert len(keeper._due) <= lease_keeper.REBUILD_SLACK
     assert fake.extends == []
 
 
@@ -959,8 +962,10 @@ async def test_a_keeper_for_a_job_that_settled_before_it_started_does_not_extend
     fake.add()
     jobs = await fake.reserve("q", lease_duration=3, max_jobs=1)
     assert jobs is not None
-    keeper = lease_keeper.LeaseKeeper(fake, lease_s=3, now_utc=fake.now, log=Log(RecordingLogger()))
-    held = HeldJob(jobs[0])
+    keeper = lease_keeper.LeaseKeeper(
+        fake, lease_s=3, now_utc=fake.now, log=Log(RecordingLogger()), cc=TRIO
+    )
+    held = HeldJob(jobs[0], TRIO)
     held.phase = Phase.RUNNING
     with trio.fail_after(10):  # a keeper that did start would extend until cancelled
         async with trio.open_nursery() as nursery:

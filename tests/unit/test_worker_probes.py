@@ -79,7 +79,7 @@ def run_worker_with_probes(
             prober.append(threading.Thread(target=probe, args=(port,), name="test prober"))
             prober[0].start()
             await worker.run()
-            await concurrency.run_sync_in_thread(prober[0].join)
+            await cc.run_sync_in_thread(prober[0].join)
             nursery.cancel_scope.cancel()
 
     run_on(loop, main)

@@ -165,10 +165,11 @@ class OutboxRelay:
         """Relay until `shutdown()` (or cancelled). `client`: a connected `sepp.Client`."""
         refuse_a_blocking_client(client, "OutboxRelay.run")
         self._start()
-        self._handle.enter()
+        cc = concurrency.current()
+        self._handle.enter(cc)
         try:
             task_status.started()
-            await self._relay(client, _InTask(self, concurrency.current()))
+            await self._relay(client, _InTask(self, cc))
         finally:
             self._handle.leave()
             self._stop()
@@ -352,7 +353,7 @@ class _InTask:
         await self._cc.sleep(seconds)
 
     async def blocking(self, fn: Callable[..., T], *args: object) -> T:
-        return await concurrency.run_sync_in_thread(fn, *args, abandon=False)
+        return await self._cc.run_sync_in_thread(fn, *args, abandon=False)
 
 
 class _InThread:

@@ -8,8 +8,7 @@ and trio; under asyncio (and uvloop) `ASYNCIO` with anyio's members, whose task 
 cancel scopes have trio's semantics. `protocol.ServiceRuntime` says what each member means.
 
 Beside it, for every runtime: `RunHandle`, calls into a service's run from another thread or
-a signal handler; `run_sync_in_thread(fn, *args)`, a blocking function in a worker thread of
-the running library's runtime; `TaskStatus` and `TASK_STATUS_IGNORED` for
+a signal handler; `TaskStatus` and `TASK_STATUS_IGNORED` for
 `nursery.start(service.run)` (anyio's `TaskGroup.start` passes its own task status, which has
 the same `started()`); `TooSlowError`, what a handler's timeout raises (trio's, on every
 runtime).
@@ -20,7 +19,6 @@ The monitor's HTTP server (`_probes.server`) is a thread on plain sockets: it ne
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TypeVar
 
 import trio
 
@@ -35,21 +33,11 @@ from .protocol import ServiceRuntime as ServiceRuntime
 from .protocol import Spawner as Spawner
 from .trio_runtime import TRIO as TRIO
 
-T = TypeVar("T")
-
 TooSlowError = trio.TooSlowError
 TaskStatus = trio.TaskStatus
 TASK_STATUS_IGNORED = trio.TASK_STATUS_IGNORED
 
 current = running.service_runtime
-
-
-def running_library() -> str:
-    """ "trio", "asyncio", ...: what the calling task runs on."""
-    library = running.running_library()
-    if library is None:
-        raise RuntimeError("a sepp Worker or Scheduler runs inside trio or asyncio")
-    return library
 
 
 class RunHandle:
@@ -62,10 +50,9 @@ class RunHandle:
     def __init__(self) -> None:
         self._call: CallSoon | None = None
 
-    def enter(self, runtime: ServiceRuntime | None = None) -> None:
-        """Called by the service's `run()` when it starts, in the run (on `runtime`: by
-        default the running library's)."""
-        self._call = (runtime or current()).call_soon_handle()
+    def enter(self, runtime: ServiceRuntime) -> None:
+        """Called by the service's `run()` when it starts, in the run, with its runtime."""
+        self._call = runtime.call_soon_handle()
 
     def leave(self) -> None:
         self._call = None
@@ -82,10 +69,3 @@ class RunHandle:
             fn()
             return
         call(fn, idempotent=True)  # False once the run is over: nothing left to do
-
-
-async def run_sync_in_thread(fn: Callable[..., T], *args: object, abandon: bool = True) -> T:
-    """`fn(*args)` in a worker thread of the running library's runtime (see
-    `ServiceRuntime.run_sync_in_thread`): for code that holds no runtime, such as a Router's
-    `def` handlers, written before any Worker runs them."""
-    return await current().run_sync_in_thread(fn, *args, abandon=abandon)

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from datetime import datetime
 
 from .._model.types import Job
-from .._runtime.concurrency import TRIO, CancelScope, Event, ServiceRuntime
+from .._runtime.concurrency import CancelScope, Event, ServiceRuntime
 
 
 class Phase(enum.Enum):
@@ -40,7 +40,7 @@ class HeldJob:
         "watch_key",
     )
 
-    def __init__(self, job: Job, cc: ServiceRuntime = TRIO) -> None:
+    def __init__(self, job: Job, cc: ServiceRuntime) -> None:
         self.job = job
         self.cc = cc
         self.phase = Phase.WAITING
@@ -122,13 +122,9 @@ class HeldJobs:
 
     __slots__ = ("_by_delivery", "_latest", "_shrunk", "cc")
 
-    def __init__(self, cc: ServiceRuntime = TRIO) -> None:
+    def __init__(self, cc: ServiceRuntime) -> None:
         self._by_delivery: dict[int, HeldJob] = {}
         self._latest: dict[str, HeldJob] = {}
-        self.use(cc)
-
-    def use(self, cc: ServiceRuntime) -> None:
-        """Run on `cc` (before the Worker's run, while nothing is held)."""
         self.cc = cc
         self._shrunk = cc.parking_lot()
 

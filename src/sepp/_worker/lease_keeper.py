@@ -10,7 +10,7 @@ from datetime import datetime
 
 from .._model.errors import AttemptMismatchError, JobNotFoundError
 from .._model.settlement import describe
-from .._runtime.concurrency import TRIO, Nursery, ServiceRuntime
+from .._runtime.concurrency import Nursery, ServiceRuntime
 from .._util.log import Log
 from .client_calls import WorkerClient
 from .held_job import HeldJob, Phase
@@ -46,7 +46,7 @@ class LeaseKeeper:
         now_utc: Callable[[], datetime],
         log: Log,
         extend: bool = True,
-        cc: ServiceRuntime = TRIO,
+        cc: ServiceRuntime,
     ) -> None:
         self._extend = extend
         self._client = client
@@ -61,10 +61,6 @@ class LeaseKeeper:
         self._keys = itertools.count()
         self._wall: datetime | None = None  # a wall-clock reading, taken at time _wall_at
         self._wall_at = 0.0
-        self.use(cc)
-
-    def use(self, cc: ServiceRuntime) -> None:
-        """Run on `cc` (before the Worker's run, while no job is watched)."""
         self._cc = cc
         self._due_changed = cc.event()
         self._scope = cc.cancel_scope()

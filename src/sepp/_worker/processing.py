@@ -10,7 +10,7 @@ from .._client import otel as _otel
 from .._model import settlement as outcomes
 from .._model.backoff import Backoff
 from .._model.types import Job, JobContext, Retry, set_handler_context
-from .._runtime.concurrency import TRIO, ServiceRuntime, Spawner, TooSlowError
+from .._runtime.concurrency import ServiceRuntime, Spawner, TooSlowError
 from .held_job import HeldJob, HeldJobs, Phase
 from .middleware import run_chain
 from .router import BackoffSetting, Handler, Router, RouteSettings, registered_handlers
@@ -78,7 +78,7 @@ class JobProcessor:
         events: WorkerEvents | None,
         metrics: _otel.WorkerMetrics,
         loop_watch: LoopWatch | None = None,
-        cc: ServiceRuntime = TRIO,
+        cc: ServiceRuntime,
     ) -> None:
         self._cc = cc
         self._client = client
@@ -99,11 +99,6 @@ class JobProcessor:
         self.nursery: Spawner | None = None  # the jobs' tasks', while the Worker runs
         self.lifespan_state: Any = None  # every handler's ctx.state
         self._reserving_ended = False
-
-    def use(self, cc: ServiceRuntime, router: Router, own: RouteSettings) -> None:
-        """Run on `cc` (before the Worker's run)."""
-        self._cc = cc
-        self.use_routes(router, own)
 
     def use_routes(self, router: Router, own: RouteSettings) -> None:
         """Run `router`'s handlers, with the Worker's settings `own` around theirs."""

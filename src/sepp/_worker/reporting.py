@@ -15,7 +15,7 @@ from .._model.errors import (
 )
 from .._model.settlement import HandlerError
 from .._model.types import JobContext
-from .._runtime.concurrency import TRIO, ServiceRuntime
+from .._runtime.concurrency import ServiceRuntime
 from .._util.log import Log
 from .client_calls import WorkerClient
 
@@ -47,7 +47,7 @@ class WorkerReport:
         worker_id: str,
         queues: list[str],
         client: WorkerClient,
-        cc: ServiceRuntime = TRIO,
+        cc: ServiceRuntime,
     ) -> None:
         self._log = log
         self._worker_id = worker_id
@@ -55,10 +55,6 @@ class WorkerReport:
         self._client = client
         self._unknown_logged_at: dict[str, float] = {}
         self._keeps_dead_letters: bool | None = None  # the server's, once asked
-        self.use(cc)
-
-    def use(self, cc: ServiceRuntime) -> None:
-        """Run on `cc` (before the Worker's run)."""
         self._cc = cc
         self._server_info_lock = cc.lock()
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from .._model.backoff import backoff_delay
-from .._runtime.concurrency import TRIO, ServiceRuntime
+from .._runtime.concurrency import ServiceRuntime
 
 if TYPE_CHECKING:
     from .._client.otel import WorkerMetrics
@@ -53,7 +53,7 @@ class ReserveLoop:
         report: WorkerReport,
         events: WorkerEvents | None,
         metrics: WorkerMetrics,
-        cc: ServiceRuntime = TRIO,
+        cc: ServiceRuntime,
     ) -> None:
         self._client = client
         self._queues = list(settings.queues)  # as the client is given them, every time
@@ -70,19 +70,15 @@ class ReserveLoop:
         self._report = report
         self._events = events
         self._metrics = metrics
-        self.use(cc)
+        self._cc = cc
+        self.scope = cc.cancel_scope()
+        self._stopping = cc.event()  # set by stop() while a long poll is pending
         self._sent_at: float | None = None  # while a reserve is pending
         # The last reserve found the queues drained: the next one long-polls. Not known yet
         # (the first one, or after a failure): it does not wait.
         self._queues_drained = False
         self._long_polling = False  # the pending reserve is a long poll
         self._largest_batch = 0  # the most jobs one reserve has returned
-
-    def use(self, cc: ServiceRuntime) -> None:
-        """Run on `cc` (before the Worker's run)."""
-        self._cc = cc
-        self.scope = cc.cancel_scope()
-        self._stopping = cc.event()  # set by stop() while a long poll is pending
 
     def stop(self) -> None:
         """The shutdown began (or, with `stop_now`, has to end now): end the loop. A reserve

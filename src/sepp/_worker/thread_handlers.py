@@ -15,8 +15,7 @@ from dataclasses import dataclass, field
 from .._client.handler_threads import HANDLER_THREAD
 from .._client.sync import RunCalls, SyncClient
 from .._model.types import JobContext, Payload
-from .._runtime.concurrency import run_sync_in_thread
-from .._runtime.running import current_runtime
+from .._runtime import concurrency
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -98,7 +97,9 @@ def run_in_thread(fn: SyncHandler) -> Callable[[Payload | None, JobContext], Awa
 
     @functools.wraps(fn)
     async def in_thread(payload: Payload | None, ctx: JobContext) -> None:
-        runtime = current_runtime("a `def` handler")
+        # A Router's handlers are written before any Worker runs them: the runtime is the
+        # running one's (the Worker's), which its client's calls run on too.
+        runtime = concurrency.current()
         worker_client = ctx._lease.client
         failure: BaseException | None = None
         async with runtime.open_task_group() as tasks:
@@ -107,7 +108,7 @@ def run_in_thread(fn: SyncHandler) -> Callable[[Payload | None, JobContext], Awa
                 calls = RunCalls(runtime, worker_client, tasks, closed=_ENDED, cancelled=_CANCELLED)
                 blocking = SyncClient._over(calls, getattr(worker_client, "address", "?"))
             try:
-                await run_sync_in_thread(_in_handler_thread, fn, payload, ctx, blocking)
+                await runtime.run_sync_in_thread(_in_handler_thread, fn, payload, ctx, blocking)
             except BaseException as exc:  # raised below, not wrapped in an exception group
                 failure = exc
             finally:
