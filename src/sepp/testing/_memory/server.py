@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Callable
 from datetime import datetime, timedelta, timezone
 from types import TracebackType
 
+from ..._model import validate as v
 from ..._runtime import wall_clock
 from .clock import ManualClock, RunClock, ServerClock
 from .config import ConfigSource, MemoryConfig, load_config
@@ -73,6 +74,30 @@ class MemoryServer:
         """The server's clock (what it stamps jobs with and decides leases and schedules by)."""
         return _EPOCH + timedelta(milliseconds=self.clock.now_ms())
 
+    async def advance(self, by: float | timedelta) -> None:
+        """Move time on by `by` (seconds or a timedelta) at once: a `ManualClock` is advanced;
+        under a trio `MockClock` the run's clock jumps (every sleep and timeout in the run
+        sees the jump: what is due fires once, where an autojumping `trio.sleep` of the same
+        length would wake each periodic timer on the way, the client's 30 s keepalive check
+        and a running Worker's long polls among them). Then what fell due runs: scheduled jobs
+        become ready, leases expire. On the system's clock time cannot be moved (a
+        RuntimeError)."""
+        seconds = v.seconds("by", by, allow_zero=True)
+        clock = self.clock
+        if isinstance(clock, ManualClock):
+            clock.advance(seconds)
+        else:
+            run_clock = _trio_clock()
+            if run_clock is None or not hasattr(run_clock, "jump"):
+                raise RuntimeError(
+                    "time can be moved under a trio MockClock or a sepp.testing.ManualClock; "
+                    "this memory server runs on the system's clock"
+                )
+            run_clock.jump(seconds)
+        if self._core is not None:
+            self._core.on_time()
+        await _checkpoint()
+
     def depths(self, queue: str) -> QueueDepths:
         """How many of `queue`'s jobs are ready, scheduled and in flight, and how many dead
         letters it has (the memory server's own: the real server shows them in its admin UI).
@@ -116,13 +141,20 @@ class MemoryServer:
         uninstall = self._installed_clock()
         try:
             self.host, self._port = await driver.listen(self.host, self._port)
+            # The block's exception is carried out of the nursery by hand, so that callers
+            # see it as raised, not wrapped in an ExceptionGroup.
+            caught: BaseException | None = None
             async with trio.open_nursery() as nursery:
                 await nursery.start(driver.run)
                 try:
                     yield self
+                except BaseException as exc:
+                    caught = exc
                 finally:
                     with trio.CancelScope(shield=True):
                         await driver.stop()
+            if caught is not None:
+                raise caught
         finally:
             uninstall()
 
@@ -214,6 +246,25 @@ class MemoryServer:
 
 def _nothing() -> None:
     pass
+
+
+def _trio_clock() -> object | None:
+    if not _in_trio_run():
+        return None
+    import trio
+
+    return trio.lowlevel.current_clock()
+
+
+async def _checkpoint() -> None:
+    if _in_trio_run():
+        import trio
+
+        await trio.lowlevel.checkpoint()
+    else:
+        import asyncio
+
+        await asyncio.sleep(0)
 
 
 def _in_trio_run() -> bool:
