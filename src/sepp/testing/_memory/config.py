@@ -188,7 +188,7 @@ def parse_config(raw: Mapping[str, Any]) -> MemoryConfig:
         if name in queues:
             raise ConfigError(f"queues[] contains duplicate name {name!r}")
         overrides = {key: entry[key] for key in (*_OVERRIDABLE, "allowed_job_types") if key in entry}
-        merged = _tuples(replace(defaults, allowed_job_types=None, **overrides))
+        merged = _tuples(replace(defaults, **{"allowed_job_types": None, **overrides}))
         _check_limits(f"queues[{name!r}]", merged, max_message_bytes)
         queues[name] = merged
     return MemoryConfig(
