@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -189,11 +189,8 @@ async def servers(
 ) -> AsyncIterator[tuple[str, str]]:
     """A real server and a memory server with the same config: their addresses."""
     config = dict(config or {})
-    real_config = {"admin": {"enabled": False}, **config}
-    real_config.setdefault("storage", {})
-    real_config["storage"] = {"persist_mode": "buffer", **real_config["storage"]}
-    async with sepp_server(real_config) as real, memory_server(config) as memory:
-        yield real.address, memory.address
+    async with servers_real_only(config) as real, memory_server(config) as memory:
+        yield real, memory.address
 
 
 async def run_on_both(
@@ -285,3 +282,56 @@ def reserve(
 async def settle(side: Side) -> None:
     """Let a millisecond pass: jobs enqueued by later calls are not the real server's ties."""
     await trio.sleep(0.003)
+
+
+@contextlib.contextmanager
+def servers_in_threads(config: dict[str, Any]) -> Iterator[tuple[str, str]]:
+    """A real server and a memory server with the same config, each run from a thread of its
+    own (so that many trio runs, one per hypothesis example, can use them): their
+    addresses."""
+    import threading
+
+    from sepp.testing import MemoryServer
+
+    started = threading.Event()
+    box: dict[str, Any] = {}
+
+    async def run_real() -> None:
+        stop = trio.Event()
+        box["stop"] = stop
+        box["token"] = trio.lowlevel.current_trio_token()
+        try:
+            async with servers_real_only(config) as address:
+                box["address"] = address
+                started.set()
+                await stop.wait()
+        finally:
+            started.set()
+
+    def thread_main() -> None:
+        try:
+            trio.run(run_real)
+        except BaseException as exc:
+            box["failure"] = exc
+
+    thread = threading.Thread(target=thread_main, name="real sepp server", daemon=True)
+    thread.start()
+    started.wait()
+    if "failure" in box:
+        thread.join()
+        raise box["failure"]
+    memory = MemoryServer(config).start()
+    try:
+        yield box["address"], memory.address
+    finally:
+        memory.stop()
+        box["token"].run_sync_soon(box["stop"].set)
+        thread.join()
+
+
+@contextlib.asynccontextmanager
+async def servers_real_only(config: dict[str, Any]) -> AsyncIterator[str]:
+    real_config = {"admin": {"enabled": False}, **config}
+    real_config["storage"] = {"persist_mode": "buffer", **real_config.get("storage", {})}
+    async with sepp_server(real_config) as real:
+        yield real.address
