@@ -2,8 +2,9 @@
 
 Tests are counted by where they run: `unit` (no sockets), `fixture` (our misbehaving h2
 server or scripted fakes), `real_server` (the real sepp binary), `memory_server` (the
-pure-Python server of sepp.testing), `differential` (both servers, answers compared). The summary line at the end
-of a run shows the counts, so a green run that quietly skipped the server is visible.
+pure-Python server of sepp.testing), `differential` (both servers, answers compared). The
+summary line at the end of a run shows the counts, so a green run that quietly skipped the
+server is visible.
 """
 
 from __future__ import annotations

@@ -239,7 +239,9 @@ def job(queue: str, job_type: str = "t", **fields: Any) -> pb.EnqueueRequest:
     request = pb.EnqueueRequest(queue=queue, job_type=job_type)
     payload = fields.pop("payload", None)
     if payload is not None:
-        data, encoding = payload if isinstance(payload, tuple) else (payload, "application/octet-stream")
+        data, encoding = (
+            payload if isinstance(payload, tuple) else (payload, "application/octet-stream")
+        )
         request.payload.data = data
         request.payload.encoding = encoding
     for name, value in fields.pop("custom", {}).items():

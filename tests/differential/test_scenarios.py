@@ -8,10 +8,9 @@ from typing import Any
 
 import pytest
 import trio
+from both_servers import Side, assert_same, batch, job, reserve, run_on_both, settle
 
 from sepp._pb import queue_pb2 as pb
-
-from both_servers import Side, assert_same, batch, job, reserve, run_on_both, settle
 
 pytestmark = pytest.mark.differential
 

@@ -28,8 +28,7 @@ _TIMES = ("enqueued_at", "lease_expires_at", "failed_at", "server_time")
 def _normalized(value: Any, labels: dict[str, str]) -> Any:
     if isinstance(value, dict):
         return {
-            k: ("<time>" if k in _TIMES and v else _normalized(v, labels))
-            for k, v in value.items()
+            k: ("<time>" if k in _TIMES and v else _normalized(v, labels)) for k, v in value.items()
         }
     if isinstance(value, (list, tuple)):
         return [_normalized(item, labels) for item in value]
@@ -66,8 +65,13 @@ async def _play(address: str, scheduled: str) -> list[Any]:
         await call("enqueue", queue="q", job_type="late", scheduled_at=scheduled)
         await call("enqueue", queue="q", job_type="big", payload_b64=b64(b"x" * 65), encoding="e")
         await call("enqueue", queue="typed", job_type="other")
-        await call("enqueue_batch", jobs=[{"queue": "q", "job_type": "b"}, {"queue": "", "job_type": "b"}])
-        await call("enqueue_atomic", jobs=[{"queue": "typed", "job_type": "ok"}, {"queue": "typed", "job_type": "no"}])
+        await call(
+            "enqueue_batch", jobs=[{"queue": "q", "job_type": "b"}, {"queue": "", "job_type": "b"}]
+        )
+        await call(
+            "enqueue_atomic",
+            jobs=[{"queue": "typed", "job_type": "ok"}, {"queue": "typed", "job_type": "no"}],
+        )
         jobs = await call("reserve", queues=["q"], lease_s=30, wait_s=0.1, max_jobs=5)
         await call("extend", job_id=first["job_id"], lease_s=60)
         await call("nack", job_id=first["job_id"], retry={"after_s": 0}, reason="again")

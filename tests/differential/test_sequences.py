@@ -309,7 +309,10 @@ async def play(side: Side, ops: list[Any], prefix: str, now: datetime) -> None:
         if isinstance(op, Enqueue):
             priorities = _unique_priorities(op.jobs)
             batch = pb.EnqueueBatchRequest(
-                jobs=[_request(spec, p, prefix, now) for spec, p in zip(op.jobs, priorities)]
+                jobs=[
+                    _request(spec, p, prefix, now)
+                    for spec, p in zip(op.jobs, priorities, strict=True)
+                ]
             )
             await side.call("EnqueueAtomic" if op.atomic else "EnqueueBatch", batch)
         elif isinstance(op, Reserve):
@@ -369,9 +372,11 @@ async def play(side: Side, ops: list[Any], prefix: str, now: datetime) -> None:
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
-@given(ops=st.tuples(good_enqueues, st.lists(operations, min_size=10, max_size=50)).map(
-    lambda first_and_rest: [first_and_rest[0], *first_and_rest[1]]
-))
+@given(
+    ops=st.tuples(good_enqueues, st.lists(operations, min_size=10, max_size=50)).map(
+        lambda first_and_rest: [first_and_rest[0], *first_and_rest[1]]
+    )
+)
 def test_random_sequences_answer_alike(addresses: tuple[str, str], ops: list[Any]) -> None:
     prefix = f"e{next(_PREFIXES)}"
     now = datetime.now(timezone.utc).replace(microsecond=0)

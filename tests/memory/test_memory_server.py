@@ -121,15 +121,15 @@ async def test_a_waiting_reserve_wakes_on_enqueue_and_returns_empty_at_stop() ->
     server = MemoryServer()
     async with trio.open_nursery() as nursery:
         answers: list[object] = []
-        stop = trio.Event()
+        stop, serving = trio.Event(), trio.Event()
 
         async def serve() -> None:
             async with server.serving():
+                serving.set()
                 await stop.wait()
 
         nursery.start_soon(serve)
-        while not server.running:
-            await trio.sleep(0.01)
+        await serving.wait()
         async with sepp.open(server.address) as client:
             async with trio.open_nursery() as inner:
 
@@ -213,7 +213,9 @@ async def test_a_manual_clock_decides_leases_and_schedules() -> None:
         await server.advance(timedelta(days=2))
         await sepp.Worker(client, "q", handlers=router).run(until_idle=True)
         assert handled == [1]
-        assert server.now() == clock.now().replace(microsecond=clock.now().microsecond // 1000 * 1000)
+        assert server.now() == clock.now().replace(
+            microsecond=clock.now().microsecond // 1000 * 1000
+        )
 
 
 def test_starting_one_costs_little_cpu() -> None:

@@ -7,16 +7,22 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 from fixtures.fuzz import examples
-from hypothesis import given, settings
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sepp._pb import queue_pb2 as pb
 from sepp.testing import ConfigError, ManualClock
 from sepp.testing._memory import rules
 from sepp.testing._memory.config import load_config
-from sepp.testing._memory.service import QueueService, Reply, Waiting, policy_retry_delay_ms, siphash13
+from sepp.testing._memory.service import (
+    QueueService,
+    Reply,
+    Waiting,
+    policy_retry_delay_ms,
+    siphash13,
+)
 from sepp.testing._memory.state import QueueState
 
 NOW = 1_700_000_000_000
@@ -86,7 +92,9 @@ def test_a_duration_counts_its_negative_parts_as_zero(seconds: int, nanos: int) 
 
 def _service(config: dict[str, object] | None = None) -> QueueService:
     parsed = load_config(config)
-    return QueueService(parsed, QueueState(dead_letter_retention_ms=parsed.dead_letter_retention_ms))
+    return QueueService(
+        parsed, QueueState(dead_letter_retention_ms=parsed.dead_letter_retention_ms)
+    )
 
 
 def _enqueue(service: QueueService, now: int, *jobs: pb.EnqueueRequest) -> list[str]:
@@ -117,7 +125,9 @@ def test_time_is_what_the_calls_are_given():
     [job_id] = _enqueue(service, NOW, later)
     assert _reserve(service, NOW + 30 * 86_400_000 - 1, "q") == []
     [job] = _reserve(service, NOW + 30 * 86_400_000, "q", lease_ms=1000)
-    assert job.id == job_id and job.lease_expires_at.ToMilliseconds() == NOW + 30 * 86_400_000 + 1000
+    assert (
+        job.id == job_id and job.lease_expires_at.ToMilliseconds() == NOW + 30 * 86_400_000 + 1000
+    )
     # The lease runs out at its millisecond: redelivered, attempt 2.
     assert _reserve(service, NOW + 30 * 86_400_000 + 999, "q") == []
     [again] = _reserve(service, NOW + 30 * 86_400_000 + 1000, "q")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
+from pathlib import Path
 
 import trio
 
@@ -83,9 +84,7 @@ async def run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _path(text: str) -> object:
-    from pathlib import Path
-
+def _path(text: str) -> Path:
     path = Path(text)
     if not path.is_file():
         raise UsageError(f"--config: no such file: {text}")

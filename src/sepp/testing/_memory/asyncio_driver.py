@@ -61,7 +61,9 @@ class AsyncioDriver:
         try:
             while not connection.closed:
                 reading = asyncio.ensure_future(reader.read(_READ_BYTES))
-                done, _ = await asyncio.wait({reading, writing}, return_when=asyncio.FIRST_COMPLETED)
+                done, _ = await asyncio.wait(
+                    {reading, writing}, return_when=asyncio.FIRST_COMPLETED
+                )
                 if reading not in done:
                     reading.cancel()
                     break  # the writer ended: the connection is done
@@ -86,7 +88,9 @@ class AsyncioDriver:
             delay = at - self._loop.time()
             if delay > 0:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake_timer.wait(), None if math.isinf(delay) else delay)
+                    await asyncio.wait_for(
+                        self._wake_timer.wait(), None if math.isinf(delay) else delay
+                    )
             self._timer_at = -math.inf
             self._wake_timer.clear()
             core.on_time()

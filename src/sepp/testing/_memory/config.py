@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import os
 import tomllib
+import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from .._config_schema import config_problem
-import unicodedata
 
 ConfigSource = Mapping[str, object] | str | os.PathLike[str] | None
 
@@ -132,9 +132,7 @@ def read_config(source: ConfigSource) -> dict[str, Any]:
         return {key: value for key, value in source.items()}
     try:
         text = (
-            Path(source).read_text(encoding="utf-8")
-            if isinstance(source, os.PathLike)
-            else source
+            Path(source).read_text(encoding="utf-8") if isinstance(source, os.PathLike) else source
         )
         return tomllib.loads(text)
     except (OSError, tomllib.TOMLDecodeError) as exc:
@@ -164,12 +162,10 @@ def parse_config(raw: Mapping[str, Any]) -> MemoryConfig:
         )
     _check_ranges("limits", limits, _LIMIT_RANGES)
     _check_ranges("storage", storage, _STORAGE_RANGES)
-    defaults = QueueLimits(
-        **{
-            **{key: limits[key] for key in _OVERRIDABLE if key in limits and key in _GLOBAL},
-            **({"dedup_window_ms": storage["dedup_window_ms"]} if "dedup_window_ms" in storage else {}),
-        }  # fmt: skip
-    )
+    given = {key: limits[key] for key in _OVERRIDABLE if key in limits and key in _GLOBAL}
+    if "dedup_window_ms" in storage:
+        given["dedup_window_ms"] = storage["dedup_window_ms"]
+    defaults = QueueLimits(**given)
     defaults = _tuples(defaults)
     max_message_bytes = limits.get("max_message_bytes", 16 << 20)
     _check_limits("limits", defaults, max_message_bytes)
@@ -187,7 +183,9 @@ def parse_config(raw: Mapping[str, Any]) -> MemoryConfig:
             )
         if name in queues:
             raise ConfigError(f"queues[] contains duplicate name {name!r}")
-        overrides = {key: entry[key] for key in (*_OVERRIDABLE, "allowed_job_types") if key in entry}
+        overrides = {
+            key: entry[key] for key in (*_OVERRIDABLE, "allowed_job_types") if key in entry
+        }
         merged = _tuples(replace(defaults, **{"allowed_job_types": None, **overrides}))
         _check_limits(f"queues[{name!r}]", merged, max_message_bytes)
         queues[name] = merged
@@ -247,7 +245,9 @@ _QUEUE_MINIMUM_ONE = (
 )
 
 
-def _check_ranges(section: str, table: Mapping[str, Any], ranges: dict[str, tuple[int, int | None]]) -> None:
+def _check_ranges(
+    section: str, table: Mapping[str, Any], ranges: dict[str, tuple[int, int | None]]
+) -> None:
     for key, (low, high) in ranges.items():
         value = table.get(key)
         if value is None:
@@ -259,7 +259,7 @@ def _check_ranges(section: str, table: Mapping[str, Any], ranges: dict[str, tupl
 
 
 def _tuples(limits: QueueLimits) -> QueueLimits:
-    changes = {
+    changes: dict[str, Any] = {
         key: tuple(getattr(limits, key))
         for key in _LIST_KEYS
         if getattr(limits, key) is not None and not isinstance(getattr(limits, key), tuple)

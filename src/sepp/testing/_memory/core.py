@@ -15,7 +15,7 @@ from collections.abc import Callable
 from .clock import ServerClock
 from .config import MemoryConfig
 from .h2_server import CANCELLED, Call, ServerConnection
-from .service import UNIMPLEMENTED, EMPTY_RESERVE, QueueService, Reply, Waiting
+from .service import EMPTY_RESERVE, UNIMPLEMENTED, QueueService, Reply, Waiting
 from .state import QueueState
 
 

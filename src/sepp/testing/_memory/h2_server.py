@@ -202,9 +202,11 @@ class ServerConnection:
             elif name == b"grpc-encoding":
                 call.encoding = value
         early = self._dispatcher.admit(call)
-        if early is None and call.encoding not in (None, b"identity"):
-            name = call.encoding.decode("utf-8", "replace")  # type: ignore[union-attr]
-            early = Reply(UNIMPLEMENTED, f"Content is compressed with `{name}` which isn't supported")
+        if early is None and call.encoding is not None and call.encoding != b"identity":
+            encoding = call.encoding.decode("utf-8", "replace")
+            early = Reply(
+                UNIMPLEMENTED, f"Content is compressed with `{encoding}` which isn't supported"
+            )
             self.respond(call, early, extra=((b"grpc-accept-encoding", b"identity"),))
             return
         if early is not None:

@@ -211,7 +211,10 @@ def limit_rejection(
             }
     custom = job.custom
     if len(custom) > limits.max_custom_entries:
-        return "custom_entries_too_many", {"limit": limits.max_custom_entries, "actual": len(custom)}
+        return "custom_entries_too_many", {
+            "limit": limits.max_custom_entries,
+            "actual": len(custom),
+        }
     total = 0
     for key in sorted(custom):
         size = _utf8_len(key)
@@ -289,7 +292,7 @@ def _escaped(char: str) -> str:
         unicodedata.category(char) in ("Mn", "Me") or ord(char) in _OTHER_GRAPHEME_EXTEND
     ):
         return char
-    return "\\u{%x}" % ord(char)
+    return f"\\u{{{ord(char):x}}}"
 
 
 def rust_debug(text: str) -> str:

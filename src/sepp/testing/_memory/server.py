@@ -294,4 +294,3 @@ async def memory_server(
     server = MemoryServer(config, clock=clock, host=host, port=port)
     async with server.serving():
         yield server
-

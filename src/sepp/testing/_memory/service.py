@@ -121,7 +121,8 @@ class QueueService:
             raise StatusError(INVALID_ARGUMENT, "batch must contain at least one job")
         if len(jobs) > self.config.max_enqueue_batch:
             raise StatusError(
-                INVALID_ARGUMENT, f"batch exceeds max_enqueue_batch ({self.config.max_enqueue_batch})"
+                INVALID_ARGUMENT,
+                f"batch exceeds max_enqueue_batch ({self.config.max_enqueue_batch})",
             )
         return jobs
 
@@ -144,13 +145,17 @@ class QueueService:
         )
         if broken is not None:
             return _rejection(*broken)
-        max_attempts = job.max_attempts if job.HasField("max_attempts") else limits.default_max_attempts
+        max_attempts = (
+            job.max_attempts if job.HasField("max_attempts") else limits.default_max_attempts
+        )
         return NewJob(
             queue=job.queue,
             request=job,
             priority=job.priority if job.HasField("priority") else limits.default_priority,
             max_attempts=min(max_attempts, limits.max_attempts_ceiling),
-            scheduled_at_ms=rules.timestamp_ms(job.scheduled_at) if job.HasField("scheduled_at") else None,
+            scheduled_at_ms=rules.timestamp_ms(job.scheduled_at)
+            if job.HasField("scheduled_at")
+            else None,
             idempotency_key=job.idempotency_key if job.HasField("idempotency_key") else None,
             dedup_window_ms=limits.dedup_window_ms,
             max_queue_depth=limits.max_queue_depth,
@@ -188,9 +193,7 @@ class QueueService:
         outcome = self.state.enqueue_atomic(classified, now_ms)
         for entry in outcome:
             if isinstance(entry, Accepted):
-                response.success.responses.add(
-                    job_id=entry.job_id, deduplicated=entry.deduplicated
-                )
+                response.success.responses.add(job_id=entry.job_id, deduplicated=entry.deduplicated)
             else:
                 index, full = entry
                 error = response.rejection.errors.add(index=index)
@@ -211,7 +214,8 @@ class QueueService:
         queues = list(request.queues)
         if len(queues) > config.max_reserve_queues:
             raise StatusError(
-                INVALID_ARGUMENT, f"reserve exceeds max_reserve_queues ({config.max_reserve_queues})"
+                INVALID_ARGUMENT,
+                f"reserve exceeds max_reserve_queues ({config.max_reserve_queues})",
             )
         for queue in queues:
             if len(queue.encode("utf-8")) > config.max_queue_name_bytes:

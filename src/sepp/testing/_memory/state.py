@@ -249,7 +249,9 @@ class QueueState:
         for job in jobs:
             hit = self._dedup_hit(job, now_ms)
             accepted.append(
-                Accepted(hit, True) if hit is not None else Accepted(self._insert(job, now_ms), False)
+                Accepted(hit, True)
+                if hit is not None
+                else Accepted(self._insert(job, now_ms), False)
             )
         return accepted
 
@@ -401,7 +403,7 @@ class QueueState:
     def drain(self, queue: str | None, max_records: int, scan_cap: int) -> list[DeadLetter]:
         """Take (delete) up to `max_records` dead letters, oldest first, looking at no more
         than `scan_cap` of the oldest (so a drain of one queue can come back short)."""
-        chosen = []
+        chosen: list[tuple[int, bytes, int]] = []
         for examined, key in enumerate(self._dead_keys):
             if len(chosen) >= max_records or examined >= scan_cap:
                 break
