@@ -185,11 +185,14 @@ Scenario = Callable[[Side], Awaitable[None]]
 
 @contextlib.asynccontextmanager
 async def servers(
-    config: dict[str, Any] | None = None, *, api_key: str | None = None
+    config: dict[str, Any] | None = None, *, wire_engine: str = "codec"
 ) -> AsyncIterator[tuple[str, str]]:
     """A real server and a memory server with the same config: their addresses."""
     config = dict(config or {})
-    async with servers_real_only(config) as real, memory_server(config) as memory:
+    async with (
+        servers_real_only(config) as real,
+        memory_server(config, wire_engine=wire_engine) as memory,
+    ):
         yield real, memory.address
 
 

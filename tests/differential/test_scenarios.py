@@ -255,6 +255,7 @@ async def test_attempts_ceiling_and_exhaustion() -> None:
         await side.call("Reserve", reserve("q", max_jobs=2))
         await side.call("Nack", nack(side, "j0", 1))
         await side.call("Nack", nack(side, "j1", 1, reason="only one"))  # exhausted
+        await settle(side)  # the next dead letter a millisecond later, on both servers
         await side.call("Reserve", reserve("q", max_jobs=2))
         await side.call("Nack", nack(side, "j0", 2))  # exhausted at the ceiling
         await side.call("DrainDeadLetters", drain(None, 10))

@@ -86,9 +86,10 @@ async def _play(address: str, scheduled: str) -> list[Any]:
     return out
 
 
-async def test_seppy_answers_alike_on_both_servers() -> None:
+@pytest.mark.parametrize("engine", ["codec", "h2"])
+async def test_seppy_answers_alike_on_both_servers(engine: str) -> None:
     scheduled = (datetime.now(timezone.utc) + timedelta(hours=1)).replace(microsecond=0)
-    async with servers(CONFIG) as (real_address, memory_address):
+    async with servers(CONFIG, wire_engine=engine) as (real_address, memory_address):
         results: dict[str, list[Any]] = {}
 
         async def run(name: str, address: str) -> None:

@@ -23,6 +23,12 @@ from sepp.testing import ManualClock, MemoryServer, memory_server
 pytestmark = pytest.mark.memory_server
 
 
+@pytest.fixture(params=["codec", "h2"])
+def engine(request: pytest.FixtureRequest) -> str:
+    """The memory server's HTTP/2 side: ours, and the reference on h2."""
+    return str(request.param)
+
+
 def job(queue: str = "q", job_type: str = "t", **kw: object) -> sepp.EnqueueRequest:
     return sepp.EnqueueRequest(queue, job_type, **kw)  # type: ignore[arg-type]
 
@@ -105,8 +111,8 @@ async def test_a_lease_that_runs_out_cancels_the_handler_and_redelivers(
     assert runs == [1, 2]
 
 
-async def test_a_waiting_reserve_wakes_on_enqueue_and_returns_empty_at_stop() -> None:
-    async with memory_server() as server, sepp.open(server.address) as client:
+async def test_a_waiting_reserve_wakes_on_enqueue_and_returns_empty_at_stop(engine: str) -> None:
+    async with memory_server(wire_engine=engine) as server, sepp.open(server.address) as client:
         got: list[object] = []
         async with trio.open_nursery() as nursery:
 
@@ -118,7 +124,7 @@ async def test_a_waiting_reserve_wakes_on_enqueue_and_returns_empty_at_stop() ->
             await client.enqueue(job(job_type="wake"))
         assert [j.ctx.job_type for j in got[0]] == ["wake"]  # type: ignore[attr-defined]
     # A long poll pending when the server stops returns empty (GOAWAY follows).
-    server = MemoryServer()
+    server = MemoryServer(wire_engine=engine)
     async with trio.open_nursery() as nursery:
         answers: list[object] = []
         stop, serving = trio.Event(), trio.Event()
@@ -142,8 +148,8 @@ async def test_a_waiting_reserve_wakes_on_enqueue_and_returns_empty_at_stop() ->
         assert answers == [None]
 
 
-async def test_a_long_poll_given_up_by_its_caller_is_dropped() -> None:
-    async with memory_server() as server, sepp.open(server.address) as client:
+async def test_a_long_poll_given_up_by_its_caller_is_dropped(engine: str) -> None:
+    async with memory_server(wire_engine=engine) as server, sepp.open(server.address) as client:
         with trio.move_on_after(0.2):  # sent as grpc-timeout; the cancel resets the stream
             await client.reserve(["q"], lease_duration=30, wait_timeout=30)
         # The abandoned long poll took nothing: the next reserve gets the job.
@@ -152,9 +158,12 @@ async def test_a_long_poll_given_up_by_its_caller_is_dropped() -> None:
         assert jobs is not None and len(jobs) == 1
 
 
-async def test_big_messages_go_through_flow_control_both_ways() -> None:
+async def test_big_messages_go_through_flow_control_both_ways(engine: str) -> None:
     config = {"limits": {"max_payload_bytes": 1 << 20, "max_reserve_batch": 64}}
-    async with memory_server(config) as server, sepp.open(server.address) as client:
+    async with (
+        memory_server(config, wire_engine=engine) as server,
+        sepp.open(server.address) as client,
+    ):
         big = sepp.Payload(os.urandom(900_000), "application/octet-stream")
         await client.enqueue(job(payload=big))
         chunks = [sepp.Payload(bytes([n]) * 100_000, "x") for n in range(30)]
@@ -163,10 +172,13 @@ async def test_big_messages_go_through_flow_control_both_ways() -> None:
         assert [j.payload for j in jobs] == [big, *chunks]  # 3.9 MB in one response
 
 
-async def test_on_asyncio_too() -> None:
+async def test_on_asyncio_too(engine: str) -> None:
     def main() -> list[str]:
         async def body() -> list[str]:
-            async with memory_server() as server, sepp.open(server.address) as client:
+            async with (
+                memory_server(wire_engine=engine) as server,
+                sepp.open(server.address) as client,
+            ):
                 await client.enqueue(job(job_type="a"))
                 await client.enqueue(job(job_type="b", priority=9))
                 jobs = await client.reserve(["q"], lease_duration=30, max_jobs=5) or []

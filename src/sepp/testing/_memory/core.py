@@ -14,9 +14,14 @@ from collections.abc import Callable
 
 from .clock import ServerClock
 from .config import MemoryConfig
+from .codec_server import CodecServerConnection
 from .h2_server import CANCELLED, Call, ServerConnection
 from .service import EMPTY_RESERVE, UNIMPLEMENTED, QueueService, Reply, Waiting
 from .state import QueueState
+
+
+# The HTTP/2 sides: our codec (the default) and the reference on h2, as the client has.
+WIRE_ENGINES = ("codec", "h2")
 
 
 class _Waiter:
@@ -37,7 +42,13 @@ class ServerCore:
         clock: ServerClock,
         runtime_now: Callable[[], float],
         state: QueueState | None = None,
+        wire_engine: str = "codec",
     ) -> None:
+        if wire_engine not in WIRE_ENGINES:
+            raise ValueError(f"wire_engine must be one of {WIRE_ENGINES}, got {wire_engine!r}")
+        self._connection_class = (
+            CodecServerConnection if wire_engine == "codec" else ServerConnection
+        )
         self.config = config
         self.clock = clock
         self.state = state or QueueState(dead_letter_retention_ms=config.dead_letter_retention_ms)
@@ -47,14 +58,14 @@ class ServerCore:
         self._waiter_deadlines: list[tuple[float, int]] = []
         self._deadlines: list[tuple[float, int, Call]] = []  # grpc-timeouts
         self._seq = itertools.count()
-        self.connections: set[ServerConnection] = set()
+        self.connections: set[ServerConnection | CodecServerConnection] = set()
         self.stopping = False
         self.calls_answered = 0  # for tests: how many calls got a reply
 
     # -- connections ------------------------------------------------------------------------
 
-    def connection(self, on_output: Callable[[], None]) -> ServerConnection:
-        connection = ServerConnection(
+    def connection(self, on_output: Callable[[], None]) -> ServerConnection | CodecServerConnection:
+        connection = self._connection_class(
             self,
             max_message_bytes=self.config.max_message_bytes,
             runtime_now=self._now,
@@ -65,7 +76,7 @@ class ServerCore:
             connection.goaway()
         return connection
 
-    def closed(self, connection: ServerConnection) -> None:
+    def closed(self, connection: ServerConnection | CodecServerConnection) -> None:
         connection.connection_lost()
         self.connections.discard(connection)
 

@@ -63,6 +63,12 @@ def parse_grpc_timeout(value: bytes) -> float | None:
     return None if scale is None else int(digits) * scale
 
 
+class Responder(Protocol):
+    """A connection, as its calls see it."""
+
+    def respond(self, call: Call, reply: Reply) -> None: ...
+
+
 class Call:
     """One request stream."""
 
@@ -79,7 +85,7 @@ class Call:
         "waiter",
     )
 
-    def __init__(self, connection: ServerConnection, stream_id: int) -> None:
+    def __init__(self, connection: Responder, stream_id: int) -> None:
         self.connection = connection
         self.stream_id = stream_id
         self.path = ""
@@ -188,6 +194,9 @@ class ServerConnection:
             self._close_if_done()
 
     def _request(self, stream_id: int, headers: list[tuple[bytes, bytes]]) -> None:
+        if self._going_away:
+            self._h2.reset_stream(stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
+            return
         call = Call(self, stream_id)
         self._calls[stream_id] = call
         for name, value in headers:
@@ -320,23 +329,25 @@ class ServerConnection:
     # -- the connection's end ----------------------------------------------------------------
 
     def goaway(self) -> None:
-        """No new streams (GOAWAY, NO_ERROR); those begun are answered, then it closes."""
+        """No new streams; those begun are answered, then GOAWAY (NO_ERROR) and it closes.
+        (h2 sends nothing after a GOAWAY of ours, so it waits for the calls; a stream begun
+        meanwhile is refused, REFUSED_STREAM.)"""
         if self._going_away or self.closed:
             return
         self._going_away = True
-        try:
-            self._h2.close_connection(
-                error_code=h2.errors.ErrorCodes.NO_ERROR,
-                last_stream_id=self._h2.highest_inbound_stream_id,
-            )
-        except h2.exceptions.H2Error:
-            pass
         self._close_if_done()
         self._on_output()
 
     def _close_if_done(self) -> None:
-        if self._going_away and self.idle:
+        if self._going_away and self.idle and not self.closed:
             self.closed = True
+            try:
+                self._h2.close_connection(
+                    error_code=h2.errors.ErrorCodes.NO_ERROR,
+                    last_stream_id=self._h2.highest_inbound_stream_id,
+                )
+            except h2.exceptions.H2Error:
+                pass
 
     def _fail_connection(self) -> None:
         self.closed = True

@@ -15,7 +15,7 @@ from ..._model import validate as v
 from ..._runtime import wall_clock
 from .clock import ManualClock, RunClock, ServerClock
 from .config import ConfigSource, MemoryConfig, load_config
-from .core import ServerCore
+from .core import WIRE_ENGINES, ServerCore
 from .state import QueueDepths, QueueState
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
@@ -33,6 +33,8 @@ class MemoryServer:
     `config` is what the real server reads (a mapping like `sepp_server`'s, TOML text, or the
     path of a TOML file); `clock` is the server's time: by default the run's wall clock, which
     in a trio run under `trio.testing.MockClock` is virtual time, or a `ManualClock`.
+    `wire_engine` is its HTTP/2 side: "codec" (ours, the default) or "h2" (the reference, on
+    the h2 library; slower).
     Its state lives as long as the object: `stop()` then `start()` again is a restart that
     keeps every job (leases keep running), as the real server's restart keeps its data."""
 
@@ -43,7 +45,11 @@ class MemoryServer:
         clock: ServerClock | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
+        wire_engine: str = "codec",
     ) -> None:
+        if wire_engine not in WIRE_ENGINES:
+            raise ValueError(f"wire_engine must be one of {WIRE_ENGINES}, got {wire_engine!r}")
+        self.wire_engine = wire_engine
         self.config: MemoryConfig = load_config(config)
         self.clock: ServerClock = RunClock() if clock is None else clock
         self.host = host
@@ -121,7 +127,11 @@ class MemoryServer:
         if self._core is not None and not self._core.stopping:
             raise RuntimeError("the memory server is already running")
         self._core = ServerCore(
-            self.config, clock=self.clock, runtime_now=runtime_now, state=self.state
+            self.config,
+            clock=self.clock,
+            runtime_now=runtime_now,
+            state=self.state,
+            wire_engine=self.wire_engine,
         )
         return self._core
 
@@ -286,11 +296,12 @@ async def memory_server(
     clock: ServerClock | None = None,
     host: str = "127.0.0.1",
     port: int = 0,
+    wire_engine: str = "codec",
 ) -> AsyncIterator[MemoryServer]:
     """Run a `MemoryServer` for the duration of the block, in this trio run or on this asyncio
     loop: `async with sepp.testing.memory_server(config) as server:` then connect to
     `server.address`. On exit the server stops as the real one does on SIGTERM: waiting
     reserves return empty, connections get GOAWAY."""
-    server = MemoryServer(config, clock=clock, host=host, port=port)
+    server = MemoryServer(config, clock=clock, host=host, port=port, wire_engine=wire_engine)
     async with server.serving():
         yield server
