@@ -13,12 +13,11 @@ import math
 from collections.abc import Callable
 
 from .clock import ServerClock
-from .config import MemoryConfig
 from .codec_server import CodecServerConnection
+from .config import MemoryConfig
 from .h2_server import CANCELLED, Call, ServerConnection
 from .service import EMPTY_RESERVE, UNIMPLEMENTED, QueueService, Reply, Waiting
 from .state import QueueState
-
 
 # The HTTP/2 sides: our codec (the default) and the reference on h2, as the client has.
 WIRE_ENGINES = ("codec", "h2")
