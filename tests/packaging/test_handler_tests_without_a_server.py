@@ -89,7 +89,8 @@ async def work(client, **options):
 async def test_a_welcome_email_is_sent(memory_server, autojump_clock, seen):
     LOG.clear()
     async with sepp.open(memory_server.address) as client:
-        await client.enqueue(sepp.EnqueueRequest("app", "welcome", payload=sepp.Payload.json({"user": 7})))
+        welcome = sepp.EnqueueRequest("app", "welcome", payload=sepp.Payload.json({"user": 7}))
+        await client.enqueue(welcome)
         await work(client)
     seen["welcome"] = list(LOG)
     assert LOG == [["welcome", 7, 1]]
