@@ -71,7 +71,7 @@ async def user_test(address: str, jobs: int) -> None:
 
     async with sepp.open(address) as client:
         for n in range(jobs):
-            await client.enqueue(sepp.EnqueueRequest("emails", "send", payload=sepp.Payload.json(n)))
+            await client.enqueue("emails", "send", payload=sepp.Payload.json(n))
         await sepp.Worker(client, "emails", handlers=router).run(until_idle=True)
     if handled != jobs:
         raise RuntimeError(f"{handled} of {jobs} jobs handled")

@@ -69,6 +69,7 @@ class ManualClock:
         return _EPOCH + timedelta(microseconds=self._ns // 1000)
 
     def wall_ns(self) -> int:
+        """The clock's time in nanoseconds since the epoch."""
         return self._ns
 
     def advance(self, by: float | timedelta) -> None:
@@ -92,12 +93,15 @@ class ManualClock:
             watcher()
 
     def now_ms(self) -> int:
+        """The clock's time in milliseconds since the epoch (what the server stamps)."""
         return self._ns // 1_000_000
 
     def runtime_at(self, ms: int, runtime_now: float) -> float | None:
+        """Now, if the clock has reached `ms`; else None: it gets there only when moved."""
         return runtime_now if ms * 1_000_000 <= self._ns else None
 
     def watch(self, on_change: Callable[[], None]) -> Callable[[], None]:
+        """Call `on_change` after every move; returns what stops it (for the server's timer)."""
         with self._lock:
             self._watchers.append(on_change)
 

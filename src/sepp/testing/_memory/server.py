@@ -63,17 +63,19 @@ class MemoryServer:
 
     @property
     def port(self) -> int:
+        """The TCP port (chosen by the OS on the first start, kept by later starts)."""
         if not self._port:
             raise RuntimeError("the memory server has not been started yet")
         return self._port
 
     @property
     def address(self) -> str:
-        """`"127.0.0.1:PORT"`: what a client connects to."""
+        """``"127.0.0.1:PORT"``: what a client connects to."""
         return f"{self.host}:{self.port}"
 
     @property
     def running(self) -> bool:
+        """Whether it serves now (started, and not stopping)."""
         return self._core is not None and not self._core.stopping
 
     def now(self) -> datetime:
