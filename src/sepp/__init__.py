@@ -22,7 +22,8 @@ The package is built in layers, each a folder that imports only the layers below
   middleware, lease keeping, the monitor), `_scheduling/` (`Schedule` and `Scheduler`) and
   `_outbox/` (`Outbox`, jobs written in the application's database transaction, and
   `OutboxRelay`, which forwards them);
-- `_cli/` (the `sepp-trio` command) and `testing/` (public: a real server for tests) on top.
+- `_cli/` (the `sepp-trio` command) and `testing/` (public: servers for tests, the real one
+  and a pure-Python one in memory, `testing/_memory/`) on top.
 
 The public API is the table below, and nothing else: every name in it presents as `sepp.X`.
 """

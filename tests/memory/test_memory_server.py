@@ -264,3 +264,35 @@ async def test_the_dev_server_command() -> None:
         if process.returncode is None:
             process.kill()
             await process.wait()
+
+
+async def test_the_clients_own_schedule_check_follows_virtual_time(
+    memory_server: MemoryServer, autojump_clock: trio.testing.MockClock
+) -> None:
+    # The client checks a schedule against the server's horizon locally, with the run's wall
+    # clock: after 20 virtual days, "29 days from the server's now" is within the horizon.
+    async with sepp.open(memory_server.address) as client:
+        await client.get_server_info()  # the limits are cached at the start
+        await memory_server.advance(timedelta(days=20))
+        await client.enqueue(job(scheduled_at=memory_server.now() + timedelta(days=29)))
+        with pytest.raises(sepp.JobRejectedError, match="horizon"):
+            await client.enqueue(job(scheduled_at=memory_server.now() + timedelta(days=31)))
+    assert memory_server.depths("q").scheduled == 1
+
+
+async def test_the_wall_clock_runs_with_a_mock_clock(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    from sepp._runtime import wall_clock
+
+    assert wall_clock.virtual()
+    before = wall_clock.utc_now()
+    await trio.sleep(3600)
+    assert wall_clock.utc_now() - before == timedelta(hours=1)
+
+
+async def test_the_wall_clock_is_the_systems_on_trios_own_clock() -> None:
+    from sepp._runtime import wall_clock
+
+    assert not wall_clock.virtual()
+    assert abs(wall_clock.wall_ns() - time.time_ns()) < 10**9

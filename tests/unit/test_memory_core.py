@@ -205,3 +205,35 @@ def test_a_manual_clock_moves_only_forward_and_says_so():
     assert len(moved) == 2
     assert clock.runtime_at(clock.now_ms() + 1, 5.0) is None  # it does not move by itself
     assert clock.runtime_at(clock.now_ms(), 5.0) == 5.0
+
+
+def test_a_call_past_its_grpc_timeout_is_cancelled_and_forgets_its_wait():
+    from sepp.testing._memory.clock import ManualClock as Clock
+    from sepp.testing._memory.core import ServerCore
+    from sepp.testing._memory.h2_server import Call
+
+    now = [0.0]
+    answers: list[Reply] = []
+
+    class Connection:
+        def respond(self, call: Call, reply: Reply) -> None:
+            call.answered = True
+            answers.append(reply)
+
+    core = ServerCore(load_config({}), clock=Clock(), runtime_now=lambda: now[0])
+    call = Call(Connection(), 1)
+    call.path, call.deadline = "/sepp.v1.QueueService/Reserve", 2.0
+    core.started(call)
+    request = pb.ReserveRequest(queues=["q"])
+    request.lease_duration.FromSeconds(30)
+    request.wait_timeout.FromSeconds(60)
+    core.dispatch(call, request.SerializeToString())
+    assert answers == [] and core.next_wakeup() == 2.0  # the deadline, before the wait's end
+    now[0] = 2.0
+    core.on_time()
+    assert answers == [Reply(1, "Timeout expired")]
+    assert core.next_wakeup() == float("inf")  # the wait went with it
+    health = core.service.call("/grpc.health.v1.Health/Check", b"\n\x14sepp.v1.QueueService", 0)
+    assert health == Reply(body=b"\x08\x01")
+    unknown = core.service.call("/grpc.health.v1.Health/Check", b"\n\x03xyz", 0)
+    assert unknown == Reply(5, "service not registered")
