@@ -248,16 +248,7 @@ def job(queue: str, job_type: str = "t", **fields: Any) -> pb.EnqueueRequest:
         request.payload.data = data
         request.payload.encoding = encoding
     for name, value in fields.pop("custom", {}).items():
-        entry = request.custom[name]
-        if isinstance(value, bool):
-            entry.bool_value = value
-        elif isinstance(value, int):
-            entry.int_value = value
-        elif isinstance(value, float):
-            entry.double_value = value
-        elif isinstance(value, str):
-            entry.string_value = value
-        # None: an entry with no value set
+        set_custom(request, name, value)
     scheduled_at = fields.pop("scheduled_at", None)
     if scheduled_at is not None:
         request.scheduled_at.FromDatetime(scheduled_at)
@@ -267,6 +258,20 @@ def job(queue: str, job_type: str = "t", **fields: Any) -> pb.EnqueueRequest:
     for name, value in fields.items():
         setattr(request, name, value)
     return request
+
+
+def set_custom(request: pb.EnqueueRequest, key: str, value: Any) -> None:
+    """`request.custom[key]` set to a str, int, float or bool; None: an entry with no value."""
+    entry = request.custom[key]
+    entry.Clear()
+    if isinstance(value, bool):
+        entry.bool_value = value
+    elif isinstance(value, int):
+        entry.int_value = value
+    elif isinstance(value, float):
+        entry.double_value = value
+    elif isinstance(value, str):
+        entry.string_value = value
 
 
 def batch(*jobs: pb.EnqueueRequest) -> pb.EnqueueBatchRequest:

@@ -20,7 +20,14 @@ from typing import Any
 
 import pytest
 import trio
-from both_servers import Side, assert_same, run_on_addresses, servers_in_threads, settle
+from both_servers import (
+    Side,
+    assert_same,
+    run_on_addresses,
+    servers_in_threads,
+    set_custom,
+    settle,
+)
 from fixtures.fuzz import examples
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
@@ -269,16 +276,7 @@ def _request(spec: JobSpec, priority: int | None, prefix: str, now: datetime) ->
     if spec.max_attempts is not None:
         request.max_attempts = spec.max_attempts
     for key, value in spec.custom:
-        entry = request.custom[key]
-        entry.Clear()
-        if isinstance(value, bool):
-            entry.bool_value = value
-        elif isinstance(value, int):
-            entry.int_value = value
-        elif isinstance(value, float):
-            entry.double_value = value
-        elif isinstance(value, str):
-            entry.string_value = value
+        set_custom(request, key, value)
     if spec.schedule is not None:
         at = {
             "past": now - timedelta(days=2),

@@ -208,9 +208,9 @@ def test_a_manual_clock_moves_only_forward_and_says_so():
 
 
 def test_a_call_past_its_grpc_timeout_is_cancelled_and_forgets_its_wait():
+    from sepp.testing._memory.calls import Call
     from sepp.testing._memory.clock import ManualClock as Clock
     from sepp.testing._memory.core import ServerCore
-    from sepp.testing._memory.h2_server import Call
 
     now = [0.0]
     answers: list[Reply] = []

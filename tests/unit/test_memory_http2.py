@@ -12,8 +12,9 @@ import h2.events
 import h2.settings
 import pytest
 
+from sepp.testing._memory.calls import Call
 from sepp.testing._memory.codec_server import CodecServerConnection
-from sepp.testing._memory.h2_server import Call, ServerConnection
+from sepp.testing._memory.h2_server import ServerConnection
 from sepp.testing._memory.service import Reply
 
 PATH = b"/sepp.v1.QueueService/Ack"

@@ -14,14 +14,14 @@ table (grpcio's do) goes to hpack's Decoder whole, which keeps the table.
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable
 
 from hpack.huffman_table import decode_huffman
 from hpack.table import HeaderTable
 
 from ...wire._hpack import BoundedDecoder, encode_field
-from .h2_server import OUT_OF_RANGE, Call, Dispatcher, grpc_message, parse_grpc_timeout
-from .service import INTERNAL, OK, UNIMPLEMENTED, Reply
+from . import calls
+from .calls import PREFIX, Call, Extra, ServerSide, grpc_message
+from .service import OK, Reply
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS = 0x0, 0x1, 0x2, 0x3, 0x4
@@ -35,7 +35,6 @@ SETTINGS_INITIAL_WINDOW_SIZE, SETTINGS_MAX_FRAME_SIZE = 0x4, 0x5
 _FRAME = struct.Struct(">HBBBL")  # 24-bit length as 16 + 8 bits, type, flags, stream id
 _U32 = struct.Struct(">L")
 _SETTING = struct.Struct(">HL")
-_PREFIX = struct.Struct(">BI")
 _WINDOW = 1 << 20  # what a tonic (hyper) server offers, for streams and the connection
 _MAX_STREAMS = 2**31 - 1
 _MAX_HEADER_LIST = 16 << 10
@@ -178,26 +177,14 @@ def _literal(raw: bytes, name_index: int) -> tuple[bytes, bytes]:
     return name, value
 
 
-class CodecServerConnection:
+class CodecServerConnection(ServerSide):
     """One client connection (the interface of h2_server.ServerConnection)."""
 
-    def __init__(
-        self,
-        dispatcher: Dispatcher,
-        *,
-        max_message_bytes: int,
-        runtime_now: Callable[[], float],
-        on_output: Callable[[], None],
-    ) -> None:
-        self._dispatcher = dispatcher
-        self._max_message_bytes = max_message_bytes
-        self._now = runtime_now
-        self._on_output = on_output
+    def _open_connection(self) -> None:
         self._out: list[bytes] = [_OPENING]
         self._in = b""
         self._preface = True
         self._fields = _Fields()
-        self._calls: dict[int, Call] = {}
         self._open: set[int] = set()  # streams the client may still send on
         self._last_stream = 0
         self._block: bytearray | None = None  # a header block awaiting CONTINUATION
@@ -210,13 +197,6 @@ class CodecServerConnection:
         self._max_frame = 16_384
         self._received = 0  # connection bytes not yet credited back
         self._stream_received: dict[int, int] = {}
-        self._sending: dict[int, list[bytes]] = {}  # stream → [data left, trailers block]
-        self.closed = False
-        self._going_away = False
-
-    @property
-    def idle(self) -> bool:
-        return not self._calls and not self._sending
 
     def data_to_send(self) -> bytes:
         if not self._out:
@@ -334,28 +314,8 @@ class CodecServerConnection:
         self._stream_windows[stream_id] = self._initial_send_window
         call = Call(self, stream_id)
         self._calls[stream_id] = call
-        for name, value in fields:
-            if name == b":path":
-                call.path = value.decode("utf-8", "replace")
-            elif name == b"authorization":
-                call.authorization = value
-            elif name == b"grpc-timeout":
-                timeout = parse_grpc_timeout(value)
-                if timeout is not None:
-                    call.deadline = self._now() + timeout
-            elif name == b"grpc-encoding":
-                call.encoding = value
-        early = self._dispatcher.admit(call)
-        if early is None and call.encoding is not None and call.encoding != b"identity":
-            encoding = call.encoding.decode("utf-8", "replace")
-            early = Reply(
-                UNIMPLEMENTED, f"Content is compressed with `{encoding}` which isn't supported"
-            )
-            self.respond(call, early, extra=((b"grpc-accept-encoding", b"identity"),))
-        elif early is not None:
-            self.respond(call, early)
-        else:
-            self._dispatcher.started(call)
+        call.read_headers(fields, self._now())
+        calls.begin(self._dispatcher, call)
         if ends_stream:
             self._ended(stream_id)
 
@@ -379,60 +339,14 @@ class CodecServerConnection:
         call = self._calls.get(stream_id)
         if call is not None and not call.answered:
             call.body += self._unpadded(flags, payload)
-            self._check_prefix(call)
+            calls.check_prefix(call, self._max_message_bytes)
         if flags & END_STREAM:
             self._ended(stream_id)
-
-    def _check_prefix(self, call: Call) -> None:
-        if len(call.body) < _PREFIX.size:
-            return
-        flag, length = _PREFIX.unpack_from(call.body)
-        if flag == 1:
-            self.respond(
-                call,
-                Reply(
-                    INTERNAL,
-                    "protocol error: received message with compressed-flag but no "
-                    "grpc-encoding was specified",
-                ),
-            )
-        elif flag:
-            self.respond(
-                call,
-                Reply(
-                    INTERNAL,
-                    f"protocol error: received message with invalid compression flag: {flag}"
-                    " (valid flags are 0 and 1), while sending request",
-                ),
-            )
-        elif length > self._max_message_bytes:
-            self.respond(
-                call,
-                Reply(
-                    OUT_OF_RANGE,
-                    f"Error, decoded message length too large: found {length} bytes, the "
-                    f"limit is: {self._max_message_bytes} bytes",
-                ),
-            )
 
     def _ended(self, stream_id: int) -> None:
         self._open.discard(stream_id)
         self._stream_received.pop(stream_id, None)
-        call = self._calls.get(stream_id)
-        if call is None or call.answered or call.dispatched:
-            return
-        call.dispatched = True
-        body = call.body
-        if not body:
-            self.respond(call, Reply(INTERNAL, "Missing request message."))
-            return
-        length = _PREFIX.unpack_from(body)[1] if len(body) >= _PREFIX.size else -1
-        if length < 0 or len(body) < _PREFIX.size + length:
-            self.respond(call, Reply(INTERNAL, "Unexpected EOF decoding stream."))
-            return
-        message = bytes(body[_PREFIX.size : _PREFIX.size + length])
-        call.body = bytearray()
-        self._dispatcher.dispatch(call, message)
+        calls.ended(self._dispatcher, self._calls.get(stream_id))
 
     def _settings(self, payload: bytes) -> None:
         if len(payload) % 6:
@@ -476,15 +390,10 @@ class CodecServerConnection:
 
     # -- replies ----------------------------------------------------------------------------
 
-    def respond(
-        self, call: Call, reply: Reply, *, extra: tuple[tuple[bytes, bytes], ...] = ()
-    ) -> None:
-        if call.answered:
+    def respond(self, call: Call, reply: Reply, *, extra: Extra = ()) -> None:
+        if not self._claim(call):
             return
-        call.answered = True
         stream_id = call.stream_id
-        if self._calls.get(stream_id) is not call:
-            return
         if reply.code != OK or reply.body is None:
             block = _STATUS_200 + encode_field(b"grpc-status", b"%d" % reply.code, sensitive=False)
             if reply.message:
@@ -495,7 +404,7 @@ class CodecServerConnection:
             self._finish(stream_id)
         else:
             self._headers_out(stream_id, _STATUS_200, end_stream=False)
-            self._sending[stream_id] = [_PREFIX.pack(0, len(reply.body)) + reply.body]
+            self._sending[stream_id] = [PREFIX.pack(0, len(reply.body)) + reply.body]
             self._send_pending()
         self._close_if_done()
         self._on_output()
@@ -550,12 +459,3 @@ class CodecServerConnection:
     def _close_if_done(self) -> None:
         if self._going_away and self.idle:
             self.closed = True
-
-    def connection_lost(self) -> None:
-        self.closed = True
-        self._sending.clear()
-        calls, self._calls = self._calls, {}
-        for call in calls.values():
-            if not call.answered:
-                call.answered = True
-                self._dispatcher.forget(call)

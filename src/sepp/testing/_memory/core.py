@@ -12,10 +12,11 @@ import itertools
 import math
 from collections.abc import Callable
 
+from .calls import CANCELLED, Call
 from .clock import ServerClock
 from .codec_server import CodecServerConnection
 from .config import MemoryConfig
-from .h2_server import CANCELLED, Call, ServerConnection
+from .h2_server import ServerConnection
 from .service import EMPTY_RESERVE, UNIMPLEMENTED, QueueService, Reply, Waiting
 from .state import QueueState
 

@@ -10,11 +10,6 @@ and lets those begun finish."""
 
 from __future__ import annotations
 
-import math
-import struct
-from collections.abc import Callable
-from typing import Protocol
-
 import h2.config
 import h2.connection
 import h2.errors
@@ -22,10 +17,9 @@ import h2.events
 import h2.exceptions
 import h2.settings
 
-from .service import INTERNAL, OK, UNIMPLEMENTED, Reply
-
-CANCELLED, OUT_OF_RANGE = 1, 11
-_PREFIX = struct.Struct(">BI")
+from . import calls
+from .calls import PREFIX, Call, Extra, ServerSide, grpc_message
+from .service import OK, Reply
 
 _CONFIG = h2.config.H2Configuration(
     client_side=False,
@@ -40,96 +34,12 @@ _WINDOW = 1 << 20
 _MAX_STREAMS = 2**31 - 1
 _RESPONSE_HEADERS = ((b":status", b"200"), (b"content-type", b"application/grpc"))
 _OK_TRAILERS = ((b"grpc-status", b"0"),)
-# tonic's percent-encoding of grpc-message: controls, space and " # % < > ` ? { }, and
-# every byte outside ASCII.
-_PLAIN = frozenset(range(0x21, 0x7F)) - set(b'"#%<>`?{}')
 
 
-def grpc_message(text: str) -> bytes:
-    raw = text.encode("utf-8")
-    if all(byte in _PLAIN for byte in raw):
-        return raw
-    return b"".join(bytes((byte,)) if byte in _PLAIN else b"%%%02X" % byte for byte in raw)
-
-
-def parse_grpc_timeout(value: bytes) -> float | None:
-    """Seconds, or None for an absent or malformed header (which tonic ignores)."""
-    if not value or len(value) > 9:
-        return None
-    digits, unit = value[:-1], value[-1:]
-    if not digits.isdigit():
-        return None
-    scale = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}.get(unit)
-    return None if scale is None else int(digits) * scale
-
-
-class Responder(Protocol):
-    """A connection, as its calls see it."""
-
-    def respond(self, call: Call, reply: Reply) -> None: ...
-
-
-class Call:
-    """One request stream."""
-
-    __slots__ = (
-        "answered",
-        "authorization",
-        "body",
-        "connection",
-        "deadline",
-        "dispatched",
-        "encoding",
-        "path",
-        "stream_id",
-        "waiter",
-    )
-
-    def __init__(self, connection: Responder, stream_id: int) -> None:
-        self.connection = connection
-        self.stream_id = stream_id
-        self.path = ""
-        self.authorization: bytes | None = None
-        self.encoding: bytes | None = None
-        self.deadline = math.inf  # the runtime's clock; from grpc-timeout
-        self.body = bytearray()
-        self.answered = False
-        self.dispatched = False
-        self.waiter: object = None  # the dispatcher's, while a Reserve waits
-
-    def respond(self, reply: Reply) -> None:
-        self.connection.respond(self, reply)
-
-
-class Dispatcher(Protocol):
-    def admit(self, call: Call) -> Reply | None:
-        """The reply to give from the headers alone (auth, unknown method), or None."""
-
-    def dispatch(self, call: Call, body: bytes) -> None:
-        """Answer the call (now or later) with `call.respond`."""
-
-    def forget(self, call: Call) -> None:
-        """The call ended without a reply from the dispatcher (reset, or the connection)."""
-
-    def started(self, call: Call) -> None:
-        """A call began (its deadline is known): for the dispatcher's timers."""
-
-
-class ServerConnection:
+class ServerConnection(ServerSide):
     """One client connection. `on_output` is called whenever bytes wait to be sent."""
 
-    def __init__(
-        self,
-        dispatcher: Dispatcher,
-        *,
-        max_message_bytes: int,
-        runtime_now: Callable[[], float],
-        on_output: Callable[[], None],
-    ) -> None:
-        self._dispatcher = dispatcher
-        self._max_message_bytes = max_message_bytes
-        self._now = runtime_now
-        self._on_output = on_output
+    def _open_connection(self) -> None:
         self._h2 = h2.connection.H2Connection(config=_CONFIG)
         self._h2.local_settings = h2.settings.Settings(
             client=False,
@@ -139,18 +49,9 @@ class ServerConnection:
                 h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: 16 << 10,
             },
         )
-        self._calls: dict[int, Call] = {}
         # Replies whose DATA waits for a window: stream → (bytes left to send, trailers).
-        self._sending: dict[int, list[bytes]] = {}
-        self.closed = False  # no more to read or send: the driver may close the socket
-        self._going_away = False
         self._h2.initiate_connection()
         self._h2.increment_flow_control_window(_WINDOW - 65_535)
-
-    @property
-    def idle(self) -> bool:
-        """No call begun and not answered, nothing left to send."""
-        return not self._calls and not self._sending
 
     def data_to_send(self) -> bytes:
         return bytes(self._h2.data_to_send())
@@ -178,7 +79,7 @@ class ServerConnection:
             call = self._calls.get(event.stream_id)
             if call is not None and not call.answered:
                 call.body += event.data or b""
-                self._check_prefix(call)
+                calls.check_prefix(call, self._max_message_bytes)
         elif isinstance(event, h2.events.StreamEnded):
             self._ended(event.stream_id)
         elif isinstance(event, h2.events.StreamReset):
@@ -199,91 +100,19 @@ class ServerConnection:
             return
         call = Call(self, stream_id)
         self._calls[stream_id] = call
-        for name, value in headers:
-            if name == b":path":
-                call.path = value.decode("utf-8", "replace")
-            elif name == b"authorization":
-                call.authorization = value
-            elif name == b"grpc-timeout":
-                timeout = parse_grpc_timeout(value)
-                if timeout is not None:
-                    call.deadline = self._now() + timeout
-            elif name == b"grpc-encoding":
-                call.encoding = value
-        early = self._dispatcher.admit(call)
-        if early is None and call.encoding is not None and call.encoding != b"identity":
-            encoding = call.encoding.decode("utf-8", "replace")
-            early = Reply(
-                UNIMPLEMENTED, f"Content is compressed with `{encoding}` which isn't supported"
-            )
-            self.respond(call, early, extra=((b"grpc-accept-encoding", b"identity"),))
-            return
-        if early is not None:
-            self.respond(call, early)
-            return
-        self._dispatcher.started(call)
-
-    def _check_prefix(self, call: Call) -> None:
-        if len(call.body) < _PREFIX.size:
-            return
-        flag, length = _PREFIX.unpack_from(call.body)
-        if flag == 1:
-            self.respond(
-                call,
-                Reply(
-                    INTERNAL,
-                    "protocol error: received message with compressed-flag but no "
-                    "grpc-encoding was specified",
-                ),
-            )
-        elif flag:
-            self.respond(
-                call,
-                Reply(
-                    INTERNAL,
-                    f"protocol error: received message with invalid compression flag: {flag}"
-                    " (valid flags are 0 and 1), while sending request",
-                ),
-            )
-        elif length > self._max_message_bytes:
-            self.respond(
-                call,
-                Reply(
-                    OUT_OF_RANGE,
-                    f"Error, decoded message length too large: found {length} bytes, the "
-                    f"limit is: {self._max_message_bytes} bytes",
-                ),
-            )
+        call.read_headers(headers, self._now())
+        calls.begin(self._dispatcher, call)
 
     def _ended(self, stream_id: int) -> None:
-        call = self._calls.get(stream_id)
-        if call is None or call.answered or call.dispatched:
-            return
-        call.dispatched = True
-        body = call.body
-        if not body:
-            self.respond(call, Reply(INTERNAL, "Missing request message."))
-            return
-        length = _PREFIX.unpack_from(body)[1] if len(body) >= _PREFIX.size else -1
-        if length < 0 or len(body) < _PREFIX.size + length:
-            self.respond(call, Reply(INTERNAL, "Unexpected EOF decoding stream."))
-            return
-        message = bytes(body[_PREFIX.size : _PREFIX.size + length])
-        call.body = bytearray()
-        self._dispatcher.dispatch(call, message)
+        calls.ended(self._dispatcher, self._calls.get(stream_id))
 
     # -- replies ---------------------------------------------------------------------------
 
-    def respond(
-        self, call: Call, reply: Reply, *, extra: tuple[tuple[bytes, bytes], ...] = ()
-    ) -> None:
+    def respond(self, call: Call, reply: Reply, *, extra: Extra = ()) -> None:
         """Send `reply` on `call`'s stream (once; later replies are dropped)."""
-        if call.answered:
+        if not self._claim(call):
             return
-        call.answered = True
         stream_id = call.stream_id
-        if self._calls.get(stream_id) is not call:
-            return
         try:
             if reply.code != OK or reply.body is None:
                 headers = [*_RESPONSE_HEADERS, (b"grpc-status", b"%d" % reply.code)]
@@ -294,7 +123,7 @@ class ServerConnection:
                 self._calls.pop(stream_id, None)
             else:
                 self._h2.send_headers(stream_id, _RESPONSE_HEADERS)
-                self._sending[stream_id] = [_PREFIX.pack(0, len(reply.body)) + reply.body]
+                self._sending[stream_id] = [PREFIX.pack(0, len(reply.body)) + reply.body]
                 self._send_pending()
         except h2.exceptions.H2Error:  # the stream or connection is gone
             self._calls.pop(stream_id, None)
@@ -352,13 +181,3 @@ class ServerConnection:
     def _fail_connection(self) -> None:
         self.closed = True
         self.connection_lost()
-
-    def connection_lost(self) -> None:
-        """The socket is gone: every call still waiting is forgotten."""
-        self.closed = True
-        self._sending.clear()
-        calls, self._calls = self._calls, {}
-        for call in calls.values():
-            if not call.answered:
-                call.answered = True
-                self._dispatcher.forget(call)
