@@ -87,9 +87,10 @@ class MemoryServer:
         under a trio `MockClock` the run's clock jumps (every sleep and timeout in the run
         sees the jump: what is due fires once, where an autojumping `trio.sleep` of the same
         length would wake each periodic timer on the way, the client's 30 s keepalive check
-        and a running Worker's long polls among them). Then what fell due runs: scheduled jobs
-        become ready, leases expire. On the system's clock time cannot be moved (a
-        RuntimeError)."""
+        and a running Worker's long polls among them); it first lets every task of the run get
+        to where it waits, so that no answer is in flight across the jump. Then what fell due
+        runs: scheduled jobs become ready, leases expire. On the system's clock time cannot be
+        moved (a RuntimeError)."""
         seconds = v.seconds("by", by, allow_zero=True)
         clock = self.clock
         if isinstance(clock, ManualClock):
@@ -101,6 +102,11 @@ class MemoryServer:
                     "time can be moved under a trio MockClock or a sepp.testing.ManualClock; "
                     "this memory server runs on the system's clock"
                 )
+            import trio.testing
+
+            # Nothing in flight across the jump: an answer stamped before it and read after
+            # it would be 'by' late for its reader.
+            await trio.testing.wait_all_tasks_blocked()
             run_clock.jump(seconds)
         if self._core is not None:
             self._core.on_time()
