@@ -188,7 +188,7 @@ async def servers(
     config: dict[str, Any] | None = None, *, wire_engine: str = "codec"
 ) -> AsyncIterator[tuple[str, str]]:
     """A real server and a memory server with the same config: their addresses."""
-    config = dict(config or {})
+    config = _as_the_binary(config)
     async with (
         servers_real_only(config) as real,
         memory_server(config, wire_engine=wire_engine) as memory,
@@ -303,6 +303,8 @@ def servers_in_threads(config: dict[str, Any]) -> Iterator[tuple[str, str]]:
 
     from sepp.testing import MemoryServer
 
+    config = _as_the_binary(config)
+
     started = threading.Event()
     box: dict[str, Any] = {}
 
@@ -337,6 +339,14 @@ def servers_in_threads(config: dict[str, Any]) -> Iterator[tuple[str, str]]:
         memory.stop()
         box["token"].run_sync_soon(box["stop"].set)
         thread.join()
+
+
+def _as_the_binary(config: dict[str, Any] | None) -> dict[str, Any]:
+    """`config` with the real server's own dead-letter default (none kept) unless it says,
+    where sepp.testing's servers keep them 10 minutes."""
+    config = dict(config or {})
+    config["storage"] = {"dead_letter_retention_ms": 0, **config.get("storage", {})}
+    return config
 
 
 @contextlib.asynccontextmanager

@@ -56,6 +56,9 @@ def _listen_address(args: argparse.Namespace, config: dict[str, object]) -> tupl
 async def run(args: argparse.Namespace) -> int:
     try:
         config = read_config(None if args.config is None else _path(args.config))
+        storage = config.setdefault("storage", {})
+        if isinstance(storage, dict):  # the binary's default, not sepp.testing's (10 minutes)
+            storage.setdefault("dead_letter_retention_ms", 0)
         host, port = _listen_address(args, config)
         server = MemoryServer(config, host=host, port=port)
     except ConfigError as exc:

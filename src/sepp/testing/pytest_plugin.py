@@ -95,7 +95,8 @@ DEFAULT_MEMORY_SERVER_CONFIG: dict[str, object] = {
     "storage": {"dead_letter_retention_ms": DEAD_LETTER_RETENTION_MS},
 }
 """Config used by the ``memory_server`` fixture: dead letters kept for 10 minutes (so
-DrainDeadLetters returns records), everything else the real server's defaults."""
+DrainDeadLetters returns records; ``memory_server()`` keeps them so too unless a config says
+otherwise), everything else the real server's defaults."""
 
 
 @pytest.fixture

@@ -14,7 +14,8 @@ from types import TracebackType
 from ..._model import validate as v
 from ..._runtime import wall_clock
 from .clock import ManualClock, RunClock, ServerClock
-from .config import ConfigSource, MemoryConfig, load_config
+from .._server import _with_test_defaults
+from .config import ConfigSource, MemoryConfig, parse_config, read_config
 from .core import WIRE_ENGINES, ServerCore
 from .state import QueueDepths, QueueState
 
@@ -31,7 +32,8 @@ class MemoryServer:
     (or `with MemoryServer(config) as server:`), which serve from a thread of their own.
 
     `config` is what the real server reads (a mapping like `sepp_server`'s, TOML text, or the
-    path of a TOML file); `clock` is the server's time: by default the run's wall clock, which
+    path of a TOML file), with dead letters kept for 10 minutes unless it sets
+    `storage.dead_letter_retention_ms`, as `sepp_server()` does; `clock` is the server's time: by default the run's wall clock, which
     in a trio run under `trio.testing.MockClock` is virtual time, or a `ManualClock`.
     `wire_engine` is its HTTP/2 side: "codec" (ours, the default) or "h2" (the reference, on
     the h2 library; slower).
@@ -50,7 +52,7 @@ class MemoryServer:
         if wire_engine not in WIRE_ENGINES:
             raise ValueError(f"wire_engine must be one of {WIRE_ENGINES}, got {wire_engine!r}")
         self.wire_engine = wire_engine
-        self.config: MemoryConfig = load_config(config)
+        self.config: MemoryConfig = parse_config(_with_test_defaults(read_config(config)))
         self.clock: ServerClock = RunClock() if clock is None else clock
         self.host = host
         self._port = port
