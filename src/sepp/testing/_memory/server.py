@@ -13,8 +13,8 @@ from types import TracebackType
 
 from ..._model import validate as v
 from ..._runtime import wall_clock
-from .clock import ManualClock, RunClock, ServerClock
 from .._server import _with_test_defaults
+from .clock import ManualClock, RunClock, ServerClock
 from .config import ConfigSource, MemoryConfig, parse_config, read_config
 from .core import WIRE_ENGINES, ServerCore
 from .state import QueueDepths, QueueState
@@ -33,8 +33,9 @@ class MemoryServer:
 
     `config` is what the real server reads (a mapping like `sepp_server`'s, TOML text, or the
     path of a TOML file), with dead letters kept for 10 minutes unless it sets
-    `storage.dead_letter_retention_ms`, as `sepp_server()` does; `clock` is the server's time: by default the run's wall clock, which
-    in a trio run under `trio.testing.MockClock` is virtual time, or a `ManualClock`.
+    `storage.dead_letter_retention_ms`, as `sepp_server()` does; `clock` is the server's
+    time: by default the run's wall clock, which in a trio run under
+    `trio.testing.MockClock` is virtual time, or a `ManualClock`.
     `wire_engine` is its HTTP/2 side: "codec" (ours, the default) or "h2" (the reference, on
     the h2 library; slower).
     Its state lives as long as the object: `stop()` then `start()` again is a restart that
