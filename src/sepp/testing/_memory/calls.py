@@ -201,6 +201,23 @@ class ServerSide:
         """No call begun and not answered, nothing left to send."""
         return not self._calls and not self._sending
 
+    # What each side implements (the drivers and the core call these).
+    def data_to_send(self) -> bytes:
+        """The bytes to send now (and forget)."""
+        raise NotImplementedError
+
+    def receive(self, data: bytes) -> None:
+        """Bytes from the client (b"": it closed its side)."""
+        raise NotImplementedError
+
+    def respond(self, call: Call, reply: Reply, *, extra: Extra = ()) -> None:
+        """Send `reply` on `call`'s stream (once; later replies are dropped)."""
+        raise NotImplementedError
+
+    def goaway(self) -> None:
+        """No new streams; those begun are answered, then the connection closes."""
+        raise NotImplementedError
+
     def _claim(self, call: Call) -> bool:
         """Whether `call` is this connection's and still unanswered; it is answered now."""
         if call.answered:

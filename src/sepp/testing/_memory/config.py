@@ -21,6 +21,8 @@ from .._config_schema import config_problem
 ConfigSource = Mapping[str, object] | str | os.PathLike[str] | None
 
 DEFAULT_LISTEN_ADDR = "0.0.0.0:50051"
+# The HTTP/2 sides: our codec (the default) and the reference on h2, as the client has.
+WIRE_ENGINES = ("codec", "h2")
 
 
 def queue_name_problem(name: str) -> str | None:

@@ -12,16 +12,12 @@ import itertools
 import math
 from collections.abc import Callable
 
-from .calls import CANCELLED, Call
+from .calls import CANCELLED, Call, ServerSide
 from .clock import ServerClock
 from .codec_server import CodecServerConnection
-from .config import MemoryConfig
-from .h2_server import ServerConnection
+from .config import WIRE_ENGINES, MemoryConfig
 from .service import EMPTY_RESERVE, UNIMPLEMENTED, QueueService, Reply, Waiting
 from .state import QueueState
-
-# The HTTP/2 sides: our codec (the default) and the reference on h2, as the client has.
-WIRE_ENGINES = ("codec", "h2")
 
 
 class _Waiter:
@@ -46,9 +42,11 @@ class ServerCore:
     ) -> None:
         if wire_engine not in WIRE_ENGINES:
             raise ValueError(f"wire_engine must be one of {WIRE_ENGINES}, got {wire_engine!r}")
-        self._connection_class = (
-            CodecServerConnection if wire_engine == "codec" else ServerConnection
-        )
+        self._connection_class: type[ServerSide] = CodecServerConnection
+        if wire_engine == "h2":  # h2 is imported only for the reference
+            from .h2_server import ServerConnection
+
+            self._connection_class = ServerConnection
         self.config = config
         self.clock = clock
         self.state = state or QueueState(dead_letter_retention_ms=config.dead_letter_retention_ms)
@@ -58,13 +56,13 @@ class ServerCore:
         self._waiter_deadlines: list[tuple[float, int]] = []
         self._deadlines: list[tuple[float, int, Call]] = []  # grpc-timeouts
         self._seq = itertools.count()
-        self.connections: set[ServerConnection | CodecServerConnection] = set()
+        self.connections: set[ServerSide] = set()
         self.stopping = False
         self.calls_answered = 0  # for tests: how many calls got a reply
 
     # -- connections ------------------------------------------------------------------------
 
-    def connection(self, on_output: Callable[[], None]) -> ServerConnection | CodecServerConnection:
+    def connection(self, on_output: Callable[[], None]) -> ServerSide:
         connection = self._connection_class(
             self,
             max_message_bytes=self.config.max_message_bytes,
@@ -76,7 +74,7 @@ class ServerCore:
             connection.goaway()
         return connection
 
-    def closed(self, connection: ServerConnection | CodecServerConnection) -> None:
+    def closed(self, connection: ServerSide) -> None:
         connection.connection_lost()
         self.connections.discard(connection)
 

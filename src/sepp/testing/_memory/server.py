@@ -10,14 +10,17 @@ import threading
 from collections.abc import AsyncIterator, Callable
 from datetime import datetime, timedelta, timezone
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 from ..._model import validate as v
 from ..._runtime import wall_clock
 from .._server import _with_test_defaults
 from .clock import ManualClock, RunClock, ServerClock
-from .config import ConfigSource, MemoryConfig, parse_config, read_config
-from .core import WIRE_ENGINES, ServerCore
+from .config import WIRE_ENGINES, ConfigSource, MemoryConfig, parse_config, read_config
 from .state import QueueDepths, QueueState
+
+if TYPE_CHECKING:
+    from .core import ServerCore
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
@@ -135,6 +138,8 @@ class MemoryServer:
     # -- serving ---------------------------------------------------------------------------
 
     def _new_core(self, runtime_now: Callable[[], float]) -> ServerCore:
+        from .core import ServerCore  # the service and protobuf load with the first start
+
         if self._core is not None and not self._core.stopping:
             raise RuntimeError("the memory server is already running")
         self._core = ServerCore(
