@@ -403,10 +403,10 @@ class Worker:
             raise RuntimeError("Worker.run() can only be called once; create a new Worker")
         if not isinstance(until_idle, bool):
             raise ValidationError("until_idle", "must be a bool")
-        if until_idle:
-            self._reserver.on_idle = self._begin_shutdown
         cc = current()
         parts = self._parts = self._parts_on(cc)
+        if until_idle:
+            parts.reserver.on_idle = self._begin_shutdown
         self._state = _RunState.RUNNING
         shutdown = self._shutdown
         shutdown.run.enter(cc)
