@@ -17,6 +17,8 @@ The package is built in layers, each a folder that imports only the layers below
   services, blocking for the client alone), for the client, the Worker and the Scheduler;
 - `_client/`: the operations (written once), `Client`, `SyncClient`, batching, local limits,
   retries, options;
+- `_limits/`: `Limit` and the limiters the Worker admits handlers through (in one process, or
+  across the fleet on the server's own primitives), and deferring a job without an attempt;
 - `_payloads/`: payload codecs and typed tasks;
 - the services, which never import each other: `_worker/` (`Worker`, `Router`, handlers,
   middleware, lease keeping, the monitor), `_scheduling/` (`Schedule` and `Scheduler`) and
@@ -107,6 +109,7 @@ _PUBLIC: dict[str, tuple[str, bool]] = {
     "Task": ("_payloads.task", LAZY),
     "Schedule": ("_scheduling.schedule", LAZY),
     "Scheduler": ("_scheduling.scheduler", LAZY),
+    "Limit": ("_limits.limit", LAZY),
     "CallNext": ("_worker.middleware", LAZY),
     "Middleware": ("_worker.middleware", LAZY),
     "WorkerMonitor": ("_worker.monitor", LAZY),
@@ -131,6 +134,7 @@ if TYPE_CHECKING:
     from ._client.retry import RetryPolicy as RetryPolicy
     from ._client.sync import SyncClient as SyncClient
     from ._client.sync import connect as connect
+    from ._limits.limit import Limit as Limit
     from ._model.backoff import Backoff as Backoff
     from ._model.errors import AttemptMismatchError as AttemptMismatchError
     from ._model.errors import BatchValidationError as BatchValidationError

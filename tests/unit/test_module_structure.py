@@ -98,6 +98,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("sepp._model",),
     ("sepp._runtime",),
     ("sepp._client",),
+    ("sepp._limits",),
     ("sepp._payloads",),
     ("sepp._worker", "sepp._scheduling", "sepp._outbox"),
 )
@@ -211,7 +212,9 @@ def trio_importers(*packages: str) -> list[str]:
 
 def test_the_worker_and_the_scheduler_reach_trio_only_through_their_seam() -> None:
     assert [
-        name for name in trio_importers(*SERVICES, "sepp._probes") if name not in TRIO_SEAM
+        name
+        for name in trio_importers(*SERVICES, "sepp._probes", "sepp._limits")
+        if name not in TRIO_SEAM
     ] == []
     assert trio_importers("sepp._runtime.concurrency") == ["sepp._runtime.concurrency"]
 
@@ -250,7 +253,10 @@ def test_the_worker_and_the_scheduler_reach_anyio_only_through_their_seam() -> N
     importers = [
         _module_name(path)
         for path in sorted((SRC / "sepp").rglob("*.py"))
-        if any(_within(_module_name(path), p) for p in ("sepp._runtime", *SERVICES, "sepp._probes"))
+        if any(
+            _within(_module_name(path), p)
+            for p in ("sepp._runtime", *SERVICES, "sepp._probes", "sepp._limits")
+        )
         and imports_anyio(path.read_text(encoding="utf-8"))
     ]
     assert importers == ANYIO_SEAM
