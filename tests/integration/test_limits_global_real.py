@@ -279,3 +279,43 @@ async def test_the_gate_counts_running_and_waiting_per_key() -> None:
             assert gate.stats("k")[0].waiting == 0
             assert await gate.admit("k", patience_s=0.5) is None  # still held
             held.release()
+
+
+async def test_a_holder_that_dies_after_claiming_an_epoch_gives_the_slot_back_in_it() -> None:
+    """The claim marker at work: a holder crashes just after it claimed the new epoch for its
+    slot; the permit it held comes back when its lease expires (attempt 2, an old epoch), and
+    whoever gets it finds the claim was that holder's, so the slot goes on in the same epoch
+    instead of waiting for the next epoch's genesis."""
+    tuning = GlobalTuning(epoch_s=20.0, skew_s=0.2, poll_s=1.0, genesis_retry_s=2.0)
+    limit = sepp.Limit(concurrency=1, scope="global", name="claimed", lease=1.5)
+    async with sepp_server(BASE) as server, gates(server, limit, 1, tuning) as (survivor,):
+        assert survivor._global is not None
+        epochs, clock = survivor._global.epochs, survivor._global.clock
+        async with trio.open_nursery() as outer:
+            client = await outer.start(_open_client, server.address)
+            doomed = LimitGate(limit, client=client, tuning=tuning)
+            with trio.fail_after(HANG_GUARD_S):
+                async with trio.open_nursery() as crashable:
+                    await crashable.start(doomed.run)
+                    held = await doomed.admit("")
+                    assert held is not None
+                    held_in = epochs.of(clock.now())
+                    waiting = outer.start_soon  # the survivor waits from now on
+                    got: list[int] = []
+                    admitted = trio.Event()
+
+                    async def wait_on_survivor() -> None:
+                        admission = await survivor.admit("")
+                        assert admission is not None
+                        got.append(epochs.of(clock.now()))
+                        admission.release()
+                        admitted.set()
+
+                    waiting(wait_on_survivor)
+                    await trio.sleep_until(clock.local_deadline(epochs.start(held_in + 1)))
+                    await trio.sleep(limit.lease)  # the holder claims the new epoch
+                    crashed_in = epochs.of(clock.now())
+                    crashable.cancel_scope.cancel()  # as SIGKILL: nothing released
+                await admitted.wait()
+            outer.cancel_scope.cancel()
+        assert got == [crashed_in]
