@@ -319,3 +319,45 @@ async def test_a_holder_that_dies_after_claiming_an_epoch_gives_the_slot_back_in
                 await admitted.wait()
             outer.cancel_scope.cancel()
         assert got == [crashed_in]
+
+
+def test_a_global_limit_holds_under_asyncio() -> None:
+    """The same gates on asyncio (through anyio, the Worker's primitives there)."""
+    import asyncio
+
+    import anyio
+    from fixtures.asyncio_front import server_in_thread
+
+    from sepp._runtime import concurrency
+
+    limit = sepp.Limit(concurrency=1, rate=50, per=1, scope="global", name="aio", lease=3)
+
+    async def main(address: str) -> list[tuple[float, float]]:
+        cc = concurrency.current()
+        record: list[tuple[float, float]] = []
+        async with sepp.open(address) as one, sepp.open(address) as two:
+            shared = [LimitGate(limit, client=c, cc=cc, tuning=QUICK) for c in (one, two)]
+            async with anyio.create_task_group() as background:
+                for gate in shared:
+                    await background.start(gate.run)
+
+                async def run(gate: LimitGate) -> None:
+                    admission = await gate.admit("")
+                    assert admission is not None
+                    start = anyio.current_time()
+                    await asyncio.sleep(0.02)
+                    record.append((start, anyio.current_time()))
+                    admission.release()
+
+                with anyio.fail_after(HANG_GUARD_S):
+                    async with anyio.create_task_group() as jobs:
+                        for gate in shared:
+                            for _ in range(6):
+                                jobs.start_soon(run, gate)
+                for gate in shared:
+                    gate.close()
+        return record
+
+    with server_in_thread(BASE) as address:
+        record = asyncio.run(main(address))
+    assert len(record) == 12 and overlaps(record) == 0
