@@ -114,6 +114,7 @@ class Limit:
 
     @property
     def is_global(self) -> bool:
+        """Whether the limit holds across processes (`scope="global"`)."""
         return self.scope == "global"
 
     def named(self, default: str) -> Limit:
