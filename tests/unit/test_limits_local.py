@@ -359,3 +359,36 @@ def test_the_local_limiter_runs_under_asyncio() -> None:
         assert most == 2 and admitted == 20
 
     asyncio.run(main())
+
+
+async def test_the_gate_admits_through_a_local_limit_by_the_jobs_key(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    from sepp._limits.gate import LimitGate
+
+    gate = LimitGate(sepp.Limit(concurrency=1, key=lambda c: c.custom["t"]))
+    await gate.run()  # a local limit has nothing to run in the background
+    a = job_context(custom={"t": "a"})
+    first = gate.try_admit(a)
+    assert first is not None and first.key == "a"
+    assert gate.try_admit(a) is None and gate.retry_after(a) is None
+    assert await gate.admit(a, patience_s=1) is None
+    other = await gate.admit(job_context(custom={"t": "b"}))
+    assert other is not None
+    assert sorted((s.key, s.running) for s in gate.stats()) == [("a", 1), ("b", 1)]
+    first.release()
+    other.release()
+    assert gate.keys_held == 0
+    gate.close()
+
+
+def test_a_global_gate_needs_a_client_and_a_name() -> None:
+    from sepp._limits.gate import LimitGate
+
+    limit = sepp.Limit(concurrency=1, scope="global")
+    with pytest.raises(ValueError, match="client"):
+        LimitGate(limit.named("t"))
+    with pytest.raises(ValueError, match="name"):
+        LimitGate(limit, client=object())  # type: ignore[arg-type]
+    gate = LimitGate(limit.named("t"), client=object())  # type: ignore[arg-type]
+    assert gate.try_admit("") is None and gate.retry_after("") is None
