@@ -125,6 +125,8 @@ async def test_a_nacked_job_keeps_its_place_in_the_queue() -> None:
     async with sepp_server(BASE) as server:
         async with sepp.open(server.address) as client:
             older = await client.enqueue("q", "t")
+            # The place is the enqueue time in milliseconds (ties go by job id): a later one.
+            await trio.sleep(0.005)
             await client.enqueue("q", "t")
             job = await reserve_one(client, "q")
             assert job.id == older.job_id
