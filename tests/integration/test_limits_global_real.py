@@ -94,17 +94,29 @@ async def run_through(
     admission.release()
 
 
+async def run_many(
+    shared: list[LimitGate],
+    each: int,
+    record: list[tuple[float, float]],
+    *,
+    key: str = "",
+    hold_s: float,
+) -> None:
+    """`each` runs through every gate, all at once."""
+    with trio.fail_after(HANG_GUARD_S):
+        async with trio.open_nursery() as nursery:
+            for gate in shared:
+                for _ in range(each):
+                    nursery.start_soon(
+                        functools.partial(run_through, gate, key, record, hold_s=hold_s)
+                    )
+
+
 async def test_a_global_concurrency_of_one_never_overlaps_across_gates() -> None:
     limit = sepp.Limit(concurrency=1, scope="global", name="one", lease=5)
     async with sepp_server(BASE) as server, gates(server, limit, 3) as shared:
         record: list[tuple[float, float]] = []
-        with trio.fail_after(HANG_GUARD_S):
-            async with trio.open_nursery() as nursery:
-                for gate in shared:
-                    for _ in range(8):
-                        nursery.start_soon(
-                            functools.partial(run_through, gate, "", record, hold_s=0.02)
-                        )
+        await run_many(shared, 8, record, hold_s=0.02)
         assert len(record) == 24
         assert overlaps(record) == 0
 
@@ -229,13 +241,7 @@ async def test_permits_are_refreshed_before_their_attempts_run_out() -> None:
     async with sepp_server(config) as server:
         async with gates(server, limit, 2) as shared:
             record: list[tuple[float, float]] = []
-            with trio.fail_after(HANG_GUARD_S):
-                async with trio.open_nursery() as nursery:
-                    for gate in shared:
-                        for _ in range(10):
-                            nursery.start_soon(
-                                functools.partial(run_through, gate, "", record, hold_s=0.01)
-                            )
+            await run_many(shared, 10, record, hold_s=0.01)
             assert len(record) == 20 and overlaps(record) == 0
         async with sepp.open(server.address) as client:
             dead = await client.drain_dead_letters(queue="sepp-limit.worn.c", max=100)

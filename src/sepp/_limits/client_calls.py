@@ -10,13 +10,9 @@ from .._model.rejections import JobRejection
 from .._model.types import EnqueueAck, EnqueueRequest, Job, JobContext, Retry, ServerInfo
 
 
-class LimitClient(Protocol):
-    """`enqueue_batch`, `reserve`, `ack`, `nack`, `extend` and `get_server_info`, with
-    `sepp.Client`'s signatures: permits are jobs, and nothing else is needed."""
-
-    async def enqueue_batch(
-        self, jobs: Iterable[EnqueueRequest], *, timeout: float | timedelta | None = ...
-    ) -> list[EnqueueAck | JobRejection]: ...
+class LeaseClient(Protocol):
+    """`reserve`, `ack`, `nack` and `extend`, with `sepp.Client`'s signatures: the calls
+    that hold a job (the Worker's are these, too)."""
 
     async def reserve(
         self,
@@ -46,5 +42,14 @@ class LimitClient(Protocol):
         *,
         timeout: float | timedelta | None = ...,
     ) -> datetime: ...
+
+
+class LimitClient(LeaseClient, Protocol):
+    """A lease's calls plus `enqueue_batch` and `get_server_info`: permits are jobs, and
+    nothing else is needed."""
+
+    async def enqueue_batch(
+        self, jobs: Iterable[EnqueueRequest], *, timeout: float | timedelta | None = ...
+    ) -> list[EnqueueAck | JobRejection]: ...
 
     async def get_server_info(self, *, timeout: float | timedelta | None = ...) -> ServerInfo: ...
