@@ -28,6 +28,8 @@ from .timing import Epochs, ServerClock
 ENQUEUE_TRIES = 3
 ENQUEUE_RETRY_S = 0.2
 RESERVE_BACKOFF_S = 1.0
+# Keys whose epoch of genesis is remembered after they go idle (the most recent ones).
+GENESIS_MEMORY = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,16 +69,16 @@ class KeyPool:
         "waiters",
     )
 
-    def __init__(self, queue: str) -> None:
+    def __init__(self, queue: str, now: float, genesis_epoch: int | None) -> None:
         self.queue = queue
         self.waiters: collections.deque[Waiter] = collections.deque()
         self.acquiring = False
         self.holds = 0
         self.polled = False
         self.last_poll_empty = False
-        self.genesis_epoch: int | None = None
+        self.genesis_epoch = genesis_epoch
         self.last_genesis_at = -math.inf
-        self.last_node_at = -math.inf
+        self.last_node_at = now  # quiet since it was made: genesis again only after a while
         self.known_epoch: int | None = None  # slots seen to exist in that epoch
         self.known_slots: set[int] = set()
 
@@ -117,6 +119,7 @@ class GlobalPool:
         )
         self._worker_id = worker_id
         self._keys: dict[str, KeyPool] = {}
+        self._genesis_done: collections.OrderedDict[str, int] = collections.OrderedDict()
         self.nursery: Nursery | None = None
         self.error: GlobalLimitError | None = None
         self.closing = False
@@ -404,12 +407,24 @@ class GlobalPool:
     def _pool(self, key: str) -> KeyPool:
         pool = self._keys.get(key)
         if pool is None:
-            pool = self._keys[key] = KeyPool(queue_name(self.kind, self._name, key))
+            pool = self._keys[key] = KeyPool(
+                queue_name(self.kind, self._name, key),
+                self.cc.current_time(),
+                self._genesis_done.get(key),
+            )
         return pool
 
     def drop_if_idle(self, key: str, pool: KeyPool) -> None:
         if pool.idle() and self._keys.get(key) is pool:
             del self._keys[key]
+            if pool.genesis_epoch is not None:
+                # Remembered for a while, so that a key used now and then does not make its
+                # permits again each time (a string of hits, but N enqueues).
+                done = self._genesis_done
+                done[key] = pool.genesis_epoch
+                done.move_to_end(key)
+                if len(done) > GENESIS_MEMORY:
+                    done.popitem(last=False)
 
     def counts(self) -> dict[str, tuple[int, int]]:
         """Per key held here: (holding, waiting)."""
