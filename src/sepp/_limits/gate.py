@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 
 from .._model.types import JobContext
-from .._runtime.concurrency import TASK_STATUS_IGNORED, TRIO, Concurrency, Event, TaskStatus
+from .._runtime.concurrency import TASK_STATUS_IGNORED, TRIO, Event, ServiceRuntime, TaskStatus
 from .._util.log import Log
 from .admission import Admission, Admissions, LimitStats
 from .client_calls import LimitClient
@@ -43,7 +43,7 @@ class LimitGate:
         limit: Limit,
         *,
         client: LimitClient | None = None,
-        cc: Concurrency = TRIO,
+        cc: ServiceRuntime = TRIO,
         log: Log | None = None,
         tuning: GlobalTuning | None = None,
         worker_id: str | None = None,
@@ -62,7 +62,7 @@ class LimitGate:
         else:
             self._local = LocalLimiter(limit, cc)
 
-    def use(self, cc: Concurrency) -> None:
+    def use(self, cc: ServiceRuntime) -> None:
         """Run on `cc` (before `run()` and before anything is admitted)."""
         if self._local is not None:
             self._local.use(cc)
@@ -132,7 +132,7 @@ class GlobalLimiter:
         self,
         limit: Limit,
         client: LimitClient,
-        cc: Concurrency,
+        cc: ServiceRuntime,
         log: Log,
         tuning: GlobalTuning,
         worker_id: str | None,
@@ -161,7 +161,7 @@ class GlobalLimiter:
             self._pools.append(self._rate)
         self._closed: Event = cc.event()
 
-    def use(self, cc: Concurrency) -> None:
+    def use(self, cc: ServiceRuntime) -> None:
         self._cc = cc
         self.clock.use(cc)
         for pool in self._pools:

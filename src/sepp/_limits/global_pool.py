@@ -14,7 +14,7 @@ from .._model.errors import AttemptMismatchError, JobNotFoundError, UnknownQueue
 from .._model.rejection_reasons import UnknownQueue, describe_job_rejection
 from .._model.settlement import describe
 from .._model.types import EnqueueAck, EnqueueRequest, Job
-from .._runtime.concurrency import TRIO, Concurrency, Event, Nursery
+from .._runtime.concurrency import TRIO, Event, Nursery, ServiceRuntime
 from .._util.log import Log
 from .admission import Admission
 from .client_calls import LimitClient
@@ -103,7 +103,7 @@ class GlobalPool:
         *,
         size: int,
         worker_id: str | None = None,
-        cc: Concurrency = TRIO,
+        cc: ServiceRuntime = TRIO,
     ) -> None:
         assert limit.name is not None, "a global limit is named before it is used"
         self.limit = limit
@@ -126,7 +126,7 @@ class GlobalPool:
         self.pending = 0  # moves started in the background and not finished
         self.use(cc)
 
-    def use(self, cc: Concurrency) -> None:
+    def use(self, cc: ServiceRuntime) -> None:
         self.cc = cc
         self._pending_done = cc.parking_lot()
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import collections
 import math
 
-from .._runtime.concurrency import TRIO, Concurrency, Event
+from .._runtime.concurrency import TRIO, Event, ServiceRuntime
 from .admission import Admission, LimitStats
 from .limit import Limit
 
@@ -46,7 +46,7 @@ class _KeyState:
 class LocalLimiter:
     """One `Limit` with `scope="worker"`, for every key in this process."""
 
-    def __init__(self, limit: Limit, cc: Concurrency = TRIO) -> None:
+    def __init__(self, limit: Limit, cc: ServiceRuntime = TRIO) -> None:
         self.limit = limit
         self._concurrency = limit.concurrency
         self._rate = limit.rate
@@ -54,7 +54,7 @@ class LocalLimiter:
         self._keys: dict[str, _KeyState] = {}
         self.use(cc)
 
-    def use(self, cc: Concurrency) -> None:
+    def use(self, cc: ServiceRuntime) -> None:
         """Run on `cc` (before anything waits)."""
         self._cc = cc
 

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from .._runtime.concurrency import Concurrency
+from .._runtime.concurrency import ServiceRuntime
 from .client_calls import LimitClient
 
 
@@ -26,7 +26,7 @@ class ServerClock:
     def __init__(
         self,
         client: LimitClient,
-        cc: Concurrency,
+        cc: ServiceRuntime,
         wall: Callable[[], datetime] = utc_now,
     ) -> None:
         self._client = client
@@ -36,7 +36,7 @@ class ServerClock:
         self.uncertainty_s = math.inf  # half the round trip of the last measurement
         self.max_lease_s: float | None = None
 
-    def use(self, cc: Concurrency) -> None:
+    def use(self, cc: ServiceRuntime) -> None:
         self._cc = cc
 
     async def sync(self) -> None:
