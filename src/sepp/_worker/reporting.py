@@ -288,6 +288,19 @@ class WorkerReport:
             )
         return ""
 
+    # -- pausing -----------------------------------------------------------------------------
+
+    def paused(self, held: int) -> None:
+        self._log.info(
+            "sepp: worker %s paused: reserving no more jobs; the %d it holds run and settle"
+            " (their leases kept)",
+            self._worker_id,
+            held,
+        )
+
+    def resumed(self) -> None:
+        self._log.info("sepp: worker %s resumed: reserving again", self._worker_id)
+
     # -- shutdown ----------------------------------------------------------------------------
 
     def waiting_for_jobs(self, count: int, timeout_s: float) -> None:

@@ -201,6 +201,7 @@ class Worker:
         self._state = _RunState.NEW
         self._reserving = False  # run() has sent its first reserve (or has ended)
         self._reserving_event: Event | None = None  # made by the first wait_until_reserving()
+        self._pause_wanted = False  # set by pause() and resume() from anywhere; read in the run
         self._shutdown = WorkerShutdown(settings.shutdown_timeout_s)
         self._metrics = _otel.WorkerMetrics()
         self._loop_watch = (
@@ -248,6 +249,7 @@ class Worker:
             events=events,
             metrics=self._metrics,
             cc=cc,
+            pause_wanted=lambda: self._pause_wanted,
         )
         return _Parts(cc, held, leases, report, jobs, reserver)
 
@@ -388,6 +390,36 @@ class Worker:
         self._reserving = True
         if self._reserving_event is not None:
             self._reserving_event.set()
+
+    # -- pausing ------------------------------------------------------------------------------
+
+    def pause(self) -> None:
+        """Stop reserving, and keep the rest going: the jobs the worker holds run (those
+        waiting for a slot too), their leases kept, and are acked or nacked as ever; nothing
+        more is reserved until `resume()`. A long poll pending is cancelled (once an answer
+        already on its way has been read: its jobs run); a reserve the server answers at once
+        is let finish. The monitor says "paused" once no reserve is pending (`/readyz` answers
+        503 then, `sepp_worker_paused` is 1). Idempotent; before `run()` too (it starts
+        paused); a shutdown ends a pause. Call it from any task or thread, or a signal
+        handler."""
+        self._pause_wanted = True
+        self._shutdown.run.call(self._pause_changed, from_task=False)
+
+    def resume(self) -> None:
+        """Reserve again after `pause()` (idempotent; from anywhere, as `pause`)."""
+        self._pause_wanted = False
+        self._shutdown.run.call(self._pause_changed, from_task=False)
+
+    @property
+    def is_paused(self) -> bool:
+        """Whether `pause()` was called and `resume()` has not been since."""
+        return self._pause_wanted
+
+    def _pause_changed(self) -> None:
+        # In the run, soon after the flag changed (the reserve loop reads it itself too).
+        parts = self._parts
+        if parts is not None and self._state is _RunState.RUNNING:
+            parts.reserver.pause_changed()
 
     # -- shutdown -----------------------------------------------------------------------------
 
