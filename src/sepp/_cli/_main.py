@@ -52,7 +52,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CliError as exc:
         return report_failure(exc, label, debug=args.debug)
     try:
-        if getattr(args, "processes", 1) > 1:  # `worker --processes N`: a supervisor, on trio
+        # `worker --processes N` (N > 1) or `--reload`: a supervisor, on trio.
+        if getattr(args, "processes", 1) > 1 or getattr(args, "reload", False):
             from .fleet.supervisor import supervise
 
             status: int = trio.run(supervise, args, run_child)
