@@ -73,6 +73,15 @@ async def run_until_signalled(
     return hard_stopped
 
 
+def ignore_pause_signals() -> None:
+    """Until `on_pause_signals` catches them: ignored, so that one sent while the worker command
+    starts (importing its target, say) does not end the process, as their default action
+    would. Ignored stays ignored across exec, for the processes a supervisor starts too."""
+    for sig in (PAUSE_SIGNAL, RESUME_SIGNAL):
+        if sig is not None:
+            signal.signal(sig, signal.SIG_IGN)
+
+
 async def on_pause_signals(
     pause: Callable[[signal.Signals], None],
     resume: Callable[[signal.Signals], None],

@@ -178,15 +178,16 @@ class ReserveLoop:
                 await self._sit_out_pause()
                 continue
             # An over-generous server can leave us holding more than max_in_flight.
-            while len(held) >= self._max_in_flight and not pause_wanted():
-                await held.wait_for_change()
+            if len(held) >= self._max_in_flight:
+                while len(held) >= self._max_in_flight and not pause_wanted():
+                    await held.wait_for_change()
+                if pause_wanted():
+                    continue  # paused as it waited for a free slot
             if not self._reserving():
                 # The shutdown began as a slot freed, before this task ran again: its cancel
                 # found no reserve pending, and under asyncio it lands only once the next one
                 # was sent, after the server had leased its jobs.
                 return
-            if pause_wanted():
-                continue
             want = self._max_in_flight - len(held)
             if self._max_jobs is not None:
                 want = min(want, self._max_jobs)
