@@ -18,7 +18,7 @@ import trio
 import sepp
 from sepp.testing import SeppServer
 from tests.integration.test_cli_processes_real import child_pids, group_port
-from tests.integration.test_cli_real import TIMEOUT_S, spawn
+from tests.integration.test_cli_real import TIMEOUT_S, Running, spawn
 from tests.integration.test_cli_worker_ops_real import http_get, served_port
 
 QUEUE = "work"
@@ -72,6 +72,20 @@ async def enqueue(address: str, count: int) -> list[str]:
         return [(await client.enqueue(QUEUE, "note")).job_id for _ in range(count)]
 
 
+async def nothing_runs_until_resumed(
+    running: Running, address: str, app_dir: Path, *, processes: int
+) -> None:
+    """Jobs enqueued while paused wait in the queue; SIGUSR2 resumes every process, and each
+    job runs once."""
+    ids = await enqueue(address, 2 * processes)
+    await trio.sleep(0.5)  # a paused worker that still reserved would run one now
+    assert ran(app_dir) == []
+    running.send(signal.SIGUSR2)
+    await running.wait_for("resumed: reserving again", count=processes)
+    found = await wait_ran(app_dir, len(ids))
+    assert sorted(job_id for _, job_id, _ in found) == sorted(ids)
+
+
 async def test_sigusr1_pauses_the_worker_and_sigusr2_resumes_it(
     sepp_server: SeppServer, app_dir: Path
 ) -> None:
@@ -85,13 +99,7 @@ async def test_sigusr1_pauses_the_worker_and_sigusr2_resumes_it(
         status, body = await http_get(port, "/readyz")
         assert (status, body.splitlines()[0]) == (503, "not ready: paused")
         assert (await http_get(port, "/healthz"))[0] == 200  # live: paused is not stuck
-        ids = await enqueue(sepp_server.address, 3)
-        await trio.sleep(0.5)  # a paused worker that still reserved would run one now
-        assert ran(app_dir) == []
-        running.send(signal.SIGUSR2)
-        await running.wait_for("resumed: reserving again")
-        found = await wait_ran(app_dir, 3)
-        assert sorted(job_id for _, job_id, _ in found) == sorted(ids)
+        await nothing_runs_until_resumed(running, sepp_server.address, app_dir, processes=1)
         assert (await http_get(port, "/readyz"))[0] == 200
         running.send(signal.SIGTERM)
         assert await running.wait() == 0
@@ -115,13 +123,7 @@ async def test_the_supervisor_passes_pause_on_and_starts_a_replaced_child_paused
         await running.wait_for("paused: reserving no more jobs", count=3)
         status, body = await http_get(port, "/readyz")
         assert status == 503 and body.count(": paused") == 2, body
-        ids = await enqueue(sepp_server.address, 4)
-        await trio.sleep(0.5)  # a paused worker that still reserved would run one now
-        assert ran(app_dir) == []
-        running.send(signal.SIGUSR2)
-        await running.wait_for("resumed: reserving again", count=2)
-        found = await wait_ran(app_dir, 4)
-        assert sorted(job_id for _, job_id, _ in found) == sorted(ids)
+        await nothing_runs_until_resumed(running, sepp_server.address, app_dir, processes=2)
         running.send(signal.SIGTERM)
         assert await running.wait() == 0
     assert "SIGUSR1: pausing; passing it on to 2 worker process(es)" in running.text("stderr")

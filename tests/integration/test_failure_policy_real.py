@@ -8,11 +8,10 @@ thread of its own, as an application would run its worker."""
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import threading
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -23,17 +22,11 @@ from fixtures.fake_client import RecordingLogger
 
 import sepp
 from sepp.testing import SeppServer
+from tests.integration.test_def_handlers_real import on
 
 GUARD_S = 30  # bounds a hung test only; never part of an assertion
 QUEUE = "policy"
 COMBOS = [("trio", "async"), ("trio", "def"), ("asyncio", "async"), ("asyncio", "def")]
-
-
-async def on(front: str, scenario: Callable[[], Awaitable[None]]) -> None:
-    if front == "trio":
-        await scenario()
-    else:
-        await trio.to_thread.run_sync(asyncio.run, scenario())
 
 
 @dataclasses.dataclass

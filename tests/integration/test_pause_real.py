@@ -7,29 +7,21 @@ thread of its own, as an application would run its worker."""
 
 from __future__ import annotations
 
-import asyncio
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import anyio
 import pytest
-import trio
 from fixtures.fake_client import RecordingLogger
 
 import sepp
 from sepp.testing import SeppServer
+from tests.integration.test_def_handlers_real import on
 
 GUARD_S = 30  # bounds a hung test only; never part of an assertion
 QUEUE = "reports"
 FRONTS = ["trio", "asyncio"]
-
-
-async def on(front: str, scenario: Callable[[], Awaitable[None]]) -> None:
-    if front == "trio":
-        await scenario()
-    else:
-        await trio.to_thread.run_sync(asyncio.run, scenario())
 
 
 class CountingClient:

@@ -6,10 +6,9 @@ logging integration would make one)."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import anyio
@@ -24,6 +23,7 @@ from sentry_sdk.transport import Transport
 import sepp
 from sepp.contrib.sentry import SentryMiddleware
 from sepp.testing import SeppServer
+from tests.integration.test_def_handlers_real import on
 
 GUARD_S = 30  # bounds a hung test only; never part of an assertion
 QUEUE = "payments"
@@ -54,13 +54,6 @@ def transport() -> Iterator[CapturingTransport]:
         yield transport
     finally:
         sentry_sdk.init()  # no DSN: off again for the tests that follow
-
-
-async def on(front: str, scenario: Callable[[], Awaitable[None]]) -> None:
-    if front == "trio":
-        await scenario()
-    else:
-        await trio.to_thread.run_sync(asyncio.run, scenario())
 
 
 def tags(event: dict[str, Any]) -> dict[str, str]:
