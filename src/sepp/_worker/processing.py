@@ -9,10 +9,12 @@ from typing import TYPE_CHECKING, Any
 from .._client import otel as _otel
 from .._model import settlement as outcomes
 from .._model.backoff import Backoff
+from .._model.pipelines import REPLY_QUEUE, wants_more
 from .._model.types import Job, JobContext, Retry, set_handler_context
 from .._runtime.concurrency import ServiceRuntime, Spawner, TooSlowError
 from .dead_letter_hooks import HookCall
 from .failure_policy import FailurePolicy
+from .followups import EncodeResult, FollowUps, default_encode_result
 from .held_job import HeldJob, HeldJobs, Phase
 from .middleware import run_chain
 from .router import BackoffSetting, Handler, Router, RouteSettings, registered_handlers
@@ -38,11 +40,13 @@ class HandlerTimeoutError(TooSlowError):
 def _with_timeout(fn: Handler, timeout_s: float, cc: ServiceRuntime) -> Handler:
     move_on_after = cc.move_on_after
 
-    async def timed(payload: Any, ctx: JobContext) -> None:
+    async def timed(payload: Any, ctx: JobContext) -> object:
+        returned: object = None
         with move_on_after(timeout_s) as limit:
-            await fn(payload, ctx)
+            returned = await fn(payload, ctx)
         if limit.cancelled_caught:
             raise HandlerTimeoutError(timeout_s)
+        return returned
 
     return timed
 
@@ -50,12 +54,14 @@ def _with_timeout(fn: Handler, timeout_s: float, cc: ServiceRuntime) -> Handler:
 class Route:
     """A handler as the Worker runs it: the function (within its timeout), its middleware
     chain, the backoff its failures retry with, its failure policy (None: every failure
-    retries) and the hooks its dead-lettered jobs are told to. What a failure or a dead letter
-    needs is made here, once, so that a job that succeeds pays nothing for them."""
+    retries), the hooks its dead-lettered jobs are told to, and how its result is encoded (a
+    task's codec, or JSON) for a chain's next step or an awaiting client. What a failure or a
+    dead letter needs is made here, once, so that a job that succeeds pays nothing for them."""
 
-    __slots__ = ("backoff", "dead_letter_hooks", "fn", "middleware", "policy")
+    __slots__ = ("backoff", "dead_letter_hooks", "encode_result", "fn", "middleware", "policy")
 
     def __init__(self, fn: Handler, settings: RouteSettings, cc: ServiceRuntime) -> None:
+        self.encode_result: EncodeResult = getattr(fn, "sepp_encode_result", default_encode_result)
         timeout_s = settings.timeout_s
         self.fn = fn if timeout_s is None else _with_timeout(fn, timeout_s, cc)
         self.middleware = settings.middleware
@@ -101,6 +107,7 @@ class JobProcessor:
         self._events = events
         self._metrics = metrics
         self._loop_watch = loop_watch
+        self._follow_ups = FollowUps(client, report.log)
         # The handlers as they run, rebuilt at each registration (rare): a job's costs one get.
         self._routes: dict[str, Route] = {}
         self._catch_all: Route | None = None
@@ -189,6 +196,8 @@ class JobProcessor:
                     if outcome.failure is not None:
                         span.fail(outcome.failure)
                     dead_lettered = await self._settle(ctx, outcome)
+                    if dead_lettered and ctx.custom and REPLY_QUEUE in ctx.custom:
+                        await self._follow_ups.dead_lettered(ctx, outcome)  # an awaited job
                     self._finished(held, outcome.label, dead_lettered)
                     if dead_lettered:
                         hooks = (
@@ -234,13 +243,20 @@ class JobProcessor:
                     events.job_started(ctx)
                 if attributes is not None:
                     metrics.add("in_flight", 1, attributes)
-                call: Awaitable[None]
-                if route.middleware:  # it says when the handler itself starts
+                call: Awaitable[object]
+                if route.middleware:  # it says when the handler itself starts, and returns
                     call = run_chain(held.job, route.middleware, route.fn, held)
                 else:
                     held.started_at = self._cc.current_time()
                     call = route.fn(held.job.payload, ctx)
-                await (call if self._loop_watch is None else self._loop_watch.stepping(ctx, call))
+                value = await (
+                    call if self._loop_watch is None else self._loop_watch.stepping(ctx, call)
+                )
+                custom = ctx.custom
+                if ctx._lease.follow_ups is not None or (custom and wants_more(custom)):
+                    if route.middleware:
+                        value = held.returned
+                    await self._follow_ups.succeeded(ctx, value, route.encode_result)
                 returned = True
         except Exception as exc:  # the handler's failure is the job's outcome, not ours
             error = exc
