@@ -245,8 +245,16 @@ def chain(
 ) -> Chain[F]: ...
 @overload
 def chain(
-    first: TaskJob[Any, Any], /, *steps: Task[Any, Any]
-) -> Chain[Any]: ...  # seven steps or more: checked at run time only
+    first: TaskJob[Any, Any],
+    second: Task[Any, Any],
+    third: Task[Any, Any],
+    fourth: Task[Any, Any],
+    fifth: Task[Any, Any],
+    sixth: Task[Any, Any],
+    seventh: Task[Any, Any],
+    /,
+    *more: Task[Any, Any],
+) -> Chain[Any]: ...  # seven steps or more: their types are checked as they run
 
 
 def chain(first: TaskJob[Any, Any], /, *steps: Task[Any, Any]) -> Chain[Any]:
