@@ -167,6 +167,7 @@ class Replies:
         self.closed: ResultUnavailableError | None = None
         # Set once registered (or failed to): the callers that asked meanwhile wait for it.
         self.ready = rt.event()
+        self.dropped = 0  # replies that came when nobody waited for them any more
 
     def __repr__(self) -> str:
         return f"<sepp replies {self.queue}: {len(self._waiters)} waiting>"
@@ -333,7 +334,8 @@ class Replies:
         reply_id = custom.get(p.REPLY_ID)
         waiter = self._waiters.pop(reply_id, None) if isinstance(reply_id, str) else None
         if waiter is None:
-            return  # nobody waits for it any more (a handle dropped, forgotten or expired)
+            self.dropped += 1  # nobody waits for it any more (a handle dropped or forgotten)
+            return
         if custom.get(p.RESULT_STATUS) == p.FAILED:
             waiter.settle(Reply(None, p.read_failure(custom)))
         else:
