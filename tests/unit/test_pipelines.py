@@ -554,3 +554,30 @@ async def test_a_reply_nobody_waits_for_is_acked_and_dropped() -> None:
     assert len(calls.acked) == 2
     assert isinstance(waiting.outcome, replies_module.Reply) and gone.outcome is None
     assert len(replies._waiters) == 0  # the client holds no result for a forgotten handle
+
+
+async def test_a_result_passes_through_the_handlers_middleware(autojump_clock: MockClock) -> None:
+    fake = PipelineFake()
+    seen: list[str] = []
+
+    async def outer(job: sepp.Job, call_next: sepp.CallNext) -> None:
+        seen.append("outer")
+        await call_next()
+
+    worker = make_worker(fake, middleware=[outer])
+
+    async def inner(job: sepp.Job, call_next: sepp.CallNext) -> None:
+        seen.append("inner")
+        await call_next()
+
+    @worker.task(resize, middleware=[inner])
+    async def do_resize(image: Image, ctx: sepp.JobContext) -> Thumb:
+        return Thumb(image.name, 32)
+
+    (first,) = sepp.chain(resize.job(Image("owl")), upload)._enqueue_requests()
+    fake.add_job(first)
+    async with running(worker):
+        await trio.sleep(1)
+    assert seen == ["outer", "inner"]
+    (step,) = fake.sent()
+    assert step.payload == sepp.Payload.json({"name": "owl", "px": 32})

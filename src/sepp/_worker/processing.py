@@ -254,8 +254,8 @@ class JobProcessor:
                 )
                 custom = ctx.custom
                 if ctx._lease.follow_ups is not None or (custom and wants_more(custom)):
-                    if route.middleware:
-                        value = held.returned
+                    if route.middleware:  # unset if a middleware skipped the handler
+                        value = getattr(held, "returned", None)
                     await self._follow_ups.succeeded(ctx, value, route.encode_result)
                 returned = True
         except Exception as exc:  # the handler's failure is the job's outcome, not ours
