@@ -157,6 +157,7 @@ class Group(Generic[R]):
 
     @property
     def members(self) -> tuple[TaskJob[Any, Any] | Chain[Any], ...]:
+        """The group's members, in order."""
         return self._members
 
     def _enqueue_requests(self) -> list[EnqueueRequest]:

@@ -161,7 +161,7 @@ def _max_batch(client: object) -> int:
 def _refused(exc: BatchValidationError, chunk: list[EnqueueRequest], start: int) -> HandlerError:
     """The HandlerError of follow-ups the server refused: retried if every refusal may pass
     (a full or closing queue), else for good (the same follow-ups would be refused again)."""
-    from .._model.rejection_reasons import QueueClosing, QueueFull, describe_job_rejection
+    from .._model.rejection_reasons import describe_job_rejection
 
     parts = []
     for error in exc.errors[:3]:
@@ -172,6 +172,6 @@ def _refused(exc: BatchValidationError, chunk: list[EnqueueRequest], start: int)
         )
     more = f" (+{len(exc.errors) - 3} more)" if len(exc.errors) > 3 else ""
     text = "; ".join(parts) + more
-    if all(isinstance(error.rejection, QueueFull | QueueClosing) for error in exc.errors):
+    if all(error.rejection.retryable for error in exc.errors):
         return HandlerError.retry(f"its follow-ups were refused for now: {text}")
     return HandlerError.permanent(f"its follow-ups were refused: {text}")
