@@ -581,3 +581,31 @@ async def test_a_result_passes_through_the_handlers_middleware(autojump_clock: M
     assert seen == ["outer", "inner"]
     (step,) = fake.sent()
     assert step.payload == sepp.Payload.json({"name": "owl", "px": 32})
+
+
+async def test_a_def_handlers_client_refuses_to_wait_for_results() -> None:
+    fake = PipelineFake()
+    worker = make_worker(fake)
+    raised: list[BaseException] = []
+
+    @worker.handler("order")
+    def order(payload: sepp.Payload | None, ctx: sepp.SyncJobContext) -> None:
+        try:
+            resize.submit(ctx.client, Image("a"))
+        except sepp.ClientError as exc:
+            raised.append(exc)
+            raise
+
+    nacked = trio.Event()
+
+    async def on_nack(ctx: sepp.JobContext) -> None:
+        nacked.set()
+
+    fake.on_nack = on_nack
+    fake.add("order")
+    with trio.fail_after(GUARD_S):  # (a thread: on the real clock; bounds a hang only)
+        async with running(worker):
+            await nacked.wait()
+    (error,) = raised
+    assert "does not await results" in str(error) and "sepp.chain" in str(error)
+    assert fake.enqueued == []  # refused before anything was sent

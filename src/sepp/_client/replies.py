@@ -29,6 +29,7 @@ awaiting results runs.
 from __future__ import annotations
 
 import math
+import threading
 import uuid
 import weakref
 from collections.abc import Sequence
@@ -160,6 +161,8 @@ class Replies:
         self._log = log
         self.queue = queue or f"{QUEUE_PREFIX}{uuid.uuid4().hex}"
         self._waiters: weakref.WeakValueDictionary[str, Waiter] = weakref.WeakValueDictionary()
+        # A SyncClient's callers and its listener thread share the waiters (no GIL on 3.13t).
+        self._waiters_lock = threading.Lock()
         self._beacon: JobContext | None = None
         self._entry_generation = 0
         self._extend_at = math.inf
@@ -179,7 +182,8 @@ class Replies:
         if self.closed is not None:
             raise self.closed
         waiter = Waiter(uuid.uuid4().hex, self._rt.event(), self._rt.current_time() + ttl_s)
-        self._waiters[waiter.reply_id] = waiter
+        with self._waiters_lock:
+            self._waiters[waiter.reply_id] = waiter
         return waiter
 
     def address(self, waiter: Waiter, ttl_s: float) -> p.ReplyAddress:
@@ -190,7 +194,8 @@ class Replies:
 
     def forget(self, waiter: Waiter) -> None:
         """Nobody waits for `waiter` any more: its result is dropped when it comes."""
-        self._waiters.pop(waiter.reply_id, None)
+        with self._waiters_lock:
+            self._waiters.pop(waiter.reply_id, None)
 
     async def wait(self, waiter: Waiter, timeout_s: float | None) -> Reply:
         """`waiter`'s reply, within `timeout_s` (None: until its deadline). Raises
@@ -213,9 +218,11 @@ class Replies:
         raise ResultTimeoutError(f"no result within {timeout_s:g}s (it may still come)")
 
     def _fail_waiting(self, error: ResultUnavailableError) -> None:
-        for waiter in list(self._waiters.values()):
+        with self._waiters_lock:
+            waiting = list(self._waiters.values())
+            self._waiters.clear()
+        for waiter in waiting:
             waiter.settle(error)
-        self._waiters.clear()
 
     def _fail_all(self, error: ResultUnavailableError) -> None:
         self.closed = error
@@ -332,7 +339,10 @@ class Replies:
     def _deliver(self, job: Job) -> None:
         custom = job.ctx.custom
         reply_id = custom.get(p.REPLY_ID)
-        waiter = self._waiters.pop(reply_id, None) if isinstance(reply_id, str) else None
+        waiter = None
+        if isinstance(reply_id, str):
+            with self._waiters_lock:
+                waiter = self._waiters.pop(reply_id, None)
         if waiter is None:
             self.dropped += 1  # nobody waits for it any more (a handle dropped or forgotten)
             return
