@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Coroutine, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, NamedTuple, Protocol, TypeVar, overload
 
 from .._client.replies import Replies, Reply, Waiter
 from .._model import pipelines as p
@@ -115,20 +115,8 @@ def _job_failed(reply: Reply) -> JobFailedError:
     )
 
 
-class ResultHandle(Generic[R]):
-    """A job (a task's, a chain's, a group's) whose result this client awaits: from
-    `await task.submit(client, payload)`, `await chain.submit(client)` or
-    `await group.submit(client)`.
-
-    `await handle.result(timeout=...)` returns the handler's return value (a chain's: its last
-    step's; a group's: a tuple, in the group's order), decoded into the task's `result` type.
-    It raises `sepp.JobFailedError` if the job (or a step, or a member) was dead-lettered,
-    `sepp.ResultTimeoutError` if no result came within `timeout` (call it again: it may still
-    come), and `sepp.ResultUnavailableError` once none can come (the handle's `result_ttl`
-    passed, the enqueue was deduplicated, the client closed). Without a `timeout` it waits
-    until the `result_ttl`. The result, once read, is kept: later calls return it at once.
-    Dropping the handle (or `forget()`) stops the wait: a result arriving later is dropped.
-    """
+class _Handle(Generic[R]):
+    """What both handles have: the acks, and the results they wait for."""
 
     __slots__ = ("_results", "acks")
 
@@ -147,51 +135,125 @@ class ResultHandle(Generic[R]):
         to whoever enqueued the job first, and `result()` raises ResultUnavailableError."""
         return any(ack.deduplicated for ack in self.acks)
 
-    async def result(self, *, timeout: float | timedelta | None = None) -> R:
-        """The result (see the class): seconds or a timedelta to wait; None until the
-        handle's `result_ttl`."""
-        return await self._results.result(timeout)  # type: ignore[no-any-return]
-
     def forget(self) -> None:
         """Stop waiting: a result that arrives later is dropped (what dropping the handle
         does, when it is collected)."""
         self._results.forget()
 
     def __repr__(self) -> str:
-        return f"<sepp.ResultHandle {self._results._describe()}>"
+        return f"<sepp.{type(self).__name__} {self._results._describe()}>"
 
 
-class SyncResultHandle(Generic[R]):
+class ResultHandle(_Handle[R]):
+    """A job (a task's, a chain's, a group's) whose result this client awaits: from
+    `await task.submit(client, payload)`, `await chain.submit(client)` or
+    `await group.submit(client)`.
+
+    `await handle.result(timeout=...)` returns the handler's return value (a chain's: its last
+    step's; a group's: a tuple, in the group's order), decoded into the task's `result` type.
+    It raises `sepp.JobFailedError` if the job (or a step, or a member) was dead-lettered,
+    `sepp.ResultTimeoutError` if no result came within `timeout` (call it again: it may still
+    come), and `sepp.ResultUnavailableError` once none can come (the handle's `result_ttl`
+    passed, the enqueue was deduplicated, the client closed). Without a `timeout` it waits
+    until the `result_ttl`. The result, once read, is kept: later calls return it at once.
+    Dropping the handle (or `forget()`) stops the wait: a result arriving later is dropped.
+    `job_id`, `deduplicated` and `acks` say what was enqueued.
+    """
+
+    __slots__ = ()
+
+    async def result(self, *, timeout: float | timedelta | None = None) -> R:
+        """The result (see the class): seconds or a timedelta to wait; None until the
+        handle's `result_ttl`."""
+        return await self._results.result(timeout)  # type: ignore[no-any-return]
+
+
+class SyncResultHandle(_Handle[R]):
     """`sepp.ResultHandle` for blocking code, from `task.submit(sync_client, payload)` (and
     a chain's, a group's): `handle.result(timeout=...)` blocks until the result is there,
     with the same results and errors."""
 
-    __slots__ = ("_results", "acks")
-
-    def __init__(self, results: _Results, acks: tuple[EnqueueAck, ...]) -> None:
-        self._results = results
-        self.acks = acks
-
-    @property
-    def job_id(self) -> str:
-        """The id of the job enqueued (a chain's first step, a group's first member)."""
-        return self.acks[0].job_id
-
-    @property
-    def deduplicated(self) -> bool:
-        """See `sepp.ResultHandle.deduplicated`."""
-        return any(ack.deduplicated for ack in self.acks)
+    __slots__ = ()
 
     def result(self, *, timeout: float | timedelta | None = None) -> R:
         """The result (see `sepp.ResultHandle.result`), blocking for it."""
         return run_blocking(self._results.result(timeout))  # type: ignore[no-any-return]
 
-    def forget(self) -> None:
-        """Stop waiting (see `sepp.ResultHandle.forget`)."""
-        self._results.forget()
 
-    def __repr__(self) -> str:
-        return f"<sepp.SyncResultHandle {self._results._describe()}>"
+# -- what can be submitted ------------------------------------------------------------------
+
+
+class Submission(NamedTuple):
+    """What `submit` sends and how it reads the results: the requests, a decoder per awaited
+    result, how the decoded values combine, and whether the requests go atomically."""
+
+    requests: list[EnqueueRequest]
+    decoders: list[Decode]
+    combine: Combine
+    atomic: bool = False
+
+
+class Submittable(Generic[R]):
+    """A job, chain or group that `submit` enqueues with a handle on its result `R`."""
+
+    __slots__ = ()
+
+    def _submission(self) -> Submission:
+        raise NotImplementedError
+
+    @overload
+    def submit(
+        self, client: SyncClient, *, result_ttl: float | timedelta = p.DEFAULT_RESULT_TTL_S
+    ) -> SyncResultHandle[R]: ...
+
+    @overload
+    def submit(
+        self, client: Client, *, result_ttl: float | timedelta = p.DEFAULT_RESULT_TTL_S
+    ) -> Coroutine[Any, Any, ResultHandle[R]]: ...
+
+    def submit(
+        self, client: Client | SyncClient, *, result_ttl: float | timedelta = p.DEFAULT_RESULT_TTL_S
+    ) -> ResultHandle[R] | SyncResultHandle[R] | Coroutine[Any, Any, ResultHandle[R]]:
+        """Enqueue it and return a handle on its result (a coroutine of one with a
+        `sepp.Client`, the handle itself with a `sepp.SyncClient`): see `sepp.ResultHandle`.
+        A worker sends no result after `result_ttl` (seconds or timedelta, at most a day),
+        when the handle's `result()` gives up."""
+        from .._client.sync import SyncClient
+
+        what = f"{type(self).__name__}.submit"
+        submission = self._submission()
+        checked = checked_client(client, what)
+        if isinstance(checked, SyncClient):
+            return submit_blocking(checked, submission, result_ttl)
+        return submit_async(checked, submission, result_ttl)
+
+
+class OneJob(Submittable[R]):
+    """A job, or a chain (its first step): one request, enqueued alone."""
+
+    __slots__ = ()
+
+    def _enqueue_requests(self) -> list[EnqueueRequest]:
+        raise NotImplementedError
+
+    @overload
+    def enqueue(
+        self, client: SyncClient, *, timeout: float | timedelta | None = None
+    ) -> EnqueueAck: ...
+
+    @overload
+    def enqueue(
+        self, client: Client, *, timeout: float | timedelta | None = None
+    ) -> Coroutine[Any, Any, EnqueueAck]: ...
+
+    def enqueue(
+        self, client: Client | SyncClient, *, timeout: float | timedelta | None = None
+    ) -> EnqueueAck | Coroutine[Any, Any, EnqueueAck]:
+        """Enqueue it through `client` (await it with a `sepp.Client`): a chain's ack is its
+        first step's."""
+        (request,) = self._enqueue_requests()
+        what = f"{type(self).__name__}.enqueue"
+        return checked_client(client, what).enqueue(request, timeout=timeout)
 
 
 # -- submitting ---------------------------------------------------------------------------------
@@ -207,17 +269,11 @@ def checked_ttl(result_ttl: float | timedelta) -> float:
 
 
 async def submit(
-    calls: SubmitCalls,
-    replies: Replies,
-    requests: Sequence[EnqueueRequest],
-    decoders: Sequence[Decode],
-    combine: Combine,
-    ttl_s: float,
-    *,
-    atomic: bool,
+    calls: SubmitCalls, replies: Replies, submission: Submission, ttl_s: float
 ) -> tuple[_Results, tuple[EnqueueAck, ...]]:
-    """Enqueue `requests`, each carrying the address of a new waiter of `replies` (one
-    request alone, or atomically together)."""
+    """Enqueue the submission's requests, each carrying the address of a new waiter of
+    `replies` (one request alone, or atomically together)."""
+    requests = submission.requests
     waiters = [replies.expect(ttl_s) for _ in requests]
     stamped = [
         dataclasses.replace(
@@ -226,7 +282,7 @@ async def submit(
         for request, waiter in zip(requests, waiters, strict=True)
     ]
     try:
-        if atomic or len(stamped) != 1:
+        if submission.atomic or len(stamped) != 1:
             acks = tuple(await calls.enqueue_atomic(stamped))
         else:
             acks = (await calls.enqueue(stamped[0]),)
@@ -243,28 +299,9 @@ async def submit(
                     " used before): its result goes to whoever enqueued it first"
                 )
             )
-    results = _Results(replies, waiters, decoders, combine, tuple(a.job_id for a in acks))
+    job_ids = tuple(ack.job_id for ack in acks)
+    results = _Results(replies, waiters, submission.decoders, submission.combine, job_ids)
     return results, acks
-
-
-def submit_through(
-    client: object,
-    what: str,
-    requests: Sequence[EnqueueRequest],
-    decoders: Sequence[Decode],
-    combine: Combine,
-    result_ttl: float | timedelta,
-    *,
-    atomic: bool = False,
-) -> ResultHandle[Any] | SyncResultHandle[Any] | Coroutine[Any, Any, ResultHandle[Any]]:
-    """`requests` submitted through `client`: a coroutine for a `sepp.Client`'s handle, the
-    handle itself (blocking) for a `sepp.SyncClient`."""
-    from .._client.sync import SyncClient
-
-    checked = checked_client(client, what)
-    if isinstance(checked, SyncClient):
-        return submit_blocking(checked, requests, decoders, combine, result_ttl, atomic=atomic)
-    return submit_async(checked, requests, decoders, combine, result_ttl, atomic=atomic)
 
 
 def checked_client(client: object, what: str) -> Client | SyncClient:
@@ -282,36 +319,22 @@ def checked_client(client: object, what: str) -> Client | SyncClient:
 
 
 async def submit_async(
-    client: Client,
-    requests: Sequence[EnqueueRequest],
-    decoders: Sequence[Decode],
-    combine: Combine,
-    result_ttl: float | timedelta,
-    *,
-    atomic: bool = False,
+    client: Client, submission: Submission, result_ttl: float | timedelta
 ) -> ResultHandle[Any]:
     ttl_s = checked_ttl(result_ttl)
     replies = await client._awaiting_results()
-    results, acks = await submit(client, replies, requests, decoders, combine, ttl_s, atomic=atomic)
+    results, acks = await submit(client, replies, submission, ttl_s)
     return ResultHandle(results, acks)
 
 
 def submit_blocking(
-    client: SyncClient,
-    requests: Sequence[EnqueueRequest],
-    decoders: Sequence[Decode],
-    combine: Combine,
-    result_ttl: float | timedelta,
-    *,
-    atomic: bool = False,
+    client: SyncClient, submission: Submission, result_ttl: float | timedelta
 ) -> SyncResultHandle[Any]:
     from .._client.sync import blocking_calls
 
     ttl_s = checked_ttl(result_ttl)
     replies = client._awaiting_results()
-    results, acks = run_blocking(
-        submit(blocking_calls(client), replies, requests, decoders, combine, ttl_s, atomic=atomic)
-    )
+    results, acks = run_blocking(submit(blocking_calls(client), replies, submission, ttl_s))
     return SyncResultHandle(results, acks)
 
 

@@ -8,12 +8,12 @@ from __future__ import annotations
 import uuid
 from collections.abc import Coroutine, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from .._model import pipelines as p
 from .._model.errors import ValidationError
 from .._model.types import EnqueueAck, EnqueueRequest
-from .handles import SINGLE, Decode, ResultHandle, SyncResultHandle, checked_client, submit_through
+from .handles import SINGLE, Decode, OneJob, Submission, Submittable, checked_client
 from .task import Task, TaskJob
 
 if TYPE_CHECKING:
@@ -30,7 +30,7 @@ F = TypeVar("F")
 G = TypeVar("G")
 
 
-class Chain(Generic[R]):
+class Chain(OneJob[R]):
     """Jobs run one after the other, each step's handler given the step before's return value
     as its payload: `sepp.chain(resize.job(image), upload, notify)`; `R` is the last step's
     result. Enqueueing it enqueues its first step, which carries the rest (custom entries:
@@ -91,52 +91,16 @@ class Chain(Generic[R]):
             )
         ]
 
-    def _decoder(self) -> Decode:
-        return self.last.decode_result
-
-    @overload
-    def enqueue(
-        self, client: SyncClient, *, timeout: float | timedelta | None = None
-    ) -> EnqueueAck: ...
-
-    @overload
-    def enqueue(
-        self, client: Client, *, timeout: float | timedelta | None = None
-    ) -> Coroutine[Any, Any, EnqueueAck]: ...
-
-    def enqueue(
-        self, client: Client | SyncClient, *, timeout: float | timedelta | None = None
-    ) -> EnqueueAck | Coroutine[Any, Any, EnqueueAck]:
-        """Enqueue the chain (its first step; await it with a `sepp.Client`): the ack is the
-        first step's."""
-        (request,) = self._enqueue_requests()
-        return checked_client(client, "Chain.enqueue").enqueue(request, timeout=timeout)
-
-    @overload
-    def submit(
-        self, client: SyncClient, *, result_ttl: float | timedelta = p.DEFAULT_RESULT_TTL_S
-    ) -> SyncResultHandle[R]: ...
-
-    @overload
-    def submit(
-        self, client: Client, *, result_ttl: float | timedelta = p.DEFAULT_RESULT_TTL_S
-    ) -> Coroutine[Any, Any, ResultHandle[R]]: ...
-
-    def submit(
-        self, client: Client | SyncClient, *, result_ttl: float | timedelta = p.DEFAULT_RESULT_TTL_S
-    ) -> ResultHandle[R] | SyncResultHandle[R] | Coroutine[Any, Any, ResultHandle[R]]:
-        """Enqueue the chain and return a handle on its last step's result (or the failure of
-        the step that stopped it); `result_ttl` covers the whole chain."""
-        return submit_through(
-            client, "Chain.submit", self._enqueue_requests(), [self._decoder()], SINGLE, result_ttl
-        )
+    def _submission(self) -> Submission:
+        # `result_ttl` covers the whole chain: the last step sends the result.
+        return Submission(self._enqueue_requests(), [self.last.decode_result], SINGLE)
 
     def __repr__(self) -> str:
         names = " -> ".join(task.job_type for task in self.tasks)
         return f"<sepp.Chain {names}>"
 
 
-class Group(Generic[R]):
+class Group(Submittable[R]):
     """Jobs enqueued atomically together, all or none: `sepp.group(resize.job(a),
     resize.job(b))`; its members are task jobs or chains (their first steps). `R` is the tuple
     of the members' results, in order. A group is no barrier: its members run as any jobs do,
@@ -181,34 +145,13 @@ class Group(Generic[R]):
         requests = self._enqueue_requests()
         return checked_client(client, "Group.enqueue").enqueue_atomic(requests, timeout=timeout)
 
-    @overload
-    def submit(
-        self, client: SyncClient, *, result_ttl: float | timedelta = p.DEFAULT_RESULT_TTL_S
-    ) -> SyncResultHandle[R]: ...
-
-    @overload
-    def submit(
-        self, client: Client, *, result_ttl: float | timedelta = p.DEFAULT_RESULT_TTL_S
-    ) -> Coroutine[Any, Any, ResultHandle[R]]: ...
-
-    def submit(
-        self, client: Client | SyncClient, *, result_ttl: float | timedelta = p.DEFAULT_RESULT_TTL_S
-    ) -> ResultHandle[R] | SyncResultHandle[R] | Coroutine[Any, Any, ResultHandle[R]]:
-        """Enqueue the group atomically and return a handle on the tuple of its members'
-        results (`sepp.JobFailedError` for the first member found failed)."""
-        decoders = [
-            member._decoder() if isinstance(member, Chain) else member.task.decode_result
+    def _submission(self) -> Submission:
+        # The first member found failed fails the group's result (JobFailedError).
+        decoders: list[Decode] = [
+            member.last.decode_result if isinstance(member, Chain) else member.task.decode_result
             for member in self._members
         ]
-        return submit_through(
-            client,
-            "Group.submit",
-            self._enqueue_requests(),
-            decoders,
-            tuple,
-            result_ttl,
-            atomic=True,
-        )
+        return Submission(self._enqueue_requests(), decoders, tuple, atomic=True)
 
     def __repr__(self) -> str:
         return f"<sepp.Group of {len(self._members)}>"

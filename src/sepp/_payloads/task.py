@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Coroutine, Mapping
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Generic, TypedDict, TypeVar, Unpack, overload
 
 from .._model import pipelines as p
 from .._model import validate as v
@@ -13,7 +13,7 @@ from .._model.errors import SeppError, ValidationError
 from .._model.settlement import OnInvalid, check_on_invalid, describe
 from .._model.types import EnqueueAck, EnqueueRequest, Payload, TraceContext
 from .codecs import JsonCodec, PayloadCodec, codec_for, type_name
-from .handles import SINGLE, ResultHandle, SyncResultHandle, checked_client, submit_through
+from .handles import SINGLE, OneJob, ResultHandle, Submission, SyncResultHandle
 
 if TYPE_CHECKING:
     # The result's type parameter defaults to Any, so `sepp.Task[Order]` keeps meaning what it
@@ -29,6 +29,19 @@ else:
     R = TypeVar("R")
 
 T = TypeVar("T")
+
+
+class JobOptions(TypedDict, total=False):
+    """What `Task.request` (and `job`, `submit`) take besides the payload: overrides of the
+    task's defaults, and the job's own fields."""
+
+    queue: str | None
+    idempotency_key: str | None
+    priority: int | None
+    max_attempts: int | None
+    custom: Mapping[str, v.CustomValue] | None
+    scheduled_at: datetime | None
+    trace_context: TraceContext | None
 
 
 class Task(Generic[T, R]):
@@ -203,33 +216,12 @@ class Task(Generic[T, R]):
             return None  # type: ignore[return-value]
         return self._result_codec.decode(payload, self.result_type)
 
-    def job(
-        self,
-        payload: T,
-        *,
-        queue: str | None = None,
-        idempotency_key: str | None = None,
-        priority: int | None = None,
-        max_attempts: int | None = None,
-        custom: Mapping[str, v.CustomValue] | None = None,
-        scheduled_at: datetime | None = None,
-        trace_context: TraceContext | None = None,
-    ) -> TaskJob[T, R]:
+    def job(self, payload: T, **options: Unpack[JobOptions]) -> TaskJob[T, R]:
         """One job of this task, not yet enqueued: the first step of a `sepp.chain`, a member
-        of a `sepp.group`, or a follow-up for `ctx.then`. Checked now, as `request` is."""
-        return TaskJob(
-            self,
-            self.request(
-                payload,
-                queue=queue,
-                idempotency_key=idempotency_key,
-                priority=priority,
-                max_attempts=max_attempts,
-                custom=custom,
-                scheduled_at=scheduled_at,
-                trace_context=trace_context,
-            ),
-        )
+        of a `sepp.group`, or a follow-up for `ctx.then`. `options` are `request`'s (`queue`,
+        `idempotency_key`, `priority`, `max_attempts`, `custom`, `scheduled_at`,
+        `trace_context`); checked now, as `request` checks them."""
+        return TaskJob(self, self.request(payload, **options))
 
     @overload
     def submit(
@@ -238,13 +230,7 @@ class Task(Generic[T, R]):
         payload: T,
         *,
         result_ttl: float | timedelta = p.DEFAULT_RESULT_TTL_S,
-        queue: str | None = None,
-        idempotency_key: str | None = None,
-        priority: int | None = None,
-        max_attempts: int | None = None,
-        custom: Mapping[str, v.CustomValue] | None = None,
-        scheduled_at: datetime | None = None,
-        trace_context: TraceContext | None = None,
+        **options: Unpack[JobOptions],
     ) -> SyncResultHandle[R]: ...
 
     @overload
@@ -254,13 +240,7 @@ class Task(Generic[T, R]):
         payload: T,
         *,
         result_ttl: float | timedelta = p.DEFAULT_RESULT_TTL_S,
-        queue: str | None = None,
-        idempotency_key: str | None = None,
-        priority: int | None = None,
-        max_attempts: int | None = None,
-        custom: Mapping[str, v.CustomValue] | None = None,
-        scheduled_at: datetime | None = None,
-        trace_context: TraceContext | None = None,
+        **options: Unpack[JobOptions],
     ) -> Coroutine[Any, Any, ResultHandle[R]]: ...
 
     def submit(
@@ -269,30 +249,15 @@ class Task(Generic[T, R]):
         payload: T,
         *,
         result_ttl: float | timedelta = p.DEFAULT_RESULT_TTL_S,
-        queue: str | None = None,
-        idempotency_key: str | None = None,
-        priority: int | None = None,
-        max_attempts: int | None = None,
-        custom: Mapping[str, v.CustomValue] | None = None,
-        scheduled_at: datetime | None = None,
-        trace_context: TraceContext | None = None,
+        **options: Unpack[JobOptions],
     ) -> ResultHandle[R] | SyncResultHandle[R] | Coroutine[Any, Any, ResultHandle[R]]:
         """Enqueue one job of this task and return a handle on its result:
         `thumb = await (await resize.submit(client, image)).result(timeout=10)`; with a
         `sepp.SyncClient`, `resize.submit(sync_client, image).result(timeout=10)`. The result
         comes back on this client's own reply queue (made at the first submit); a worker
         sends none after `result_ttl` (seconds or timedelta, at most a day), when the
-        handle's `result()` gives up. Other arguments as for `enqueue`."""
-        return self.job(
-            payload,
-            queue=queue,
-            idempotency_key=idempotency_key,
-            priority=priority,
-            max_attempts=max_attempts,
-            custom=custom,
-            scheduled_at=scheduled_at,
-            trace_context=trace_context,
-        ).submit(client, result_ttl=result_ttl)
+        handle's `result()` gives up. `options` as for `job` (and `enqueue`)."""
+        return self.job(payload, **options).submit(client, result_ttl=result_ttl)
 
     def request(
         self,
@@ -434,7 +399,7 @@ class Task(Generic[T, R]):
 _JSON = JsonCodec()
 
 
-class TaskJob(Generic[T, R]):
+class TaskJob(OneJob[R], Generic[T, R]):
     """One job of a task, built and checked but not yet enqueued: `resize.job(image)`. The
     first step of a `sepp.chain`, a member of a `sepp.group`, or a follow-up
     (`ctx.then(notify.job(note))`); `enqueue` and `submit` send it alone."""
@@ -448,40 +413,8 @@ class TaskJob(Generic[T, R]):
     def _enqueue_requests(self) -> list[EnqueueRequest]:
         return [self.request]
 
-    @overload
-    def enqueue(
-        self, client: SyncClient, *, timeout: float | timedelta | None = None
-    ) -> EnqueueAck: ...
-
-    @overload
-    def enqueue(
-        self, client: Client, *, timeout: float | timedelta | None = None
-    ) -> Coroutine[Any, Any, EnqueueAck]: ...
-
-    def enqueue(
-        self, client: Client | SyncClient, *, timeout: float | timedelta | None = None
-    ) -> EnqueueAck | Coroutine[Any, Any, EnqueueAck]:
-        """Enqueue this job through `client` (await it with a `sepp.Client`)."""
-        return checked_client(client, "TaskJob.enqueue").enqueue(self.request, timeout=timeout)
-
-    @overload
-    def submit(
-        self, client: SyncClient, *, result_ttl: float | timedelta = p.DEFAULT_RESULT_TTL_S
-    ) -> SyncResultHandle[R]: ...
-
-    @overload
-    def submit(
-        self, client: Client, *, result_ttl: float | timedelta = p.DEFAULT_RESULT_TTL_S
-    ) -> Coroutine[Any, Any, ResultHandle[R]]: ...
-
-    def submit(
-        self, client: Client | SyncClient, *, result_ttl: float | timedelta = p.DEFAULT_RESULT_TTL_S
-    ) -> ResultHandle[R] | SyncResultHandle[R] | Coroutine[Any, Any, ResultHandle[R]]:
-        """Enqueue this job and return a handle on its result (see `Task.submit`)."""
-        decoders = [self.task.decode_result]
-        return submit_through(
-            client, "TaskJob.submit", [self.request], decoders, SINGLE, result_ttl
-        )
+    def _submission(self) -> Submission:
+        return Submission([self.request], [self.task.decode_result], SINGLE)
 
     def __repr__(self) -> str:
         return f"<sepp.TaskJob {self.task.job_type!r} on {self.request.queue!r}>"
