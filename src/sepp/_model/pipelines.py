@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any
 
 from .errors import ValidationError
@@ -164,14 +164,6 @@ def wants_more(custom: Mapping[str, CustomValue]) -> bool:
     return CHAIN_NEXT in custom or REPLY_QUEUE in custom
 
 
-def without_pipeline_entries(custom: Mapping[str, CustomValue]) -> dict[str, CustomValue]:
-    """`custom` without the entries of this module (a step's own custom map)."""
-    return {key: value for key, value in custom.items() if not key.startswith(_OURS)}
-
-
-_OURS = ("sepp.chain", "sepp.reply.")
-
-
 def next_step_request(
     position: ChainPosition, payload: Payload | None, reply: ReplyAddress | None, job_id: str
 ) -> EnqueueRequest:
@@ -241,10 +233,6 @@ def reply_address(custom: Mapping[str, CustomValue]) -> ReplyAddress | None:
 
 def epoch_ms(when: datetime) -> int:
     return int(when.timestamp() * 1000)
-
-
-def from_epoch_ms(value: int) -> datetime:
-    return datetime.fromtimestamp(value / 1000, timezone.utc)
 
 
 @dataclass(frozen=True, slots=True)
