@@ -264,6 +264,20 @@ async def running(worker: sepp.Worker) -> AsyncIterator[None]:
         worker.shutdown()
 
 
+async def run_until_settled(worker: sepp.Worker, fake: FakeClient) -> None:
+    """Run `worker` until it has acked or nacked a job: on the real clock, for `def` handlers
+    (threads); the guard bounds a hang only."""
+    settled = trio.Event()
+
+    async def on_settle(ctx: sepp.JobContext) -> None:
+        settled.set()
+
+    fake.on_ack = fake.on_nack = on_settle
+    with trio.fail_after(GUARD_S):
+        async with running(worker):
+            await settled.wait()
+
+
 async def test_follow_ups_go_in_one_atomic_enqueue_under_keys_of_the_job_before_its_ack(
     autojump_clock: MockClock,
 ) -> None:
@@ -308,16 +322,8 @@ async def test_a_def_handler_asks_for_follow_ups_from_its_thread() -> None:
     def order(payload: sepp.Payload | None, ctx: sepp.SyncJobContext) -> None:
         ctx.then(notify.job("from a thread"))
 
-    acked = trio.Event()
-
-    async def on_ack(ctx: sepp.JobContext) -> None:
-        acked.set()
-
-    fake.on_ack = on_ack
     job_id = fake.add("order")
-    with trio.fail_after(GUARD_S):  # (a thread: on the real clock; bounds a hang only)
-        async with running(worker):
-            await acked.wait()
+    await run_until_settled(worker, fake)
     assert [(r.job_type, r.idempotency_key) for r in fake.sent()] == [
         ("notify", p.follow_up_key(job_id, 0))
     ]
@@ -595,16 +601,8 @@ async def test_a_def_handlers_client_refuses_to_wait_for_results() -> None:
             raised.append(exc)
             raise
 
-    nacked = trio.Event()
-
-    async def on_nack(ctx: sepp.JobContext) -> None:
-        nacked.set()
-
-    fake.on_nack = on_nack
     fake.add("order")
-    with trio.fail_after(GUARD_S):  # (a thread: on the real clock; bounds a hang only)
-        async with running(worker):
-            await nacked.wait()
+    await run_until_settled(worker, fake)
     (error,) = raised
     assert "does not await results" in str(error) and "sepp.chain" in str(error)
     assert fake.enqueued == []  # refused before anything was sent
