@@ -241,11 +241,17 @@ async def test_a_step_that_fails_for_good_stops_its_chain_and_names_it(
     sepp_server: SeppServer, front: str
 ) -> None:
     errors: list[sepp.JobFailedError] = []
+    told: list[tuple[object, object]] = []  # what on_dead_letter heard: the step's place
     never = tasks.third
+
+    async def tell(ctx: sepp.JobContext, error: Exception | None) -> None:
+        told.append((ctx.custom.get(p.CHAIN_STEP), type(error).__name__))
 
     async def scenario() -> None:
         async with sepp.open(sepp_server.address) as client:
-            worker = sepp.Worker(client, ["stage-a", "stage-b"], wait_timeout=1)
+            worker = sepp.Worker(
+                client, ["stage-a", "stage-b"], wait_timeout=1, on_dead_letter=tell
+            )
             worker.task(tasks.first)(first)
             worker.task(tasks.second)(refuse)
             worker.task(never)(third)
@@ -289,6 +295,7 @@ async def test_a_step_that_fails_for_good_stops_its_chain_and_names_it(
     assert (error.job_type, error.queue, error.step, error.steps) == ("second", "stage-b", 2, 3)
     assert error.reason == "no second step for 2" and error.chain_id
     assert "step 2 of 3 of chain" in str(error)
+    assert told == [(2, "HandlerError")]  # a step's dead letter reaches the hook as any does
 
 
 async def test_a_group_is_enqueued_all_or_none() -> None:
