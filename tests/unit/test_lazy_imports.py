@@ -24,7 +24,7 @@ DEFERRED = (
     "hpack",  # the codec's header decoder: with the first connection
     "google.protobuf",  # the messages: when a client connects
     "sepp._pb",
-    "sepp.wire.codec._connection",
+    "sepp.wire.codec",  # the codec engine: with the first connection
     "argparse",  # the command line
     "sepp._cli",
     "sepp.testing",

@@ -27,7 +27,8 @@ from sepp.wire import CallFinished, connection_class
 from sepp.wire._engine import WIRE_ENGINES, GrpcConnection
 from sepp.wire._framing import Request, encode_message
 from sepp.wire._status import StatusCode
-from sepp.wire.codec._connection import VIEW_MIN_BYTES, CodecGrpcConnection
+from sepp.wire.codec._connection import CodecGrpcConnection
+from sepp.wire.codec._windows import VIEW_MIN_BYTES
 from sepp.wire.drivers._sending import advance
 
 _FRAME = struct.Struct(">HBBBL")

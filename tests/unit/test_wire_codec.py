@@ -19,7 +19,8 @@ from sepp.wire import CallFinished, CodecGrpcConnection, ConnectionBroken
 from sepp.wire._constants import DEFAULT_CONNECTION_WINDOW, DEFAULT_STREAM_WINDOW
 from sepp.wire._framing import encode_message
 from sepp.wire._status import StatusCode
-from sepp.wire.codec._connection import _HeaderBlocks, frame
+from sepp.wire.codec._frames import frame
+from sepp.wire.codec._header_blocks import ResponseHeaderBlocks
 
 
 def window_updates(pair: Pair) -> list[h2.events.WindowUpdated]:
@@ -147,7 +148,7 @@ def test_cached_blocks_always_decode_as_the_table_says(
     """Whatever the server's encoder inserts, evicts or resizes, every block decodes to what
     was encoded (a stale cache entry would show the wrong field)."""
     encoder = hpack.Encoder()
-    decoder = _HeaderBlocks(64 * 1024)
+    decoder = ResponseHeaderBlocks(64 * 1024)
     for fields, resize in blocks:
         if resize is not None:
             encoder.header_table_size = resize  # emitted as a size update in the next block
@@ -162,7 +163,7 @@ def test_cached_blocks_always_decode_as_the_table_says(
 
 def test_the_same_bytes_after_the_table_changed_are_decoded_again() -> None:
     encoder = hpack.Encoder()
-    decoder = _HeaderBlocks(64 * 1024)
+    decoder = ResponseHeaderBlocks(64 * 1024)
     inserting = bytes(encoder.encode([(b"grpc-status", b"7")]))  # literal with indexing
     assert decoder.decode(inserting) == ((b"grpc-status", b"7"),)
     assert decoder._cache == {}  # a block that changed the table is never remembered
@@ -179,7 +180,7 @@ def test_the_same_bytes_after_the_table_changed_are_decoded_again() -> None:
 
 def test_a_full_table_that_evicts_as_it_inserts_still_invalidates_the_cache() -> None:
     encoder = hpack.Encoder()
-    decoder = _HeaderBlocks(64 * 1024)
+    decoder = ResponseHeaderBlocks(64 * 1024)
 
     def message(digit: str) -> tuple[bytes, bytes]:
         return (b"grpc-message", digit.encode() * 980)  # 32 + 12 + 980: a quarter of 4096
@@ -253,7 +254,7 @@ def test_the_header_block_cache_is_bounded_in_bytes() -> None:
     """Big blocks that leave the table alone (here on streams already closed, whose blocks are
     still decoded for the table) are decoded but never remembered."""
     pair = Pair()
-    sids = [pair.client.start_call("Ack", b"x") for _ in range(_HeaderBlocks._MAX_ENTRIES)]
+    sids = [pair.client.start_call("Ack", b"x") for _ in range(ResponseHeaderBlocks._MAX_ENTRIES)]
     for sid in sids:
         pair.client.cancel_call(sid)
     encoder = hpack.Encoder()
