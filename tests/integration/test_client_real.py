@@ -499,7 +499,7 @@ async def test_per_call_timeout_raises_transport_error(client: sepp.Client) -> N
     # A 5 s long-poll bounded by a 0.3 s per-call timeout.
     request = b"\x0a\x01q\x12\x02\x08\x05\x1a\x02\x08\x05"
     with pytest.raises(sepp.TransportError) as info:
-        await client._send(Call("Reserve", request, kind="reserve"), timeout=0.3)
+        await client._send(Call("Reserve", request, kind="reserve"), 0.3)
     assert info.value.code is sepp.StatusCode.DEADLINE_EXCEEDED
 
 

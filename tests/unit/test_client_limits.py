@@ -232,4 +232,8 @@ def test_a_batch_checked_in_one_pass_gets_each_job_s_own_verdict(
     info = default_server_info(now, allowed_encodings=("application/json",), **limits)
     # The same jobs twice over: the second time their names are known (the inline path).
     one_pass, each = ServerLimits(info, now), ServerLimits(info, now)
-    assert one_pass.check_all(jobs + jobs) == [each.check(job) for job in jobs + jobs]
+    verdicts = [each.check(job) for job in jobs + jobs]
+    found = one_pass.check_all(jobs + jobs)
+    assert found == (verdicts if any(verdicts) else None)  # None: every job passes
+    for job, verdict in zip(jobs, verdicts, strict=False):  # one job: no loop
+        assert ServerLimits(info, now).check_all([job]) == (None if verdict is None else [verdict])

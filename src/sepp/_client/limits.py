@@ -98,17 +98,20 @@ class ServerLimits:
                 return rj.ScheduledTooFar(info.max_schedule_horizon, request.scheduled_at)
         return None
 
-    def check_all(self, requests: Sequence[EnqueueRequest]) -> list[rj.JobRejection | None]:
-        """`check` for each job, in order; a job with nothing but names seen before and a
-        payload is checked inline (a batch's jobs mostly are)."""
+    def check_all(self, requests: Sequence[EnqueueRequest]) -> list[rj.JobRejection | None] | None:
+        """`check` for each job, in order; None when every job passes (the common case, which
+        builds no list). A job with nothing but names seen before and a payload is checked
+        inline (a batch's jobs mostly are); a single job is checked alone."""
+        if len(requests) == 1:
+            rejection = self.check(requests[0])
+            return None if rejection is None else [rejection]
         info = self.info
         names_within = self.names_within
         most = info.max_payload_bytes or math.inf
         free_encodings = not info.restricts_encodings
-        out: list[rj.JobRejection | None] = []
-        append = out.append
         check = self.check
-        for request in requests:
+        verdicts: list[rj.JobRejection | None] | None = None
+        for index, request in enumerate(requests):
             payload = request.payload
             if (
                 payload is not None
@@ -119,10 +122,13 @@ class ServerLimits:
                 and len(payload.data) <= most
                 and (request.queue, request.job_type) in names_within
             ):
-                append(None)
-            else:
-                append(check(request))
-        return out
+                continue
+            rejection = check(request)
+            if rejection is not None:
+                if verdicts is None:
+                    verdicts = [None] * len(requests)
+                verdicts[index] = rejection
+        return verdicts
 
     def contradicted_by(self, rejection: rj.JobRejection) -> bool:
         """A deterministic server rejection naming a different global limit than ours: the
