@@ -42,23 +42,20 @@ A `def` handler takes :func:`sync_job_context` of one (its ``ctx.client`` blocks
 :func:`follow_ups` lists what a handler asked to enqueue with ``ctx.then``.
 """
 
+from ._binary import (
+    INSTALL_COMMAND,
+    SEPP_SERVER_VERSION,
+    SeppServerNotFound,
+    find_sepp_binary,
+    sepp_cache_binary_path,
+)
 from ._jobs import follow_ups, job_context, set_lease_expires_at, sync_job_context
 from ._memory.clock import ManualClock
 from ._memory.config import ConfigError
 from ._memory.server import MemoryServer, memory_server
 from ._memory.state import QueueDepths
-from ._server import (
-    DEAD_LETTER_RETENTION_MS,
-    INSTALL_COMMAND,
-    SEPP_SERVER_VERSION,
-    ExternalSeppServer,
-    SeppServer,
-    SeppServerNotFound,
-    SeppServerStartError,
-    find_sepp_binary,
-    sepp_cache_binary_path,
-    sepp_server,
-)
+from ._process import SeppServerStartError
+from ._server import DEAD_LETTER_RETENTION_MS, ExternalSeppServer, SeppServer, sepp_server
 from ._toml import dumps as toml_dumps
 
 __all__ = [
