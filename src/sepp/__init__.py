@@ -87,7 +87,7 @@ _PUBLIC: dict[str, tuple[str, bool]] = {
     "ServerInfo": ("_model.types", EAGER),
     "TraceContext": ("_model.types", EAGER),
     "__version__": ("_version", EAGER),
-    "StatusCode": ("wire._status", EAGER),
+    "StatusCode": ("wire", EAGER),
     "SyncClient": ("_client.sync", LAZY),
     "connect": ("_client.sync", LAZY),
     "CustomEntriesTooMany": ("_model.rejection_reasons", LAZY),
@@ -229,7 +229,7 @@ if TYPE_CHECKING:
     from ._worker.router import Router as Router
     from ._worker.thread_handlers import SyncJobContext as SyncJobContext
     from ._worker.worker import Worker as Worker
-    from .wire._status import StatusCode as StatusCode
+    from .wire import StatusCode as StatusCode
 
 __all__ = sorted(_PUBLIC)
 

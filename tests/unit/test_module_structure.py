@@ -78,7 +78,8 @@ def test_the_import_graph_is_read_from_the_sources() -> None:
     assert "sepp._model.errors" in graph["sepp._model.validate"]  # a plain relative import
     # `from .._model import message_codec as mc`
     assert "sepp._model.message_codec" in graph["sepp._client.operations"]
-    assert "sepp.wire._status" in graph["sepp._model.errors"]  # a relative import of a subpackage
+    assert "sepp.wire" in graph["sepp._model.errors"]  # a relative import of a subpackage
+    assert "sepp.wire._calls" in graph["sepp.wire.codec._connection"]  # of a parent's module
 
 
 def test_sepp_modules_import_each_other_without_cycles() -> None:
@@ -176,6 +177,54 @@ def test_the_layer_check_sees_an_upward_import() -> None:
         "sepp.wire._framing imports sepp._model.errors, a layer above it",
         "sepp.wire.codec._connection imports sepp.wire.h2ref._connection: the engines are"
         " independent",
+    ]
+
+
+def private_import_violations(graph: dict[str, set[str]]) -> list[str]:
+    """Imports of another package's private modules.
+
+    The rule: a module whose name starts with one underscore (`_x.py`, or a package `_x/`)
+    is private to the package P that holds it. It, and any name in it, may be imported only
+    by a module inside P: P's own modules, P's `__init__`, and the modules of P's
+    subpackages at any depth. Every other module imports P's public `__init__` names
+    instead (`from sepp.wire.drivers import RpcError`, never `from sepp.wire.drivers._base
+    import RpcError`). Every underscored part of an imported name counts: `sepp._model.types`
+    is private to `sepp` (so any sepp module may import it), `sepp.wire.drivers._trio` to
+    `sepp.wire.drivers`. So a subpackage uses its parents' private modules (`wire/codec/`
+    imports `wire/_calls.py`), a package never reaches into a subpackage's (`wire/_engine.py`
+    takes `CodecGrpcConnection` from `wire/codec/__init__.py`), and no layer into another's.
+    Dunder names (`__main__`) are not private. Tests, benchmarks and scripts may import
+    anything; this holds for `src/sepp`.
+    """
+    found = []
+    for module, targets in sorted(graph.items()):
+        for target in sorted(targets):
+            parts = target.split(".")
+            for index, part in enumerate(parts):
+                if part.startswith("_") and not part.startswith("__"):
+                    owner = ".".join(parts[:index])
+                    if not _within(module, owner):
+                        found.append(f"{module} imports {target}, private to {owner}")
+                        break
+    return found
+
+
+def test_no_module_imports_the_private_modules_of_another_package() -> None:
+    assert private_import_violations(import_graph()) == []
+
+
+def test_the_private_import_check_sees_a_reach_into_another_package() -> None:
+    graph = {
+        "sepp._client.client": {"sepp.wire.drivers._base", "sepp._model.types", "sepp.wire"},
+        "sepp.wire._engine": {"sepp.wire.codec._connection", "sepp.wire.codec"},
+        "sepp.wire.codec._windows": {"sepp.wire._calls", "sepp.wire.codec._frames"},
+        "sepp.wire.drivers": {"sepp.wire.drivers._trio"},
+        "sepp": {"sepp.wire._status", "sepp._version", "sepp.__main__"},
+    }
+    assert private_import_violations(graph) == [
+        "sepp imports sepp.wire._status, private to sepp.wire",
+        "sepp._client.client imports sepp.wire.drivers._base, private to sepp.wire.drivers",
+        "sepp.wire._engine imports sepp.wire.codec._connection, private to sepp.wire.codec",
     ]
 
 

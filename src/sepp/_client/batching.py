@@ -17,8 +17,7 @@ from .._model.errors import SeppError, error_from_status
 from .._model.rejections import JobRejection
 from .._model.types import EnqueueAck, EnqueueRequest
 from .._runtime.protocol import Runtime, TaskGroup, Waiter
-from ..wire._failure import FailureKind
-from ..wire._status import StatusCode
+from ..wire import FailureKind, StatusCode
 from .chunking import SERVER_MAX_MESSAGE_BYTES, estimated_bytes
 
 

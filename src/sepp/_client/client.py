@@ -38,9 +38,8 @@ from .._model.types import (
 )
 from .._runtime.protocol import Runtime, TaskGroup
 from .._util.log import Log, LoggerLike
-from ..wire._engine import WireEngine
-from ..wire._status import StatusCode
-from ..wire.drivers._base import ChannelBase, RpcError
+from ..wire import StatusCode, WireEngine
+from ..wire.drivers import ChannelBase, RpcError
 from . import fork
 from . import operations as ops
 from . import otel as _otel

@@ -31,8 +31,7 @@ from .._model.types import (
 )
 from .._model.wire_format import DecodeError
 from .._util.log import Log
-from ..wire._framing import Request, request_size
-from ..wire._status import StatusCode
+from ..wire import Request, StatusCode, request_size
 from .chunking import SERVER_MAX_MESSAGE_BYTES
 from .retry import RETRYABLE
 

@@ -12,8 +12,8 @@ from .._model import validate as v
 from .._model.errors import ValidationError
 from .._util.log import Log, LoggerLike
 from .._version import __version__
-from ..wire._engine import WIRE_ENGINES, WireEngine
-from ..wire.drivers._base import ChannelOptions, Endpoint
+from ..wire import WIRE_ENGINES, WireEngine
+from ..wire.drivers import ChannelOptions, Endpoint
 from . import otel as _otel
 from .address import parse_address
 from .batching import Batching

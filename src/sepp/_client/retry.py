@@ -11,8 +11,8 @@ from .._model import validate as v
 from .._model.backoff import backoff_delay
 from .._model.errors import ValidationError
 from .._util.log import Log
-from ..wire._status import StatusCode
-from ..wire.drivers._base import RpcError
+from ..wire import StatusCode
+from ..wire.drivers import RpcError
 
 T = TypeVar("T")
 

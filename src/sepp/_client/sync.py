@@ -36,7 +36,7 @@ from .._runtime.blocking_runtime import BLOCKING, run_blocking
 from .._runtime.protocol import CancelScope, EventLike, Runtime, TaskGroup
 from .._runtime.trio_runtime import TRIO
 from .._util.log import Log, LoggerLike
-from ..wire._engine import WireEngine
+from ..wire import WireEngine
 from . import fork
 from .batching import Batching
 from .client import Client, client_for
@@ -48,7 +48,7 @@ from .retry import RetryPolicy
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-    from ..wire.drivers._blocking import BlockingChannel
+    from ..wire.drivers import BlockingChannel
 
 P = ParamSpec("P")
 T = TypeVar("T")

@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
-from ..wire._failure import FailureKind
-from ..wire._status import StatusCode
+from ..wire import FailureKind, StatusCode
 from .rejections import BatchRejection, JobRejection
 
 

@@ -20,9 +20,7 @@ from contextlib import AbstractAsyncContextManager
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from ..wire.drivers._asyncio import AsyncioChannel
-from ..wire.drivers._asyncio_scopes import MoveOnAt, enclosing_deadline
-from ..wire.drivers._base import ChannelOptions, Endpoint
+from ..wire.drivers import AsyncioChannel, ChannelOptions, Endpoint, MoveOnAt, enclosing_deadline
 from .protocol import (
     PLAIN_MEMBERS,
     CancelScope,

@@ -18,8 +18,7 @@ from .._model.errors import ClientInternalError
 from .protocol import CallSoon, CancelScope, EventLike, TaskGroup, Waiter
 
 if TYPE_CHECKING:
-    from ..wire.drivers._base import ChannelOptions, Endpoint
-    from ..wire.drivers._blocking import BlockingChannel
+    from ..wire.drivers import BlockingChannel, ChannelOptions, Endpoint
 
 T = TypeVar("T")
 
@@ -105,7 +104,7 @@ class BlockingRuntime:
     def channel(
         self, endpoint: Endpoint, options: ChannelOptions, tasks: TaskGroup | None
     ) -> BlockingChannel:
-        from ..wire.drivers._blocking import BlockingChannel
+        from ..wire.drivers import BlockingChannel
 
         return BlockingChannel(endpoint, **options)
 

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 if TYPE_CHECKING:
     from typing_extensions import TypeVarTuple, Unpack
 
-    from ..wire.drivers._base import ChannelBase, ChannelOptions, Endpoint
+    from ..wire.drivers import ChannelBase, ChannelOptions, Endpoint
 
     PosArgs = TypeVarTuple("PosArgs")
 

@@ -24,8 +24,7 @@ from .protocol import (
 )
 
 if TYPE_CHECKING:
-    from ..wire.drivers._base import ChannelOptions, Endpoint
-    from ..wire.drivers._trio import Channel
+    from ..wire.drivers import Channel, ChannelOptions, Endpoint
 
 T = TypeVar("T")
 
@@ -143,7 +142,7 @@ class TrioRuntime:
     ) -> Channel:
         # Imported here: a Worker under asyncio takes trio's names (`concurrency`) but never
         # connects on trio.
-        from ..wire.drivers._trio import Channel
+        from ..wire.drivers import Channel
 
         assert isinstance(tasks, trio.Nursery), "the trio channel runs in a trio nursery"
         return Channel(endpoint, tasks, **options)

@@ -20,15 +20,20 @@ from ._events import PingAcknowledged as PingAcknowledged
 from ._events import StreamCapacityChanged as StreamCapacityChanged
 from ._failure import FailureKind as FailureKind
 from ._framing import MessageDecoder as MessageDecoder
+from ._framing import Request as Request
 from ._framing import encode_message as encode_message
+from ._framing import request_size as request_size
 from ._status import StatusCode as StatusCode
 
 if TYPE_CHECKING:
-    from .codec._connection import CodecGrpcConnection as CodecGrpcConnection
+    from ._hpack import BoundedDecoder as BoundedDecoder
+    from ._hpack import encode_field as encode_field
+    from .codec import CodecGrpcConnection as CodecGrpcConnection
 
 __all__ = [
     "DEFAULT_WIRE_ENGINE",
     "WIRE_ENGINES",
+    "BoundedDecoder",
     "CallFinished",
     "CodecGrpcConnection",
     "ConnectionBroken",
@@ -37,12 +42,18 @@ __all__ = [
     "GrpcConnection",
     "MessageDecoder",
     "PingAcknowledged",
+    "Request",
     "StatusCode",
     "StreamCapacityChanged",
     "WireEngine",
     "connection_class",
+    "encode_field",
     "encode_message",
+    "request_size",
 ]
+
+# HPACK's encoder and bounded decoder (the pure-Python server's too) load hpack: on first use.
+_HPACK = ("BoundedDecoder", "encode_field")
 
 
 if not TYPE_CHECKING:
@@ -51,7 +62,11 @@ if not TYPE_CHECKING:
         # The codec (and hpack under it) loads with the first connection: `connection_class`.
         if name == "CodecGrpcConnection":
             return connection_class("codec")
+        if name in _HPACK:
+            from . import _hpack
+
+            return getattr(_hpack, name)
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
     def __dir__() -> list[str]:
-        return sorted({*globals(), "CodecGrpcConnection"})
+        return sorted({*globals(), "CodecGrpcConnection", *_HPACK})

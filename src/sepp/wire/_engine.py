@@ -1,7 +1,7 @@
 """The two HTTP/2 engines behind one interface.
 
-`codec` (`codec/_connection.py`) is our purpose-built client codec and the default. `h2`
-(`h2ref/_connection.py`) runs on the h2 state machine: the reference that tests check the codec
+`codec` (`codec/`) is our purpose-built client codec and the default. `h2`
+(`h2ref/`) runs on the h2 state machine: the reference that tests check the codec
 against, and a way for users to rule the codec out. A driver (`drivers/`) only sees
 `GrpcConnection`.
 """
@@ -100,11 +100,11 @@ class GrpcConnection(Protocol):
 def connection_class(engine: WireEngine) -> type[GrpcConnection]:
     """The engine's connection class (the reference engine imports h2 only when chosen)."""
     if engine == "codec":
-        from .codec._connection import CodecGrpcConnection
+        from .codec import CodecGrpcConnection
 
         return CodecGrpcConnection
     if engine == "h2":
-        from .h2ref._connection import H2GrpcConnection
+        from .h2ref import H2GrpcConnection
 
         return H2GrpcConnection
     raise ValueError(f"unknown wire engine {engine!r}; expected one of {WIRE_ENGINES}")

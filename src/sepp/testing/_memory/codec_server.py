@@ -18,7 +18,7 @@ import struct
 from hpack.huffman_table import decode_huffman
 from hpack.table import HeaderTable
 
-from ...wire._hpack import BoundedDecoder, encode_field
+from ...wire import BoundedDecoder, encode_field
 from . import calls
 from .calls import PREFIX, Call, Extra, ServerSide, grpc_message
 from .service import OK, Reply

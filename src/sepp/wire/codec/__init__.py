@@ -4,3 +4,7 @@ header's layout), `_frame_buffer` (bytes into frames), `_header_blocks` (our req
 the server's decoded behind a cache), `_windows` (flow control both ways: when to send
 WINDOW_UPDATE, request bodies within the server's windows), `_settings` (ours and reading the
 server's), `_stream` (one call's state), and `_connection`, the glue."""
+
+from ._connection import CodecGrpcConnection as CodecGrpcConnection
+
+__all__ = ["CodecGrpcConnection"]
