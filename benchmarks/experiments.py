@@ -27,11 +27,10 @@ shows what the change would buy, not how to make it.
 - ``log_info``: logging configured as the command line's default does it for ``worker``
   (INFO, text format, the command's filter), to /dev/null: what the per-job line costs when it
   is written (``python -m benchmarks.hot_path``; the library alone logs nothing at INFO).
-- ``w_no_log``, ``w_no_otel``, ``w_no_lease_watch``, ``w_no_scope``: the Worker without, in
-  turn, its per-job log call, its OpenTelemetry guards (the process span and the metrics'
-  ``enabled``), the lease keeper's watch and release, and the job's cancel scope: ablations
-  that size each part of its per-job work (``python -m benchmarks.hot_path --cases worker
-  worker+w_no_log ...``); unsafe.
+- ``w_no_log``, ``w_no_otel``, ``w_no_lease_watch``: the Worker without, in turn, its per-job
+  log call, its OpenTelemetry guards (the process span and the metrics' ``enabled``), and the
+  lease keeper's watch and release: ablations that size each part of its per-job work
+  (``python -m benchmarks.hot_path --cases worker worker+w_no_log ...``); unsafe.
 """
 
 from __future__ import annotations
@@ -215,32 +214,6 @@ def w_no_lease_watch() -> None:
 
     lease_keeper.LeaseKeeper.watch = lambda self, *args: None  # type: ignore[method-assign]
     lease_keeper.LeaseKeeper.release = lambda self, *args: None  # type: ignore[method-assign]
-
-
-@_patch
-def w_no_scope() -> None:
-    from sepp._worker import held_job
-
-    class _NoScope:
-        cancelled_caught = False
-
-        def __enter__(self) -> _NoScope:
-            return self
-
-        def __exit__(self, *exc: object) -> None:
-            return None
-
-        def cancel(self) -> None:
-            pass
-
-    no_scope = _NoScope()
-    init = held_job.HeldJob.__init__
-
-    def without_scope(self: Any, job: Any, cc: Any = None) -> None:
-        init(self, job) if cc is None else init(self, job, cc)
-        self.scope = no_scope
-
-    held_job.HeldJob.__init__ = without_scope  # type: ignore[method-assign]
 
 
 def apply(names: str) -> list[str]:

@@ -388,15 +388,28 @@ class StepCounter(trio.abc.Instrument):
 async def test_a_handler_with_a_free_slot_starts_in_its_tasks_first_step(
     autojump_clock: MockClock,
 ) -> None:
-    # No scheduler round trip between a reserve's answer and the handlers it starts.
+    # No scheduler round trip between a reserve's answer and the handlers it starts: each
+    # starts in the first step its task takes after the answer (a task started for it, or a
+    # job runner that ran earlier jobs and waited for the next one).
     fake = FakeClient()
     worker = make_worker(fake, max_in_flight=4)
     counter = StepCounter()
+    steps_at_answer: collections.Counter[trio.lowlevel.Task] = collections.Counter()
     steps_at_start: list[int] = []
+    reserve = fake.reserve
+
+    async def reserve_and_count(*args: Any, **kwargs: Any) -> list[sepp.Job] | None:
+        jobs = await reserve(*args, **kwargs)
+        steps_at_answer.clear()
+        steps_at_answer.update(counter.steps)
+        return jobs
+
+    fake.reserve = reserve_and_count  # type: ignore[method-assign]
 
     @worker.handler("work")
     async def work(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
-        steps_at_start.append(counter.steps[trio.lowlevel.current_task()])
+        task = trio.lowlevel.current_task()
+        steps_at_start.append(counter.steps[task] - steps_at_answer[task])
 
     for _ in range(6):
         fake.add()

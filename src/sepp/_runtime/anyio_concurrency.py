@@ -193,6 +193,7 @@ ANYIO = Concurrency(
     checkpoint=_checkpoint,
     checkpoint_if_cancelled=_checkpoint_if_cancelled,
     cancel_scope=_Scope,
+    cancelled=asyncio.CancelledError,
     move_on_at=_move_on_at,
     move_on_after=_move_on_after,
     # A task group is a nursery (start_soon(fn, *args, name=...)); its typing says so less.

@@ -14,9 +14,9 @@ and cancel scopes have trio's semantics. Each part of a service holds the one it
 - `cancel_scope()` (a `CancelScope`: `cancel()`, a `deadline` that may be moved at any time,
   `cancelled_caught`), made (and cancelled, or given a deadline) before the task that runs
   the block enters it. Cancellation is level-triggered: every await inside the block raises
-  until the block ends, which catches it (asyncio's own is one CancelledError per
-  `cancel()`: anyio's scopes are trio's). `move_on_at(t)` and `move_on_after(s)` are scopes
-  with a deadline.
+  (`cancelled`: `trio.Cancelled`, `asyncio.CancelledError`) until the block ends, which
+  catches it (asyncio's own is one CancelledError per `cancel()`: anyio's scopes are
+  trio's). `move_on_at(t)` and `move_on_after(s)` are scopes with a deadline.
 - `open_nursery()` and `Nursery.start_soon(fn, *args, name=...)`: tasks owned by a block that
   waits for them all. `TaskStatus` and `TASK_STATUS_IGNORED` for `nursery.start(service.run)`
   (anyio's `TaskGroup.start` passes its own task status, which has the same `started()`).

@@ -15,6 +15,7 @@ class Concurrency:
 
     __slots__ = (
         "cancel_scope",
+        "cancelled",
         "checkpoint",
         "checkpoint_if_cancelled",
         "current_time",
@@ -40,6 +41,7 @@ class Concurrency:
         checkpoint: Callable[[], Awaitable[None]],
         checkpoint_if_cancelled: Callable[[], Awaitable[None]],
         cancel_scope: Callable[[], CancelScope],
+        cancelled: type[BaseException],
         move_on_at: Callable[[float], CancelScope],
         move_on_after: Callable[[float], CancelScope],
         open_nursery: Callable[[], AbstractAsyncContextManager[Nursery]],
@@ -55,6 +57,7 @@ class Concurrency:
         self.checkpoint = checkpoint
         self.checkpoint_if_cancelled = checkpoint_if_cancelled
         self.cancel_scope = cancel_scope
+        self.cancelled = cancelled
         self.move_on_at = move_on_at
         self.move_on_after = move_on_after
         self.open_nursery = open_nursery

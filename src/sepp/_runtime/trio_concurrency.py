@@ -26,6 +26,7 @@ TRIO = Concurrency(
     checkpoint=trio.lowlevel.checkpoint,
     checkpoint_if_cancelled=trio.lowlevel.checkpoint_if_cancelled,
     cancel_scope=trio.CancelScope,
+    cancelled=trio.Cancelled,
     move_on_at=trio.move_on_at,
     move_on_after=trio.move_on_after,
     open_nursery=trio.open_nursery,

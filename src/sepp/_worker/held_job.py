@@ -3,6 +3,7 @@ the set of those it holds."""
 
 from __future__ import annotations
 
+import contextvars
 import enum
 from collections.abc import Callable
 from datetime import datetime
@@ -25,6 +26,7 @@ class HeldJob:
         "_seen_expiry",
         "_slot_granted",
         "cc",
+        "context",
         "earlier",
         "ended",
         "forced",
@@ -43,8 +45,12 @@ class HeldJob:
         self.phase = Phase.WAITING
         # Made only if the job has to wait for its slot: most get one at once.
         self._slot_granted: Event | None = None
-        # Covers the wait for a slot and the handler; lease loss and shutdown cancel it.
-        self.scope = cc.cancel_scope()
+        # Covers the handler (and, in a task of the job's own, the wait for a slot); lease
+        # loss and shutdown cancel it. A job runner's, while the runner runs this job's
+        # handler; a scope of the job's own, made when the job gets a task of its own.
+        self.scope: CancelScope | None = None
+        # The job's own context, when a job runner runs it (a task of its own has its own).
+        self.context: contextvars.Context | None = None
         self.lease_lost: str | None = None
         # The lease keeper's task scope, once one runs (most jobs settle before).
         self.keeper_scope: CancelScope | None = None
@@ -100,7 +106,8 @@ class HeldJob:
         handler still returns."""
         if self.phase is not Phase.SETTLING:
             self.forced = True
-            self.scope.cancel()
+            if self.scope is not None:  # else it has not started: it never will
+                self.scope.cancel()
 
 
 class HeldJobs:

@@ -71,9 +71,10 @@ class LeaseKeeper:
 
     def watch(self, held: HeldJob) -> None:
         """Keep `held`'s lease from its first extend on, until `release(held)`; call from the
-        job's own task."""
-        # The context is the job's (its process span is current), so the keeper's extend
-        # spans nest under sepp.process like the handler's.
+        job's own task (or its runner, in its context)."""
+        # The context as it is now, the job's (its process span is current, and no span the
+        # handler opens later), so the keeper's extend spans nest under sepp.process like the
+        # handler's.
         key = held.watch_key = next(self._keys)
         now = self._cc.current_time()
         if self._wall is None or now - self._wall_at >= WALL_READING_MAX_AGE_S:
@@ -195,7 +196,8 @@ class LeaseKeeper:
         if held.phase is Phase.SETTLING or held.lease_lost is not None:
             return
         held.lease_lost = why
-        held.scope.cancel()
+        if held.scope is not None:  # else its handler has not started: it never will
+            held.scope.cancel()
         self._log.error(
             "sepp: lost the lease of %s: %s; cancelling its handler; it is neither acked nor"
             " nacked (the server redelivers it)",

@@ -1,16 +1,27 @@
 """Running and settling the jobs a Worker reserved: each one's handler in a slot, within its
-lease and timeout, then its ack or nack."""
+lease and timeout, then its ack or nack.
+
+A job that gets a slot as it arrives (almost every one) is run by a job runner: a task that
+runs one such job after another, waiting for the next one in between, inside a cancel scope it
+renews only after a run was cancelled; each job runs in a context of its own (`job_steps`).
+Spawning a task and entering a cancel scope for every job cost about what the rest of the
+job's work in the Worker does. Any other job (no slot free yet, a redelivery of a job still
+running here, a type without a handler) gets a task and a scope of its own, as before."""
 
 from __future__ import annotations
 
+import contextvars
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
 from .._client import otel as _otel
 from .._model import settlement as outcomes
 from .._model.types import Job, JobContext, Retry, set_handler_context
-from .._runtime.concurrency import TRIO, Concurrency, Spawner, TooSlowError
+from .._runtime.concurrency import TRIO, CancelScope, Concurrency, Spawner, TooSlowError
+from .._runtime.protocol import ParkingLot
 from .backoff import Backoff
 from .held_job import HeldJob, HeldJobs, Phase
+from .job_steps import JobCoroutine, drive, leave_runner_scope
 from .middleware import run_chain
 from .router import BackoffSetting, Handler, Router, RouteSettings, registered_handlers
 
@@ -58,6 +69,21 @@ class Route:
         self.backoff: BackoffSetting = settings.backoff
 
 
+RUNNER_NAME = "sepp job runner"
+
+
+class _Runner:
+    """A job runner waiting for its next job: `held` and `route` are set when it is woken
+    (`held` None: no job will come, the runner ends)."""
+
+    __slots__ = ("held", "lot", "route")
+
+    def __init__(self, lot: ParkingLot) -> None:
+        self.lot = lot
+        self.held: HeldJob | None = None
+        self.route: Route | None = None
+
+
 class JobProcessor:
     """Takes each job a reserve returned (`dispatch`) and sees it through in a task of its own,
     in `nursery`: waits for a slot (or for an earlier run of the same job), runs the handler
@@ -98,6 +124,7 @@ class JobProcessor:
         self.nursery: Spawner | None = None  # the jobs' tasks', while the Worker runs
         self.lifespan_state: Any = None  # every handler's ctx.state
         self._reserving_ended = False
+        self._idle: list[_Runner] = []  # job runners waiting for a job, the latest last
 
     def use(self, cc: Concurrency, router: Router, own: RouteSettings) -> None:
         """Run on `cc` (before the Worker's run)."""
@@ -117,8 +144,13 @@ class JobProcessor:
         self._routes, self._catch_all, self._handled = routes, catch_all, tuple(routes)
 
     def reserving_ended(self) -> None:
-        """No job can arrive any more: lease keeping stops once the last one settles."""
+        """No job can arrive any more: the idle job runners end, and lease keeping stops once
+        the last job settles."""
         self._reserving_ended = True
+        idle, self._idle = self._idle, []
+        for runner in idle:
+            runner.held = None
+            runner.lot.unpark_all()
 
     def stop_lease_keeping_if_idle(self) -> None:
         if self._reserving_ended and not self._held:
@@ -134,6 +166,17 @@ class JobProcessor:
         held = HeldJob(job, self._cc)
         earlier = self._held.add(held)
         route = self._routes.get(ctx.job_type, self._catch_all)
+        if route is not None and earlier is None and self._slots.take(held):
+            # A job runner's, in a context of its own as a task of its own would have.
+            held.context = contextvars.copy_context()
+            if self._idle:
+                runner = self._idle.pop()
+                runner.held, runner.route = held, route
+                runner.lot.unpark_all()
+            else:
+                nursery.start_soon(self._run_jobs, held, route, name=RUNNER_NAME)
+            return
+        held.scope = self._cc.cancel_scope()
         if route is not None:
             if earlier is None:
                 self._slots.queue(held)
@@ -143,7 +186,7 @@ class JobProcessor:
                 held.stop()
         # Type and id name the task well enough, and cost less than str(ctx).
         name = f"sepp job {ctx.job_type}[{ctx.id}]"
-        nursery.start_soon(self._process, held, route, name=name)
+        nursery.start_soon(self._process, held, route, None, name=name)
 
     def _wait_for_earlier_run(self, held: HeldJob, earlier: HeldJob) -> None:
         """A redelivery of a job this worker still runs (its lease ran out, the handler has
@@ -155,7 +198,49 @@ class JobProcessor:
 
     # -- one job --------------------------------------------------------------------------------
 
-    async def _process(self, held: HeldJob, route: Route | None) -> None:
+    async def _run_jobs(self, held: HeldJob | None, route: Route | None) -> None:
+        """A job runner: runs `held`, then each job it is given, until none will come. Its
+        cancel scope is the running job's (`held.scope`); once a run was cancelled, the job
+        settles outside it, and the next ones run in a new one."""
+        cc = self._cc
+        watch = self._loop_watch
+        runner = _Runner(cc.parking_lot())
+        while held is not None:
+            rest: JobCoroutine | None = None
+            with cc.cancel_scope() as scope:
+                while held is not None:
+                    assert held.context is not None
+                    held.scope = scope
+                    rest = await drive(
+                        held.context, self._process(held, route, scope), watch, held.job.ctx
+                    )
+                    if rest is not None:
+                        break  # cancelled: the rest of it outside the scope
+                    held, route = await self._next_job(runner)
+            if held is not None and rest is not None:
+                assert held.context is not None
+                await drive(held.context, rest, watch, held.job.ctx)
+                held, route = await self._next_job(runner)
+
+    async def _next_job(self, runner: _Runner) -> tuple[HeldJob | None, Route | None]:
+        if self._reserving_ended:
+            return None, None
+        self._idle.append(runner)
+        try:
+            await runner.lot.park()
+        except BaseException:
+            if runner in self._idle:
+                self._idle.remove(runner)
+            raise
+        held, route = runner.held, runner.route
+        runner.held = runner.route = None
+        return held, route
+
+    async def _process(
+        self, held: HeldJob, route: Route | None, runner_scope: CancelScope | None
+    ) -> None:
+        """One job, from its slot to its settling: in a task of its own (`runner_scope`
+        None), or in a job runner's, whose scope is `runner_scope`."""
         ctx = held.job.ctx
         try:
             # The lease keeper, the handler and the ack/nack all run inside this span, so
@@ -167,9 +252,11 @@ class JobProcessor:
                 else:
                     self._leases.watch(held)
                     try:
-                        outcome = await self._run_handler(held, route)
+                        outcome = await self._run_handler(held, route, runner_scope)
                     finally:
                         self._leases.release(held)
+                    if runner_scope is not None and held.cancelled:
+                        await leave_runner_scope()  # nothing can be awaited in it now
                 if outcome is None:
                     span.set("sepp.outcome", "lease_lost")
                     span.fail(held.lease_lost or "lease lost")
@@ -198,7 +285,9 @@ class JobProcessor:
         self._report.unknown_type(ctx, delay_s, self._handled)
         return outcomes.unknown_type(ctx, delay_s)
 
-    async def _run_handler(self, held: HeldJob, route: Route) -> outcomes.Outcome | None:
+    async def _run_handler(
+        self, held: HeldJob, route: Route, runner_scope: CancelScope | None
+    ) -> outcomes.Outcome | None:
         ctx = held.job.ctx
         returned = False
         error: Exception | None = None
@@ -207,24 +296,37 @@ class JobProcessor:
         events = self._events
         started: float | None = None
         try:
-            with held.scope:
-                if held.earlier is not None:
-                    await self._after_earlier_run(held, held.earlier)
-                await held.wait_for_slot()
+            if runner_scope is None:
+                assert held.scope is not None
+                with held.scope:
+                    if held.earlier is not None:
+                        await self._after_earlier_run(held, held.earlier)
+                    await held.wait_for_slot()
+                    started = self._cc.current_time()
+                    if events is not None:
+                        events.job_started(ctx)
+                    if attributes is not None:
+                        metrics.add("in_flight", 1, attributes)
+                    call = self._call(held, route)
+                    watch = self._loop_watch
+                    await (call if watch is None else watch.stepping(ctx, call))
+                    returned = True
+            elif not held.cancelled:  # else stopped before it started: it never does
+                # Each step is stamped for the loop watch by the runner (job_steps.drive).
                 started = self._cc.current_time()
                 if events is not None:
                     events.job_started(ctx)
                 if attributes is not None:
                     metrics.add("in_flight", 1, attributes)
-                call = (
-                    run_chain(held.job, route.middleware, route.fn)
-                    if route.middleware
-                    else route.fn(held.job.payload, ctx)
-                )
-                await (call if self._loop_watch is None else self._loop_watch.stepping(ctx, call))
+                await self._call(held, route)
                 returned = True
         except Exception as exc:  # the handler's failure is the job's outcome, not ours
             error = exc
+        except self._cc.cancelled:
+            # The runner's scope was cancelled for this job (its own scope swallows it);
+            # anything else goes on out.
+            if runner_scope is None or not held.cancelled:
+                raise
         finally:
             self._slots.release(held)
             held.phase = Phase.SETTLING
@@ -250,6 +352,14 @@ class JobProcessor:
         assert isinstance(route.backoff, Backoff)
         delay_s = route.backoff.delay(ctx.attempt)
         return outcomes.with_backoff(outcome, Retry.after(delay_s), delay_s)
+
+    @staticmethod
+    def _call(held: HeldJob, route: Route) -> Awaitable[None]:
+        """The handler's call, inside its middleware."""
+        job = held.job
+        if route.middleware:
+            return run_chain(job, route.middleware, route.fn)
+        return route.fn(job.payload, job.ctx)
 
     async def _after_earlier_run(self, held: HeldJob, earlier: HeldJob) -> None:
         assert earlier.ended is not None

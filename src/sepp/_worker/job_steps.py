@@ -1,0 +1,77 @@
+"""A job's coroutine driven step by step by the task that runs it (a job runner, which runs
+one job after another), each step in the job's own `contextvars.Context`, as if the job had a
+task of its own: what the handler and its middleware set there stays with the job. Each step
+is also stamped for the loop watch, if there is one.
+
+A job whose run was cancelled (shutdown, lease lost) asks its runner to leave the cancel scope
+it runs jobs in before it settles (`leave_runner_scope`): the runner's scope is cancelled, so
+nothing could be awaited inside it any more."""
+
+from __future__ import annotations
+
+import contextvars
+import types
+from collections.abc import Coroutine, Generator
+from time import monotonic
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .._model.types import JobContext
+    from .loop_watch import LoopWatch
+
+JobCoroutine = Coroutine[Any, Any, None]
+
+
+class _LeaveRunnerScope:
+    """What a job yields to its runner (never to the event loop) to be resumed outside the
+    runner's cancel scope."""
+
+    __slots__ = ()
+
+
+LEAVE = _LeaveRunnerScope()
+
+
+@types.coroutine
+def leave_runner_scope() -> Generator[Any, Any, None]:
+    """In a job driven by `drive`: return once its runner has left its cancelled scope."""
+    yield LEAVE
+
+
+@types.coroutine
+def drive(
+    context: contextvars.Context,
+    job: JobCoroutine,
+    watch: LoopWatch | None,
+    ctx: JobContext,
+) -> Generator[Any, Any, JobCoroutine | None]:
+    """Await `job` with each step run in `context` (and stamped on `watch`): None once it has
+    returned, or `job` itself, suspended, when it asked to leave the runner's scope (resume it
+    with another `drive` once out of it).
+
+    A generator, not a coroutine function: what the event loop sends or throws in goes
+    straight to the job, and nothing but the job's own steps runs in its context."""
+    run = context.run
+    send, throw = job.send, job.throw
+    value: Any = None
+    error: BaseException | None = None
+    while True:
+        if watch is not None:
+            watch.current = (ctx, monotonic())
+        try:
+            yielded = run(send, value) if error is None else run(throw, error)
+        except StopIteration:
+            return None
+        finally:
+            if watch is not None:
+                watch.current = None
+        if yielded is LEAVE:
+            return job
+        error = None
+        try:
+            value = yield yielded
+        except GeneratorExit:
+            run(job.close)
+            raise
+        except BaseException as exc:  # a cancellation, say: the job's to handle
+            value, error = None, exc
