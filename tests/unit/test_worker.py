@@ -766,6 +766,32 @@ async def test_extends_follow_the_granted_lease_when_the_server_clamps_it(
     assert [(c.at, c.error) for c in fake.acks] == [(7, None)]
 
 
+async def test_a_job_due_before_the_keeper_would_wake_is_extended_in_time(
+    autojump_clock: MockClock,
+) -> None:
+    # The keeper sleeps until the first job's extend (10 s in); a job granted a shorter lease
+    # later (the queue's maximum was lowered) falls due before that, and must wake it.
+    fake = FakeClient()
+    worker = make_worker(fake, lease_duration=30)
+    ran: dict[str, float] = {}
+
+    @worker.handler("work")
+    async def work(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
+        await trio.sleep(5)
+        ran[ctx.id] = trio.current_time()
+
+    first = fake.add()
+    async with running(worker):
+        await trio.sleep(1)
+        fake.max_lease_s = 3
+        second = fake.add()
+        await trio.sleep(9)
+    assert ran == {first: 5, second: 6}
+    # Every third of the granted 3 s from its start at 1 s (the first job needed none).
+    assert [(c.job_id, c.at) for c in fake.extends][:4] == [(second, t) for t in (2, 3, 4, 5)]
+    assert [c.job_id for c in fake.acks if c.error is None] == [first, second]
+
+
 async def test_jobs_waiting_for_a_slot_keep_their_leases(autojump_clock: MockClock) -> None:
     fake = FakeClient()
     fake.over_deliver = 1

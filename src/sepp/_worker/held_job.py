@@ -97,9 +97,15 @@ class HeldJob:
         """Convert the granted expiry with a wall-clock reading `wall` taken at time `wall_at`
         (≤ `now`, so one reading can serve many jobs); returns `lease_deadline`."""
         expiry = self.job.ctx.lease_expires_at
-        self._deadline = min(wall_at + (expiry - wall).total_seconds(), now + cap_s)
+        return self.remember_lease(
+            expiry, min(wall_at + (expiry - wall).total_seconds(), now + cap_s)
+        )
+
+    def remember_lease(self, expiry: datetime, deadline: float) -> float:
+        """`expiry` (the granted one) converted is `deadline`, until extend moves it."""
+        self._deadline = deadline
         self._seen_expiry = expiry
-        return self._deadline
+        return deadline
 
     def stop(self) -> None:
         """Shutdown: cancel the handler (or the wait for a slot); the job is nacked unless the

@@ -250,9 +250,11 @@ class JobProcessor:
                     held.phase = Phase.SETTLING
                     outcome: outcomes.Outcome | None = self._unknown_type(ctx)
                 else:
-                    self._leases.watch(held)
+                    # A runner's job starts its handler now: one clock reading for both.
+                    now = self._cc.current_time()
+                    self._leases.watch(held, now)
                     try:
-                        outcome = await self._run_handler(held, route, runner_scope)
+                        outcome = await self._run_handler(held, route, runner_scope, now)
                     finally:
                         self._leases.release(held)
                     if runner_scope is not None and held.cancelled:
@@ -286,7 +288,7 @@ class JobProcessor:
         return outcomes.unknown_type(ctx, delay_s)
 
     async def _run_handler(
-        self, held: HeldJob, route: Route, runner_scope: CancelScope | None
+        self, held: HeldJob, route: Route, runner_scope: CancelScope | None, now: float
     ) -> outcomes.Outcome | None:
         ctx = held.job.ctx
         returned = False
@@ -313,7 +315,7 @@ class JobProcessor:
                     returned = True
             elif not held.cancelled:  # else stopped before it started: it never does
                 # Each step is stamped for the loop watch by the runner (job_steps.drive).
-                started = self._cc.current_time()
+                started = now
                 if events is not None:
                     events.job_started(ctx)
                 if attributes is not None:
