@@ -16,6 +16,7 @@ import anyio
 import anyio.lowlevel
 import anyio.to_thread
 
+from .asyncio_runtime import ASYNCIO
 from .primitives import Concurrency
 from .protocol import CancelScope, Nursery
 
@@ -204,6 +205,10 @@ ANYIO = Concurrency(
     event=_Event,
     lock=anyio.Lock,
     parking_lot=ParkingLot,
+    waiter=ASYNCIO.waiter,
+    park=ASYNCIO.park,
+    unpark=ASYNCIO.unpark,
+    park_aborted=ASYNCIO.park_aborted,
 )
 
 # Threads for `def` handlers: a limiter per loop without a cap (the Worker's slots are the cap),

@@ -24,7 +24,9 @@ and cancel scopes have trio's semantics. Each part of a service holds the one it
   waits for them; a `Spawner` (`start_soon` only). On trio it is `nursery` itself; on asyncio
   plain asyncio tasks (anyio's cost about 25 µs more each), cancelled with the block's task.
 - `event()` (`set()`, `is_set()`, `wait()`), `lock()`, `parking_lot()` (`park()`,
-  `unpark_all()`, truthy while a task is parked).
+  `unpark_all()`, truthy while a task is parked); `waiter()`, `park(abort)`, `unpark(waiter)`
+  and `park_aborted`: one task parked with no Event, as the client's `Runtime` parks
+  (`protocol.Runtime.park`; the job runners wait so).
 
 Beside it, for every runtime: `RunHandle`, calls into the run from another thread or a signal
 handler (trio's token; asyncio's `loop.call_soon_threadsafe`); `run_sync_in_thread(fn, *args)`,

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
+from typing import Any
 
-from .protocol import CancelScope, Event, Lock, Nursery, ParkingLot, Spawner
+from .protocol import CancelScope, Event, Lock, Nursery, ParkingLot, Spawner, Waiter
 
 
 class Concurrency:
@@ -26,9 +27,13 @@ class Concurrency:
         "name",
         "open_job_tasks",
         "open_nursery",
+        "park",
+        "park_aborted",
         "parking_lot",
         "sleep",
         "sleep_until",
+        "unpark",
+        "waiter",
     )
 
     def __init__(
@@ -49,6 +54,10 @@ class Concurrency:
         event: Callable[[], Event],
         lock: Callable[[], Lock],
         parking_lot: Callable[[], ParkingLot],
+        waiter: Callable[[], Waiter],
+        park: Callable[[Callable[[Any], Any]], Awaitable[None]],
+        unpark: Callable[[Waiter], None],
+        park_aborted: object,
     ) -> None:
         self.name = name
         self.current_time = current_time
@@ -65,6 +74,10 @@ class Concurrency:
         self.event = event
         self.lock = lock
         self.parking_lot = parking_lot
+        self.waiter = waiter
+        self.park = park
+        self.unpark = unpark
+        self.park_aborted = park_aborted
 
     def __repr__(self) -> str:
         return f"<sepp concurrency on {self.name}>"

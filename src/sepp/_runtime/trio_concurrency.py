@@ -34,4 +34,8 @@ TRIO = Concurrency(
     event=trio.Event,
     lock=trio.Lock,
     parking_lot=trio.lowlevel.ParkingLot,
+    waiter=trio.lowlevel.current_task,
+    park=trio.lowlevel.wait_task_rescheduled,
+    unpark=trio.lowlevel.reschedule,
+    park_aborted=trio.lowlevel.Abort.SUCCEEDED,
 )

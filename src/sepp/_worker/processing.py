@@ -18,7 +18,6 @@ from .._client import otel as _otel
 from .._model import settlement as outcomes
 from .._model.types import Job, JobContext, Retry, set_handler_context
 from .._runtime.concurrency import TRIO, CancelScope, Concurrency, Spawner, TooSlowError
-from .._runtime.protocol import ParkingLot
 from .backoff import Backoff
 from .held_job import HeldJob, HeldJobs, Phase
 from .job_steps import JobCoroutine, drive, leave_runner_scope
@@ -76,12 +75,24 @@ class _Runner:
     """A job runner waiting for its next job: `held` and `route` are set when it is woken
     (`held` None: no job will come, the runner ends)."""
 
-    __slots__ = ("held", "lot", "route")
+    __slots__ = ("_jobs", "held", "route", "waiter")
 
-    def __init__(self, lot: ParkingLot) -> None:
-        self.lot = lot
+    def __init__(self, jobs: JobProcessor) -> None:
+        self._jobs = jobs
         self.held: HeldJob | None = None
         self.route: Route | None = None
+        self.waiter: Any = None
+
+    def wake(self, held: HeldJob | None, route: Route | None) -> None:
+        self.held, self.route = held, route
+        self._jobs._cc.unpark(self.waiter)
+
+    def abort(self, raise_cancel: object) -> object:
+        """Cancelled while it waited: no job may be given to it any more."""
+        idle = self._jobs._idle
+        if self in idle:
+            idle.remove(self)
+        return self._jobs._cc.park_aborted
 
 
 class JobProcessor:
@@ -149,8 +160,7 @@ class JobProcessor:
         self._reserving_ended = True
         idle, self._idle = self._idle, []
         for runner in idle:
-            runner.held = None
-            runner.lot.unpark_all()
+            runner.wake(None, None)
 
     def stop_lease_keeping_if_idle(self) -> None:
         if self._reserving_ended and not self._held:
@@ -170,9 +180,7 @@ class JobProcessor:
             # A job runner's, in a context of its own as a task of its own would have.
             held.context = contextvars.copy_context()
             if self._idle:
-                runner = self._idle.pop()
-                runner.held, runner.route = held, route
-                runner.lot.unpark_all()
+                self._idle.pop().wake(held, route)
             else:
                 nursery.start_soon(self._run_jobs, held, route, name=RUNNER_NAME)
             return
@@ -201,40 +209,39 @@ class JobProcessor:
     async def _run_jobs(self, held: HeldJob | None, route: Route | None) -> None:
         """A job runner: runs `held`, then each job it is given, until none will come. Its
         cancel scope is the running job's (`held.scope`); once a run was cancelled, the job
-        settles outside it, and the next ones run in a new one."""
+        settles in the next scope, and the next jobs run there."""
         cc = self._cc
         watch = self._loop_watch
-        runner = _Runner(cc.parking_lot())
-        while held is not None:
-            rest: JobCoroutine | None = None
+        runner = _Runner(self)
+        cancelled: HeldJob | None = None
+        rest: JobCoroutine | None = None
+        while True:
             with cc.cancel_scope() as scope:
-                while held is not None:
-                    assert held.context is not None
+                if cancelled is not None and rest is not None:
+                    assert cancelled.context is not None
+                    await drive(cancelled.context, rest, watch, cancelled.job.ctx)
+                    cancelled = rest = None
+                while True:
+                    if held is None:  # wait for the next job, or for the end
+                        if self._reserving_ended:
+                            return
+                        runner.waiter = cc.waiter()
+                        self._idle.append(runner)
+                        await cc.park(runner.abort)
+                        held, route = runner.held, runner.route
+                        if held is None:
+                            return
+                        runner.held = runner.route = None
+                    context = held.context
+                    assert context is not None
                     held.scope = scope
                     rest = await drive(
-                        held.context, self._process(held, route, scope), watch, held.job.ctx
+                        context, self._process(held, route, scope), watch, held.job.ctx
                     )
-                    if rest is not None:
-                        break  # cancelled: the rest of it outside the scope
-                    held, route = await self._next_job(runner)
-            if held is not None and rest is not None:
-                assert held.context is not None
-                await drive(held.context, rest, watch, held.job.ctx)
-                held, route = await self._next_job(runner)
-
-    async def _next_job(self, runner: _Runner) -> tuple[HeldJob | None, Route | None]:
-        if self._reserving_ended:
-            return None, None
-        self._idle.append(runner)
-        try:
-            await runner.lot.park()
-        except BaseException:
-            if runner in self._idle:
-                self._idle.remove(runner)
-            raise
-        held, route = runner.held, runner.route
-        runner.held = runner.route = None
-        return held, route
+                    if rest is not None:  # cancelled: it settles outside this scope
+                        cancelled, held = held, None
+                        break
+                    held = None
 
     async def _process(
         self, held: HeldJob, route: Route | None, runner_scope: CancelScope | None
