@@ -124,7 +124,7 @@ class HeldJobs:
     __slots__ = ("_by_delivery", "_latest", "_shrunk", "cc")
 
     def __init__(self, cc: Concurrency = TRIO) -> None:
-        self._by_delivery: dict[int, HeldJob] = {}
+        self._by_delivery: dict[HeldJob, None] = {}  # by identity, in arrival order
         self._latest: dict[str, HeldJob] = {}
         self.use(cc)
 
@@ -138,7 +138,7 @@ class HeldJobs:
 
     def add(self, held: HeldJob) -> HeldJob | None:
         """Hold `held`; returns the earlier delivery of its job still held here, if any."""
-        self._by_delivery[id(held)] = held
+        self._by_delivery[held] = None
         job_id = held.job.ctx.id
         earlier = self._latest.get(job_id)
         self._latest[job_id] = held
@@ -146,7 +146,7 @@ class HeldJobs:
 
     def remove(self, held: HeldJob) -> None:
         """`held` has settled: let a redelivery waiting for it start, and wake the waiters."""
-        del self._by_delivery[id(held)]
+        del self._by_delivery[held]
         job_id = held.job.ctx.id
         if self._latest.get(job_id) is held:
             del self._latest[job_id]
@@ -164,6 +164,6 @@ class HeldJobs:
     def stop(self, *, waiting_only: bool) -> None:
         """Shutdown: cancel the jobs waiting for a slot (and with `waiting_only` False, the
         running ones too: they are nacked unless their handlers still return)."""
-        for held in list(self._by_delivery.values()):
+        for held in list(self._by_delivery):
             if not waiting_only or held.phase is Phase.WAITING:
                 held.stop()

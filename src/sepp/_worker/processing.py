@@ -253,6 +253,9 @@ class JobProcessor:
             # The lease keeper, the handler and the ack/nack all run inside this span, so
             # their own spans nest under it (tasks inherit the spawner's context).
             with _otel.process_span(held.job, self._worker_id) as span:
+                traced = span is not _otel.NOOP_SPAN
+                # Whether metrics are on, once a job: their attributes, or None.
+                attributes = _job_attributes(ctx) if self._metrics.enabled else None
                 if route is None:
                     held.phase = Phase.SETTLING
                     outcome: outcomes.Outcome | None = self._unknown_type(ctx)
@@ -261,32 +264,45 @@ class JobProcessor:
                     now = self._cc.current_time()
                     self._leases.watch(held, now)
                     try:
-                        outcome = await self._run_handler(held, route, runner_scope, now)
+                        outcome = await self._run_handler(
+                            held, route, runner_scope, now, attributes
+                        )
                     finally:
                         self._leases.release(held)
-                    if runner_scope is not None and held.cancelled:
+                    if runner_scope is not None and (held.forced or held.lease_lost is not None):
                         await leave_runner_scope()  # nothing can be awaited in it now
                 if outcome is None:
-                    span.set("sepp.outcome", "lease_lost")
-                    span.fail(held.lease_lost or "lease lost")
-                    self._finished(held, None, None)
+                    label: str | None = None
+                    dead_lettered: bool | None = None
+                    if traced:
+                        span.set("sepp.outcome", "lease_lost")
+                        span.fail(held.lease_lost or "lease lost")
                 else:
-                    span.set("sepp.outcome", outcome.label)
-                    if outcome.failure is not None:
-                        span.fail(outcome.failure)
-                    dead_lettered = await self._settle(ctx, outcome)
-                    self._finished(held, outcome.label, dead_lettered)
-                    if outcome.retry is not None:
-                        await self._report.nacked(ctx, outcome, dead_lettered)
+                    label = outcome.label
+                    if traced:
+                        span.set("sepp.outcome", label)
+                        if outcome.failure is not None:
+                            span.fail(outcome.failure)
+                    if outcome is outcomes.ACK:
+                        try:
+                            await self._client.ack(ctx)
+                            dead_lettered = False
+                            if attributes is not None:
+                                self._metrics.add("processed", 1, attributes)
+                        except Exception as exc:
+                            self._report.settle_failed("ack", ctx, exc)
+                            dead_lettered = None
+                    else:
+                        dead_lettered = await self._settle(ctx, outcome, attributes)
+                if self._events is not None:
+                    self._events.job_settled(ctx, label, dead_lettered)
+                self._report.finished(ctx, label, dead_lettered, held.run_s)
+                if outcome is not None and outcome.retry is not None:
+                    await self._report.nacked(ctx, outcome, dead_lettered)
         finally:
             self._held.remove(held)
-            self.stop_lease_keeping_if_idle()
-
-    def _finished(self, held: HeldJob, label: str | None, dead_lettered: bool | None) -> None:
-        ctx = held.job.ctx
-        if self._events is not None:
-            self._events.job_settled(ctx, label, dead_lettered)
-        self._report.finished(ctx, label, dead_lettered, held.run_s)
+            if self._reserving_ended and not self._held:
+                self._leases.stop()
 
     def _unknown_type(self, ctx: JobContext) -> outcomes.Outcome:
         policy = self._unknown_types
@@ -295,13 +311,18 @@ class JobProcessor:
         return outcomes.unknown_type(ctx, delay_s)
 
     async def _run_handler(
-        self, held: HeldJob, route: Route, runner_scope: CancelScope | None, now: float
+        self,
+        held: HeldJob,
+        route: Route,
+        runner_scope: CancelScope | None,
+        now: float,
+        attributes: dict[str, str] | None,
     ) -> outcomes.Outcome | None:
-        ctx = held.job.ctx
+        job = held.job
+        ctx = job.ctx
         returned = False
         error: Exception | None = None
         metrics = self._metrics
-        attributes = _job_attributes(ctx) if metrics.enabled else None
         events = self._events
         started: float | None = None
         try:
@@ -320,14 +341,17 @@ class JobProcessor:
                     watch = self._loop_watch
                     await (call if watch is None else watch.stepping(ctx, call))
                     returned = True
-            elif not held.cancelled:  # else stopped before it started: it never does
+            elif not held.forced and held.lease_lost is None:  # else it never starts
                 # Each step is stamped for the loop watch by the runner (job_steps.drive).
                 started = now
                 if events is not None:
                     events.job_started(ctx)
                 if attributes is not None:
                     metrics.add("in_flight", 1, attributes)
-                await self._call(held, route)
+                if route.middleware:
+                    await run_chain(job, route.middleware, route.fn)
+                else:
+                    await route.fn(job.payload, ctx)
                 returned = True
         except Exception as exc:  # the handler's failure is the job's outcome, not ours
             error = exc
@@ -376,18 +400,20 @@ class JobProcessor:
         held.earlier = None  # let the earlier one go
         self._slots.queue(held)
 
-    async def _settle(self, ctx: JobContext, outcome: outcomes.Outcome) -> bool | None:
-        """Ack or nack; returns whether a nack dead-lettered the job (None: it failed)."""
+    async def _settle(
+        self, ctx: JobContext, outcome: outcomes.Outcome, attributes: dict[str, str] | None
+    ) -> bool | None:
+        """Ack or nack (a plain ack is `_process`'s own); returns whether a nack
+        dead-lettered the job (None: it failed)."""
         try:
             if outcome.retry is None:
                 await self._client.ack(ctx)
-                if self._metrics.enabled:
-                    self._metrics.add("processed", 1, _job_attributes(ctx))
+                if attributes is not None:
+                    self._metrics.add("processed", 1, attributes)
                 return False
             dead_lettered = await self._client.nack(ctx, reason=outcome.reason, retry=outcome.retry)
-            if self._metrics.enabled:
-                attributes = {**_job_attributes(ctx), "sepp.outcome": outcome.label}
-                self._metrics.add("nacked", 1, attributes)
+            if attributes is not None:
+                self._metrics.add("nacked", 1, {**attributes, "sepp.outcome": outcome.label})
             return bool(dead_lettered)
         except Exception as exc:
             self._report.settle_failed("ack" if outcome.retry is None else "nack", ctx, exc)

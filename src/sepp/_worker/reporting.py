@@ -142,8 +142,8 @@ class WorkerReport:
         self, ctx: JobContext, label: str | None, dead_lettered: bool | None, run_s: float | None
     ) -> None:
         """A settled job at INFO, with its fields for structured logs."""
-        if label == "unknown_type":
-            return  # logged by unknown_type
+        if label == "unknown_type" or not self._log.info_enabled():
+            return  # logged by unknown_type; or nobody reads INFO
         outcome = "lease_lost" if label is None else label
         if dead_lettered:
             outcome += ", dead-lettered"
