@@ -324,6 +324,52 @@ def leased_job_context(
     )
 
 
+_new = object.__new__
+_set_payload_data, _set_payload_encoding = (vars(Payload)[n].__set__ for n in ("data", "encoding"))
+
+
+def reserved_job(
+    data: builtins.bytes | None,
+    encoding: str,
+    id: str,
+    queue: str,
+    job_type: str,
+    attempt: int,
+    max_attempts: int,
+    priority: int,
+    custom: Mapping[str, CustomValue],
+    enqueued_at: datetime,
+    scheduled_at: datetime | None,
+    trace_context: TraceContext | None,
+    lease_expires_at: datetime,
+    worker_id: str | None,
+    client: object,
+) -> Job:
+    """A job a reserve returned, its fields read and checked by the response's reader: what
+    `Job(Payload(data, encoding), leased_job_context(...))` makes (no payload for empty
+    `data`), without the checks a caller's Payload gets (the reader decoded valid UTF-8, and
+    a missing encoding is the default's) or keyword arguments: a drain builds one a job."""
+    payload: Payload | None = None
+    if data:
+        payload = _new(Payload)
+        _set_payload_data(payload, data if type(data) is builtins.bytes else builtins.bytes(data))
+        _set_payload_encoding(payload, encoding or BYTES_ENCODING)
+    ctx = JobContext(
+        id,
+        queue,
+        job_type,
+        attempt,
+        max_attempts,
+        priority,
+        custom,
+        enqueued_at,
+        scheduled_at,
+        trace_context,
+        _Lease(lease_expires_at, worker_id, client, None),
+    )
+    return Job(payload, ctx)
+
+
 def set_handler_context(ctx: JobContext, client: object, state: object) -> None:
     """Give a handler's context the worker's client and lifespan state."""
     lease = ctx._lease
