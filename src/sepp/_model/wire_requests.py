@@ -263,14 +263,33 @@ def reserve(
 
 
 def _lease(job_id: str, attempt: int) -> bytes:
+    length = len(job_id)
+    if 0 < length < 128 and 0 < attempt < 128 and job_id.isascii():
+        # The server's ids and attempts: one byte each for their lengths and the attempt;
+        # one formatting, where the general way is five calls and four concatenations.
+        return b"\x0a%c%b\x10%c" % (length, job_id.encode("ascii"), attempt)
     head = _text(b"\x0a", "job_id", job_id) if job_id else b""
     return head + b"\x10" + varint(attempt) if attempt else head
+
+
+# A worker sends its id with every ack, nack and extend: each field encoded once.
+_WORKER_IDS: dict[tuple[bytes, str], bytes] = {}
+
+
+def _worker_id(tag: bytes, worker_id: str) -> bytes:
+    key = (tag, worker_id)
+    field = _WORKER_IDS.get(key)
+    if field is None:
+        if len(_WORKER_IDS) >= _CACHED:
+            _WORKER_IDS.clear()
+        field = _WORKER_IDS[key] = _text(tag, "worker_id", worker_id)
+    return field
 
 
 def ack(job_id: str, attempt: int, worker_id: str | None) -> bytes:
     out = _lease(job_id, attempt)
     if worker_id is not None:
-        out += _text(b"\x1a", "worker_id", worker_id)
+        out += _worker_id(b"\x1a", worker_id)
     return out
 
 
@@ -287,7 +306,7 @@ def nack(
     else:
         out += b"\x22\x02\x0a\x00"
     if worker_id is not None:
-        out += _text(b"\x2a", "worker_id", worker_id)
+        out += _worker_id(b"\x2a", worker_id)
     return out
 
 
@@ -298,7 +317,7 @@ def _nested_len(body: bytes) -> bytes:
 def extend(job_id: str, attempt: int, lease_s: float, worker_id: str | None) -> bytes:
     out = _lease(job_id, attempt) + _duration(b"\x1a", lease_s)
     if worker_id is not None:
-        out += _text(b"\x22", "worker_id", worker_id)
+        out += _worker_id(b"\x22", worker_id)
     return out
 
 
