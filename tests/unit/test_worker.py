@@ -766,6 +766,38 @@ async def test_extends_follow_the_granted_lease_when_the_server_clamps_it(
     assert [(c.at, c.error) for c in fake.acks] == [(7, None)]
 
 
+async def test_a_handler_that_returns_without_waiting_is_never_watched(
+    autojump_clock: MockClock,
+) -> None:
+    # Nothing else runs while it does, so its lease needs no keeping; one that waits is kept.
+    fake = FakeClient()
+    worker = make_worker(fake, lease_duration=3)
+    watched: list[str] = []
+    watch = worker._leases.watch
+
+    def recording(held: Any, *args: Any) -> None:
+        watched.append(held.job.ctx.job_type)
+        watch(held, *args)
+
+    worker._leases.watch = recording  # type: ignore[method-assign]
+
+    @worker.handler("quick")
+    async def quick(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
+        pass
+
+    @worker.handler("slow")
+    async def slow(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
+        await trio.sleep(2.5)
+
+    for job_type in ("quick", "slow", "quick"):
+        fake.add(job_type)
+    async with running(worker):
+        await trio.sleep(5)
+    assert watched == ["slow"]
+    assert [c.at for c in fake.extends] == [1, 2]  # a third of each 3 s lease
+    assert len(fake.acks) == 3
+
+
 async def test_a_job_due_before_the_keeper_would_wake_is_extended_in_time(
     autojump_clock: MockClock,
 ) -> None:

@@ -32,6 +32,7 @@ class HeldJob:
         "forced",
         "job",
         "keeper_scope",
+        "lease_context",
         "lease_lost",
         "phase",
         "run_s",
@@ -54,6 +55,9 @@ class HeldJob:
         self.lease_lost: str | None = None
         # The lease keeper's task scope, once one runs (most jobs settle before).
         self.keeper_scope: CancelScope | None = None
+        # The job's context as its handler starts, for the keeper's extends (a runner's job:
+        # its lease is kept only once its handler waits).
+        self.lease_context: contextvars.Context | None = None
         self.watch_key = -1  # the LeaseKeeper's key while it watches this job
         self.forced = False
         # A run of the same job id still going in this worker (its lease ran out): this

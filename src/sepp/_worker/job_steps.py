@@ -9,14 +9,15 @@ nothing could be awaited inside it any more."""
 
 from __future__ import annotations
 
-import contextvars
 import types
 from collections.abc import Coroutine, Generator
 from time import monotonic
 from typing import TYPE_CHECKING, Any
 
+from .held_job import HeldJob, Phase
+
 if TYPE_CHECKING:
-    from .._model.types import JobContext
+    from .lease_keeper import LeaseKeeper
     from .loop_watch import LoopWatch
 
 JobCoroutine = Coroutine[Any, Any, None]
@@ -40,17 +41,23 @@ def leave_runner_scope() -> Generator[Any, Any, None]:
 
 @types.coroutine
 def drive(
-    context: contextvars.Context,
+    held: HeldJob,
     job: JobCoroutine,
     watch: LoopWatch | None,
-    ctx: JobContext,
+    leases: LeaseKeeper | None,
 ) -> Generator[Any, Any, JobCoroutine | None]:
-    """Await `job` with each step run in `context` (and stamped on `watch`): None once it has
-    returned, or `job` itself, suspended, when it asked to leave the runner's scope (resume it
-    with another `drive` once out of it).
+    """Await `job`, the run of `held`, with each step run in the job's context (and stamped
+    on `watch`): None once it has returned, or `job` itself, suspended, when it asked to
+    leave the runner's scope (resume it with another `drive` once out of it). When its
+    handler first waits, `leases` starts keeping its lease (in `held.lease_context`): a
+    handler that returns without waiting (most) needs no keeping, as nothing else runs
+    meanwhile.
 
     A generator, not a coroutine function: what the event loop sends or throws in goes
     straight to the job, and nothing but the job's own steps runs in its context."""
+    context = held.context
+    assert context is not None
+    ctx = held.job.ctx
     run = context.run
     send, throw = job.send, job.throw
     value: Any = None
@@ -67,6 +74,8 @@ def drive(
                 watch.current = None
         if yielded is LEAVE:
             return job
+        if held.watch_key < 0 and held.phase is Phase.RUNNING and leases is not None:
+            leases.watch(held, None, held.lease_context)
         error = None
         try:
             value = yield yielded

@@ -80,9 +80,12 @@ class LeaseKeeper:
         self._due_changed = cc.event()
         self._scope = cc.cancel_scope()
 
-    def watch(self, held: HeldJob, now: float | None = None) -> None:
-        """Keep `held`'s lease from its first extend on, until `release(held)`; call from the
-        job's own task (or its runner, in its context), `now` being `current_time()`."""
+    def watch(
+        self, held: HeldJob, now: float | None = None, context: contextvars.Context | None = None
+    ) -> None:
+        """Keep `held`'s lease from its first extend on, until `release(held)`, `now` being
+        `current_time()`; call from the job's own task, or give the job's `context` as it was
+        when its handler started (a runner's job, watched once its handler waits)."""
         if now is None:
             now = self._cc.current_time()
         expiry = held.job.ctx.lease_expires_at
@@ -112,7 +115,7 @@ class LeaseKeeper:
         # handler opens later), so the keeper's extend spans nest under sepp.process like the
         # handler's.
         key = held.watch_key = next(self._keys)
-        self._watched[key] = (due, held, contextvars.copy_context())
+        self._watched[key] = (due, held, contextvars.copy_context() if context is None else context)
         self._new.append((due, key))
         if due < self._sleeping_until:
             self._wake()

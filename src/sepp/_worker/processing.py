@@ -212,14 +212,14 @@ class JobProcessor:
         settles in the next scope, and the next jobs run there."""
         cc = self._cc
         watch = self._loop_watch
+        leases = self._leases
         runner = _Runner(self)
         cancelled: HeldJob | None = None
         rest: JobCoroutine | None = None
         while True:
             with cc.cancel_scope() as scope:
                 if cancelled is not None and rest is not None:
-                    assert cancelled.context is not None
-                    await drive(cancelled.context, rest, watch, cancelled.job.ctx)
+                    await drive(cancelled, rest, watch, None)
                     cancelled = rest = None
                 while True:
                     if held is None:  # wait for the next job, or for the end
@@ -232,12 +232,8 @@ class JobProcessor:
                         if held is None:
                             return
                         runner.held = runner.route = None
-                    context = held.context
-                    assert context is not None
                     held.scope = scope
-                    rest = await drive(
-                        context, self._process(held, route, scope), watch, held.job.ctx
-                    )
+                    rest = await drive(held, self._process(held, route, scope), watch, leases)
                     if rest is not None:  # cancelled: it settles outside this scope
                         cancelled, held = held, None
                         break
@@ -260,15 +256,20 @@ class JobProcessor:
                     held.phase = Phase.SETTLING
                     outcome: outcomes.Outcome | None = self._unknown_type(ctx)
                 else:
-                    # A runner's job starts its handler now: one clock reading for both.
                     now = self._cc.current_time()
-                    self._leases.watch(held, now)
+                    if runner_scope is None:
+                        self._leases.watch(held, now)
+                    else:
+                        # Its lease is kept once the handler first waits (job_steps.drive):
+                        # nothing can act on it before. What the keeper's extends run in.
+                        held.lease_context = contextvars.copy_context()
                     try:
                         outcome = await self._run_handler(
                             held, route, runner_scope, now, attributes
                         )
                     finally:
-                        self._leases.release(held)
+                        if held.watch_key >= 0:
+                            self._leases.release(held)
                     if runner_scope is not None and (held.forced or held.lease_lost is not None):
                         await leave_runner_scope()  # nothing can be awaited in it now
                 if outcome is None:
