@@ -24,7 +24,7 @@ import sepp
 from sepp import HandlerError, Retry, StatusCode
 from sepp._util.log import Log
 from sepp._worker import lease_keeper
-from sepp._worker.held_job import HeldJob, Phase
+from sepp._worker.held_job import HeldJob, HeldJobs, Phase
 
 pytestmark = pytest.mark.fixture  # a scripted FakeClient
 
@@ -1021,6 +1021,33 @@ async def test_the_lease_keeper_lets_go_of_settled_jobs(autojump_clock: MockCloc
         assert worker._leases._watched == {}
         assert len(worker._leases._due) <= lease_keeper.REBUILD_SLACK
     assert fake.extends == []
+
+
+async def test_a_change_wakes_every_waiter_still_parked_when_one_was_cancelled() -> None:
+    # The held set counts its waiters instead of asking its parking lot: a waiter cancelled
+    # while parked must leave the count right for the others, before and after a wake-up.
+    held = HeldJobs()
+    woken: list[str] = []
+
+    async def wait(name: str, scope: trio.CancelScope) -> None:
+        with scope:
+            await held.wait_for_change()
+            woken.append(name)
+
+    scopes = {name: trio.CancelScope() for name in ("a", "b", "c")}
+    async with trio.open_nursery() as nursery:
+        for name, scope in scopes.items():
+            nursery.start_soon(wait, name, scope)
+        await trio.testing.wait_all_tasks_blocked()
+        scopes["a"].cancel()
+        await trio.testing.wait_all_tasks_blocked()
+        held.changed()
+        await trio.testing.wait_all_tasks_blocked()
+        assert sorted(woken) == ["b", "c"]
+        nursery.start_soon(wait, "d", trio.CancelScope())
+        await trio.testing.wait_all_tasks_blocked()
+        held.changed()
+    assert sorted(woken) == ["b", "c", "d"]
 
 
 async def test_a_keeper_for_a_job_that_settled_before_it_started_does_not_extend(

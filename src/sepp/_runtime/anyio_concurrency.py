@@ -189,6 +189,7 @@ def _move_on_after(delay_s: float) -> CancelScope:
 ANYIO = Concurrency(
     "asyncio (anyio)",
     current_time=_loop_time,
+    clock=lambda: asyncio.get_running_loop().time,
     sleep=anyio.sleep,
     sleep_until=anyio.sleep_until,
     checkpoint=_checkpoint,

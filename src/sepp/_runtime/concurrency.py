@@ -8,9 +8,10 @@ and cancel scopes have trio's semantics. Each part of a service holds the one it
 (built with `TRIO`, given another by `use(cc)` before the run). What a `Concurrency` provides:
 
 - `current_time()`: a monotonic clock in seconds that deadlines are kept in (trio's MockClock
-  in tests; the loop's clock on asyncio); `sleep(s)`, `sleep_until(t)`; `checkpoint()`: let
-  other tasks run and deliver a pending cancellation; `checkpoint_if_cancelled()`: only the
-  latter.
+  in tests; the loop's clock on asyncio); `clock()`, in a run, that clock's own reading
+  function (one call a reading, where `current_time` looks the run up each time);
+  `sleep(s)`, `sleep_until(t)`; `checkpoint()`: let other tasks run and deliver a pending
+  cancellation; `checkpoint_if_cancelled()`: only the latter.
 - `cancel_scope()` (a `CancelScope`: `cancel()`, a `deadline` that may be moved at any time,
   `cancelled_caught`), made (and cancelled, or given a deadline) before the task that runs
   the block enters it. Cancellation is level-triggered: every await inside the block raises

@@ -19,6 +19,7 @@ class Concurrency:
         "cancelled",
         "checkpoint",
         "checkpoint_if_cancelled",
+        "clock",
         "current_time",
         "event",
         "lock",
@@ -41,6 +42,7 @@ class Concurrency:
         name: str,
         *,
         current_time: Callable[[], float],
+        clock: Callable[[], Callable[[], float]],
         sleep: Callable[[float], Awaitable[None]],
         sleep_until: Callable[[float], Awaitable[None]],
         checkpoint: Callable[[], Awaitable[None]],
@@ -61,6 +63,7 @@ class Concurrency:
     ) -> None:
         self.name = name
         self.current_time = current_time
+        self.clock = clock
         self.sleep = sleep
         self.sleep_until = sleep_until
         self.checkpoint = checkpoint

@@ -5,7 +5,7 @@ classes, so nothing sits between a service and trio (`concurrency` says what eac
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import trio
 
@@ -18,9 +18,14 @@ async def _in_the_nursery(nursery: Nursery) -> AsyncIterator[Spawner]:
     yield nursery
 
 
+def _run_clock() -> Callable[[], float]:
+    return trio.lowlevel.current_clock().current_time
+
+
 TRIO = Concurrency(
     "trio",
     current_time=trio.current_time,
+    clock=_run_clock,
     sleep=trio.sleep,
     sleep_until=trio.sleep_until,
     checkpoint=trio.lowlevel.checkpoint,

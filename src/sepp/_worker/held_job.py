@@ -125,11 +125,13 @@ class HeldJobs:
     redelivery waits for the earlier run); and a wake-up for whoever waits for the set to
     shrink (the reserve loop when it is full, the shutdown while it drains)."""
 
-    __slots__ = ("_by_delivery", "_latest", "_shrunk", "cc")
+    __slots__ = ("_by_delivery", "_latest", "_parked", "_shrunk", "_wakes", "cc")
 
     def __init__(self, cc: Concurrency = TRIO) -> None:
         self._by_delivery: dict[HeldJob, None] = {}  # by identity, in arrival order
         self._latest: dict[str, HeldJob] = {}
+        self._parked = 0  # tasks in wait_for_change() since the last wake-up
+        self._wakes = 0
         self.use(cc)
 
     def use(self, cc: Concurrency) -> None:
@@ -159,11 +161,20 @@ class HeldJobs:
         self.changed()
 
     def changed(self) -> None:
-        if self._shrunk:  # anyone parked: mostly nobody, or the reserve loop alone
+        if self._parked:  # mostly nobody, or the reserve loop alone (a count: no call)
+            self._parked = 0
+            self._wakes += 1
             self._shrunk.unpark_all()
 
     async def wait_for_change(self) -> None:
-        await self._shrunk.park()
+        wakes = self._wakes
+        self._parked += 1
+        try:
+            await self._shrunk.park()
+        except BaseException:
+            if self._wakes == wakes:  # cancelled while still parked: still counted
+                self._parked -= 1
+            raise
 
     def stop(self, *, waiting_only: bool) -> None:
         """Shutdown: cancel the jobs waiting for a slot (and with `waiting_only` False, the

@@ -11,7 +11,7 @@ running here, a type without a handler) gets a task and a scope of its own, as b
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from .._client import otel as _otel
@@ -213,6 +213,7 @@ class JobProcessor:
         cc = self._cc
         watch = self._loop_watch
         leases = self._leases
+        now = cc.clock()  # this run's clock, read directly
         runner = _Runner(self)
         cancelled: HeldJob | None = None
         rest: JobCoroutine | None = None
@@ -233,17 +234,23 @@ class JobProcessor:
                             return
                         runner.held = runner.route = None
                     held.scope = scope
-                    rest = await drive(held, self._process(held, route, scope), watch, leases)
+                    rest = await drive(held, self._process(held, route, scope, now), watch, leases)
                     if rest is not None:  # cancelled: it settles outside this scope
                         cancelled, held = held, None
                         break
                     held = None
 
     async def _process(
-        self, held: HeldJob, route: Route | None, runner_scope: CancelScope | None
+        self,
+        held: HeldJob,
+        route: Route | None,
+        runner_scope: CancelScope | None,
+        now: Callable[[], float] | None = None,
     ) -> None:
         """One job, from its slot to its settling: in a task of its own (`runner_scope`
-        None), or in a job runner's, whose scope is `runner_scope`."""
+        None), or in a job runner's, whose scope is `runner_scope` (and `now` its clock)."""
+        if now is None:
+            now = self._cc.current_time
         ctx = held.job.ctx
         try:
             # The lease keeper, the handler and the ack/nack all run inside this span, so
@@ -256,16 +263,16 @@ class JobProcessor:
                     held.phase = Phase.SETTLING
                     outcome: outcomes.Outcome | None = self._unknown_type(ctx)
                 else:
-                    now = self._cc.current_time()
+                    started = now()
                     if runner_scope is None:
-                        self._leases.watch(held, now)
+                        self._leases.watch(held, started)
                     else:
                         # Its lease is kept once the handler first waits (job_steps.drive):
                         # nothing can act on it before. What the keeper's extends run in.
                         held.lease_context = contextvars.copy_context()
                     try:
                         outcome = await self._run_handler(
-                            held, route, runner_scope, now, attributes
+                            held, route, runner_scope, now, started, attributes
                         )
                     finally:
                         if held.watch_key >= 0:
@@ -316,7 +323,8 @@ class JobProcessor:
         held: HeldJob,
         route: Route,
         runner_scope: CancelScope | None,
-        now: float,
+        now: Callable[[], float],
+        at: float,
         attributes: dict[str, str] | None,
     ) -> outcomes.Outcome | None:
         job = held.job
@@ -333,7 +341,7 @@ class JobProcessor:
                     if held.earlier is not None:
                         await self._after_earlier_run(held, held.earlier)
                     await held.wait_for_slot()
-                    started = self._cc.current_time()
+                    started = now()
                     if events is not None:
                         events.job_started(ctx)
                     if attributes is not None:
@@ -344,7 +352,7 @@ class JobProcessor:
                     returned = True
             elif not held.forced and held.lease_lost is None:  # else it never starts
                 # Each step is stamped for the loop watch by the runner (job_steps.drive).
-                started = now
+                started = at
                 if events is not None:
                     events.job_started(ctx)
                 if attributes is not None:
@@ -365,7 +373,7 @@ class JobProcessor:
             self._slots.release(held)
             held.phase = Phase.SETTLING
             if started is not None:
-                held.run_s = run_s = self._cc.current_time() - started
+                held.run_s = run_s = now() - started
                 if events is not None:
                     events.job_ended(ctx, run_s)
                 if attributes is not None:
