@@ -31,6 +31,7 @@ class _LeaveRunnerScope:
 
 
 LEAVE = _LeaveRunnerScope()
+_RUNNING = Phase.RUNNING  # a global, not an attribute of one, read each step
 
 
 @types.coroutine
@@ -74,7 +75,7 @@ def drive(
                 watch.current = None
         if yielded is LEAVE:
             return job
-        if held.watch_key < 0 and held.phase is Phase.RUNNING and leases is not None:
+        if held.phase is _RUNNING and held.watch_key < 0 and leases is not None:
             leases.watch(held, None, held.lease_context)
         error = None
         try:
