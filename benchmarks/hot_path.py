@@ -1,7 +1,7 @@
 """The Worker's per-job cost against the raw drain's, counted rather than timed.
 
     python -m benchmarks.hot_path [--jobs 500 2500] [--cases raw worker ...] [--repeat 1]
-                                  [--cprofile] [--no-callgrind] [--top 40]
+                                  [--cprofile] [--no-callgrind] [--top 40] [--src DIR]
 
 Each case is `bench_drain_raw` or `bench_drain_worker` (64 in flight, `auto_extend` off: the
 `drain_raw` and `drain_worker_noext` scenarios) in `benchmarks/trio_driver.py` under
@@ -14,7 +14,9 @@ under callgrind is meaningless and not shown.
 
 Cases: `raw`, `worker`, and `worker+PATCHES`: the Worker with `benchmarks/experiments.py`
 patches applied (comma-separated), for the ablations that size each part of the Worker's
-per-job work (`no_job_log`, `log_info`, ...).
+per-job work (`w_no_log`, `log_info`, ...); `asyncio-raw` and `asyncio-worker` the same on
+the asyncio front end (`benchmarks/asyncio_driver.py`, asyncio's own loop). `--src DIR`
+measures another checkout's `src/` (main's, say, for a before and after in one run).
 
 `--cprofile` also runs each case once, plainly, with cProfile around the measured drain, and
 prints the calls per job of every function the case calls at least once a job: the counts
@@ -35,7 +37,7 @@ from typing import Any
 
 import trio
 
-from ._drivers import REPO, SRC, TRIO_DRIVER, ClientSpec, DriverProcess, _clean_env
+from ._drivers import BENCH_DIR, REPO, SRC, TRIO_DRIVER, ClientSpec, DriverProcess, _clean_env
 from .runner import LEASE_S, preload
 
 if str(SRC) not in sys.path:
@@ -44,13 +46,15 @@ if str(SRC) not in sys.path:
 import sepp
 import sepp.testing
 
+ASYNCIO_DRIVER = BENCH_DIR / "asyncio_driver.py"
 WARMUP = 200
 IN_FLIGHT = 64
 LOGS = REPO / "benchmarks" / "results" / "logs"
 
 
-def _driver_argv(experiment: str, callgrind_out: Path | None) -> list[str]:
-    argv = [sys.executable, str(TRIO_DRIVER), "--no-otel", "--src", str(SRC)]
+def _driver_argv(case: str, experiment: str, callgrind_out: Path | None, src: Path) -> list[str]:
+    driver = ASYNCIO_DRIVER if case.startswith("asyncio-") else TRIO_DRIVER
+    argv = [sys.executable, str(driver), "--no-otel", "--src", str(src)]
     if experiment:
         argv += ["--experiment", experiment]
     if callgrind_out is None:
@@ -62,7 +66,7 @@ def _driver_argv(experiment: str, callgrind_out: Path | None) -> list[str]:
 
 
 def _op(case: str) -> tuple[str, dict[str, Any]]:
-    if case == "raw":
+    if case.removeprefix("asyncio-") == "raw":
         return "bench_drain_raw", {"in_flight": IN_FLIGHT, "lease_s": LEASE_S, "wait_s": 1}
     return "bench_drain_worker", {
         "max_in_flight": IN_FLIGHT,
@@ -89,10 +93,12 @@ async def _run_case(
     callgrind_out: Path | None = None,
     profile_out: Path | None = None,
     batch: int,
+    src: Path,
 ) -> dict[str, Any]:
     experiment = case.partition("+")[2]
     op, args = _op(case.partition("+")[0])
-    spec = ClientSpec(case, _driver_argv(experiment, callgrind_out), None, _clean_env())
+    argv = _driver_argv(case, experiment, callgrind_out, src)
+    spec = ClientSpec(case, argv, None, _clean_env())
     tag = f"{os.getpid()}.{case}.{n}.{trio.current_time():.0f}".replace(",", "_")
     driver = DriverProcess(spec, LOGS / "hot_path.log")
     await driver.start()
@@ -145,7 +151,13 @@ async def amain(a: argparse.Namespace) -> None:
                         for n in (small, big):
                             out = tmp / f"cg.{case}.{n}.{r}"
                             await _run_case(
-                                loader, server.address, case, n, callgrind_out=out, batch=batch
+                                loader,
+                                server.address,
+                                case,
+                                n,
+                                callgrind_out=out,
+                                batch=batch,
+                                src=a.src,
                             )
                             counts.append(_instructions(out))
                         ir = (counts[1] - counts[0]) / (big - small)
@@ -154,17 +166,23 @@ async def amain(a: argparse.Namespace) -> None:
                     if a.cprofile and r == 0:
                         prof = tmp / f"prof.{case}"
                         result = await _run_case(
-                            loader, server.address, case, big, profile_out=prof, batch=batch
+                            loader,
+                            server.address,
+                            case,
+                            big,
+                            profile_out=prof,
+                            batch=batch,
+                            src=a.src,
                         )
                         cpu = result["cpu_s"] / big * 1e6
                         print(f"{case}: cProfile, {big} jobs, CPU {cpu:.0f} µs per job (profiled)")
                         _cprofile_rows(prof, big, a.top)
     if a.callgrind:
         print("\ninstructions per job (median of the repeats), and over the raw drain:")
-        base = sorted(per_job["raw"])[len(per_job["raw"]) // 2] if "raw" in per_job else None
-        for case, values in per_job.items():
-            med = sorted(values)[len(values) // 2]
-            ratio = f"  {med / base:.3f}x raw" if base else ""
+        medians = {case: sorted(v)[len(v) // 2] for case, v in per_job.items()}
+        for case, med in medians.items():
+            base = medians.get("asyncio-raw" if case.startswith("asyncio-") else "raw")
+            ratio = f"  {med / base:.3f}x its raw drain" if base else ""
             print(f"{case:>40}: {med:,.0f}{ratio}")
     print(f"\nfiles: {tmp}")
 
@@ -177,6 +195,7 @@ def main() -> int:
     p.add_argument("--cprofile", action="store_true")
     p.add_argument("--no-callgrind", dest="callgrind", action="store_false")
     p.add_argument("--top", type=int, default=40)
+    p.add_argument("--src", type=Path, default=SRC, help="the src/ to measure (this checkout's)")
     a = p.parse_args()
     trio.run(amain, a)
     return 0
