@@ -4,21 +4,24 @@
 The package is built in layers, each a folder that imports only the layers below it
 (tests/unit/test_module_structure.py holds this; docs/contributing.md draws it):
 
-- `_util/`: lazy imports and the logging adaptor, for every layer;
+- `_util/`: lazy imports and the logging adaptor, for every layer; beside it `_probes/`, what
+  a process tells the outside when asked: the one HTTP server for probes and metrics (a thread
+  of its own, for every front end) and the Prometheus text format;
 - `wire/`: gRPC over HTTP/2 with no domain types: the shared sans-IO pieces, the engines
   (`codec/`, ours and the default; `h2ref/`, the reference on h2) and the `drivers/` that give
   them sockets, one per front end (trio, asyncio, blocking) on a core that holds the rest;
-- `_model/`: the values users handle, errors, rejections, validation, message conversion;
+- `_model/`: the values users handle, errors, rejections, validation, the one backoff,
+  message conversion;
 - `_runtime/`: the one seam to the library the code runs on: the protocols (cancel scopes,
-  task groups, events), the client's runtimes (trio, asyncio, blocking) and the Worker's and
-  the Scheduler's primitives (trio; anyio on asyncio);
+  task groups, events) and one runtime per library (trio, asyncio with anyio for the
+  services, blocking for the client alone), for the client, the Worker and the Scheduler;
 - `_client/`: the operations (written once), `Client`, `SyncClient`, batching, local limits,
   retries, options;
 - `_payloads/`: payload codecs and typed tasks;
-- `_worker/` (`Worker`, `Router`, handlers, middleware, lease keeping, the monitor) and
-  `_scheduling/` (`Schedule` and `Scheduler`), which never import each other;
-- `_outbox/`: `Outbox` (jobs written in the application's database transaction) and
-  `OutboxRelay` (forwards them);
+- the services, which never import each other: `_worker/` (`Worker`, `Router`, handlers,
+  middleware, lease keeping, the monitor), `_scheduling/` (`Schedule` and `Scheduler`) and
+  `_outbox/` (`Outbox`, jobs written in the application's database transaction, and
+  `OutboxRelay`, which forwards them);
 - `_cli/` (the `sepp-trio` command) and `testing/` (public: a real server for tests) on top.
 
 The public API is the table below, and nothing else: every name in it presents as `sepp.X`.
@@ -43,6 +46,7 @@ _PUBLIC: dict[str, tuple[str, bool]] = {
     "DEFAULT_MAX_RECEIVE_MESSAGE_BYTES": ("_client.client", EAGER),
     "open": ("_client.client", EAGER),
     "RetryPolicy": ("_client.retry", EAGER),
+    "Backoff": ("_model.backoff", EAGER),
     "AttemptMismatchError": ("_model.errors", EAGER),
     "BatchValidationError": ("_model.errors", EAGER),
     "ClientError": ("_model.errors", EAGER),
@@ -102,13 +106,13 @@ _PUBLIC: dict[str, tuple[str, bool]] = {
     "Task": ("_payloads.task", LAZY),
     "Schedule": ("_scheduling.schedule", LAZY),
     "Scheduler": ("_scheduling.scheduler", LAZY),
-    "Backoff": ("_worker.backoff", LAZY),
     "CallNext": ("_worker.middleware", LAZY),
     "Middleware": ("_worker.middleware", LAZY),
     "WorkerMonitor": ("_worker.monitor", LAZY),
     "DuplicateHandlerError": ("_worker.router", LAZY),
     "Handler": ("_worker.router", LAZY),
     "Router": ("_worker.router", LAZY),
+    "SyncJobContext": ("_worker.thread_handlers", LAZY),
     "ShutdownHandle": ("_runtime.shutdown_handle", LAZY),
     "HandlerError": ("_model.settlement", LAZY),
     "Worker": ("_worker.worker", LAZY),
@@ -126,6 +130,7 @@ if TYPE_CHECKING:
     from ._client.retry import RetryPolicy as RetryPolicy
     from ._client.sync import SyncClient as SyncClient
     from ._client.sync import connect as connect
+    from ._model.backoff import Backoff as Backoff
     from ._model.errors import AttemptMismatchError as AttemptMismatchError
     from ._model.errors import BatchValidationError as BatchValidationError
     from ._model.errors import ClientError as ClientError
@@ -186,13 +191,13 @@ if TYPE_CHECKING:
     from ._scheduling.schedule import Schedule as Schedule
     from ._scheduling.scheduler import Scheduler as Scheduler
     from ._version import __version__ as __version__
-    from ._worker.backoff import Backoff as Backoff
     from ._worker.middleware import CallNext as CallNext
     from ._worker.middleware import Middleware as Middleware
     from ._worker.monitor import WorkerMonitor as WorkerMonitor
     from ._worker.router import DuplicateHandlerError as DuplicateHandlerError
     from ._worker.router import Handler as Handler
     from ._worker.router import Router as Router
+    from ._worker.thread_handlers import SyncJobContext as SyncJobContext
     from ._worker.worker import Worker as Worker
     from .wire._status import StatusCode as StatusCode
 

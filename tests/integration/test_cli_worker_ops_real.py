@@ -131,6 +131,7 @@ async def test_worker_waits_for_the_server_and_serves_probes_metrics_and_json_lo
         assert record["level"] == "INFO" and record["logger"] == "sepp.worker"
         assert (record["job_type"], record["queue"], record["attempt"]) == ("ok", "work", 1)
         assert record["outcome"] == "ack" and record["duration_s"] >= 0
+        assert record["wait_s"] >= 0 and ", waited " in record["message"]
     last = finished[doomed.job_id]
     assert last["attempt"] == 2 and last["outcome"] == "error, dead-lettered"
     dead = [r for r in records if "dead-lettered:" in r["message"]]

@@ -211,14 +211,22 @@ async def test_the_relay_runs_in_a_thread_with_a_sync_client(
     add_orders(database, items)
     relay = sepp.OutboxRelay(database, batch_size=20)
     with sepp.SyncClient(sepp_server.address) as client:
-        thread = threading.Thread(target=relay.run_sync, args=(client,))
+        thread = threading.Thread(target=relay.run_sync, args=(client,), kwargs={"metrics_port": 0})
         thread.start()
         try:
             await drain_when_empty(database)
+            await until(lambda: relay.metrics_port is not None)
+            await until(lambda: relay.counters.relayed == len(items))
+            assert relay.metrics_port is not None
+            text = await trio.to_thread.run_sync(scrape, relay.metrics_port)
+            assert f'sepp_outbox_relayed_total{{table="sepp_outbox"}} {len(items)}' in text
         finally:
             relay.shutdown()
             await trio.to_thread.run_sync(thread.join)
     assert relay.counters.relayed == len(items)
+    assert relay.metrics_port is None  # served while it ran
+    with pytest.raises(sepp.ValidationError, match="metrics_port"):
+        relay.run_sync(client, metrics_port=70000)
     jobs = await consume_all(sepp_server.address, ["orders"], len(items))
     assert sorted(once_each(jobs).elements()) == sorted(items)
 
@@ -232,14 +240,21 @@ async def test_the_relay_runs_under_asyncio(database: str, sepp_server: SeppServ
     add_orders(database, items)
     relay = sepp.OutboxRelay(database, batch_size=20)
 
+    scraped: list[str] = []
+
     async def main() -> None:
         async with sepp.open(sepp_server.address) as client, anyio.create_task_group() as tg:
             await tg.start(relay.run, client)
-            while rows_left(database)[0]:  # noqa: ASYNC110 - another thread empties it
-                await asyncio.sleep(0.05)
+            async with anyio.create_task_group() as serving:
+                port = await serving.start(relay.serve_metrics, 0)
+                while rows_left(database)[0]:  # noqa: ASYNC110 - another thread empties it
+                    await asyncio.sleep(0.05)
+                scraped.append(await anyio.to_thread.run_sync(scrape, port))
+                serving.cancel_scope.cancel()
             relay.shutdown()
 
     await trio.to_thread.run_sync(asyncio.run, main())
     assert relay.counters.relayed == len(items)
+    assert f'sepp_outbox_relayed_total{{table="sepp_outbox"}} {len(items)}' in scraped[0]
     jobs = await consume_all(sepp_server.address, ["orders"], len(items))
     assert sorted(once_each(jobs).elements()) == sorted(items)

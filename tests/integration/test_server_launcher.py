@@ -17,12 +17,14 @@ from pathlib import Path
 import pytest
 import trio
 
+import sepp
 from sepp.testing import (
     SEPP_SERVER_VERSION,
     ExternalSeppServer,
     SeppServer,
     SeppServerNotFound,
     SeppServerStartError,
+    _server,
     find_sepp_binary,
     sepp_server,
 )
@@ -308,6 +310,25 @@ async def test_body_exception_is_not_wrapped() -> None:
     assert not alive(server)
 
 
+async def test_dead_letters_are_kept_10_minutes_unless_the_config_says_otherwise() -> None:
+    # One default for sepp_server() and its fixture: a test of dead letters can drain them.
+    with trio.fail_after(60):
+        async with sepp_server() as server, sepp.open(server.address) as client:
+            assert server.config["storage"] == {"dead_letter_retention_ms": 600_000}
+            assert (await client.get_server_info()).dead_letter_retention_enabled
+            await client.enqueue("q", "t", max_attempts=1)
+            (job,) = await client.reserve("q") or []
+            assert await client.nack(job.ctx, reason="gone")  # dead-lettered, and kept:
+            (record,) = await client.drain_dead_letters("q")
+            assert record.last_reason == "gone"
+            server.update_config({"limits": {"max_enqueue_batch": 10}})  # the default stays
+            assert server.config["storage"] == {"dead_letter_retention_ms": 600_000}
+        none = {"storage": {"dead_letter_retention_ms": 0, "persist_mode": "buffer"}}
+        async with sepp_server(none) as server, sepp.open(server.address) as client:
+            assert server.config == none  # a config's own value wins, 0 included
+            assert not (await client.get_server_info()).dead_letter_retention_enabled
+
+
 async def test_cancellation_stops_the_server() -> None:
     with trio.fail_after(60):
         with trio.CancelScope() as scope:
@@ -365,14 +386,20 @@ async def test_json_log_format() -> None:
             assert tcp_connects(server.port)
 
 
-def test_find_sepp_binary_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def not_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """What find_sepp_binary() says with no SEPP_BIN, an empty cache and an empty PATH."""
     monkeypatch.delenv("SEPP_BIN", raising=False)
     monkeypatch.setenv("SEPP_TRIO_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("PATH", str(tmp_path / "empty-path"))
     with pytest.raises(SeppServerNotFound) as info:
         find_sepp_binary()
-    assert INSTALL_HINT in str(info.value)
-    assert "SEPP_BIN" in str(info.value)
+    return str(info.value)
+
+
+def test_find_sepp_binary_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    message = not_found(tmp_path, monkeypatch)
+    assert INSTALL_HINT in message
+    assert "SEPP_BIN" in message
 
     on_path = tmp_path / "empty-path" / "sepp"
     on_path.parent.mkdir()
@@ -391,6 +418,37 @@ def test_find_sepp_binary_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setenv("SEPP_BIN", str(tmp_path / "wrong"))
     with pytest.raises(SeppServerNotFound, match="SEPP_BIN"):
         find_sepp_binary()
+
+
+# SeppServerNotFound says what a pip user can do (cargo, SEPP_BIN), and names the repository's
+# own script only where it exists: in a source checkout, never from a wheel.
+
+
+def test_the_advice_is_cargo_and_sepp_bin_and_the_script_only_in_a_checkout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    in_checkout = not_found(tmp_path, monkeypatch)  # these tests run from the repository
+    root = tmp_path / "cache" / "sepp-0.1.1"
+    assert f"{INSTALL_HINT} --root {root}" in in_checkout
+    assert "SEPP_BIN=/path/to/sepp" in in_checkout
+    script = Path(__file__).resolve().parents[2] / "scripts" / "ensure-sepp-server.sh"
+    assert f"in this checkout, run {script}" in in_checkout
+
+    monkeypatch.setattr(_server, "_repository_script", lambda: None)  # as from a wheel
+    installed = not_found(tmp_path, monkeypatch)
+    assert "ensure-sepp-server" not in installed and "scripts/" not in installed
+    assert f"{INSTALL_HINT} --root {root}" in installed and "SEPP_BIN=" in installed
+
+
+def test_the_script_is_looked_for_beside_the_source_tree_only(tmp_path: Path) -> None:
+    checkout = tmp_path / "checkout" / "src" / "sepp" / "testing" / "_server.py"
+    wheel = tmp_path / "venv" / "lib" / "python3.11" / "site-packages" / "sepp" / "testing"
+    script = tmp_path / "checkout" / "scripts" / "ensure-sepp-server.sh"
+    script.parent.mkdir(parents=True)
+    assert _server._repository_script(str(checkout)) is None  # no script yet
+    script.write_text("#!/bin/sh\n")
+    assert _server._repository_script(str(checkout)) == script.resolve()
+    assert _server._repository_script(str(wheel / "_server.py")) is None
 
 
 async def test_external_server_object() -> None:

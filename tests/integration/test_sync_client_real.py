@@ -269,12 +269,13 @@ async def test_a_call_the_closing_portal_never_started_fails_instead_of_hanging(
     client.connect()
     portal = client._current
     assert portal is not None
-    real_call_soon = portal._call_soon  # type: ignore[union-attr]
+    calls = portal._calls  # type: ignore[union-attr]
+    real_call_soon = calls._call_soon
 
     def dropping_call_soon(fn: object) -> bool:  # the run ends before it gets to the call
         return True
 
-    portal._call_soon = dropping_call_soon  # type: ignore[union-attr]
+    calls._call_soon = dropping_call_soon
     errors: list[BaseException] = []
 
     def caller() -> None:
@@ -287,10 +288,10 @@ async def test_a_call_the_closing_portal_never_started_fails_instead_of_hanging(
         thread = threading.Thread(target=caller)
         thread.start()
         for _ in range(FORK_WAIT_S * 100):
-            if portal._waiting:
+            if calls._waiting:
                 break
             threading.Event().wait(0.01)
-        real_call_soon(portal._stop.set)
+        real_call_soon(portal._stop.set)  # type: ignore[union-attr]
         thread.join(FORK_WAIT_S)
         return thread.is_alive()
 

@@ -455,7 +455,11 @@ async def test_handlers_share_the_lifespans_state_and_enqueue_follow_ups_with_ct
 
 
 async def test_dead_letters_are_logged_once_saying_when_the_server_keeps_none() -> None:
-    cfg = {"admin": {"enabled": False}, "storage": {"persist_mode": "buffer"}}
+    # The real server's default; a test server keeps them unless told not to.
+    cfg = {
+        "admin": {"enabled": False},
+        "storage": {"persist_mode": "buffer", "dead_letter_retention_ms": 0},
+    }
     async with server_and_client(cfg) as (_, client):
         await client.enqueue(QUEUE, "task", max_attempts=2)
         spy = Spy(client)

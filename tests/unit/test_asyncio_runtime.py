@@ -160,6 +160,61 @@ def test_a_parked_task_wakes_once_unparked_and_aborts_if_cancelled_first() -> No
     assert run(main()) == ["a woken", "b aborted"]
 
 
+def test_an_event_waits_as_trios_does_and_the_clients_wait_does_not_yield_once_set() -> None:
+    async def main() -> list[str]:
+        seen: list[str] = []
+
+        async def other() -> None:
+            seen.append("other ran")
+
+        event = ASYNCIO.event()
+        event.set()
+        task = asyncio.ensure_future(other())
+        await ASYNCIO.wait_event(event, float("inf"))  # set: returns without a checkpoint
+        seen.append("client's wait returned")
+        await event.wait()  # set: a checkpoint, which lets the other task run
+        seen.append("wait returned")
+        await task
+        return seen
+
+    assert run(main()) == ["client's wait returned", "other ran", "wait returned"]
+
+
+def test_a_set_event_still_delivers_an_anyio_cancellation() -> None:
+    import anyio
+
+    async def main() -> bool:
+        event = ASYNCIO.event()
+        event.set()
+        with anyio.CancelScope() as scope:
+            scope.cancel()
+            await event.wait()
+        return scope.cancelled_caught
+
+    assert run(main())
+
+
+def test_a_call_from_another_thread_runs_in_the_loop_and_knows_where_it_is() -> None:
+    import threading
+
+    async def main() -> list[object]:
+        call = ASYNCIO.call_soon_handle()
+        seen: list[object] = [call.here()]
+        ran = asyncio.Event()
+
+        def in_loop() -> None:
+            seen.append(call.here())
+            ran.set()
+
+        thread = threading.Thread(target=lambda: seen.append(call(in_loop)))
+        thread.start()
+        await ran.wait()
+        thread.join()
+        return seen
+
+    assert run(main()) == [True, True, True]
+
+
 def test_an_anyio_scope_gives_its_deadline_and_none_is_inf() -> None:
     import anyio
 

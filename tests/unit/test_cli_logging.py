@@ -24,7 +24,14 @@ def record(msg: str, *args: object, **extra: object) -> logging.LogRecord:
 def test_a_job_line_carries_its_fields() -> None:
     ctx = job_context("send", queue="emails", attempt=2)
     line = JsonFormatter().format(
-        record("sepp: %s finished: %s", ctx, "ack", sepp_outcome="ack", sepp_duration_s=0.25)
+        record(
+            "sepp: %s finished: %s",
+            ctx,
+            "ack",
+            sepp_outcome="ack",
+            sepp_duration_s=0.25,
+            sepp_wait_s=1.5,
+        )
     )
     out = json.loads(line)
     assert "\n" not in line
@@ -36,6 +43,7 @@ def test_a_job_line_carries_its_fields() -> None:
         2,
     )
     assert (out["outcome"], out["duration_s"], out["level"]) == ("ack", 0.25, "INFO")
+    assert out["wait_s"] == 1.5
     assert out["time"].endswith("+00:00")
 
 

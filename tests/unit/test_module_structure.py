@@ -90,25 +90,31 @@ def test_sepp_modules_import_each_other_without_cycles() -> None:
 # The layers, lowest first: a module may import its own layer and the ones before it. The
 # package namespace (`sepp`), `sepp.__main__`, the command line and `sepp.testing` sit on top
 # and may import anything. docs/contributing.md ("Architecture") draws the same picture.
-# `_runtime` is the one seam to trio, asyncio and anyio that the client and the services share.
+# `_runtime` is the one seam to trio, asyncio and anyio that the client and the services share;
+# `_probes` (the HTTP server and the Prometheus format) is at the bottom, for every service.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("sepp._version", "sepp._pb", "sepp._util"),
+    ("sepp._version", "sepp._pb", "sepp._util", "sepp._probes"),
     ("sepp.wire",),
     ("sepp._model",),
     ("sepp._runtime",),
     ("sepp._client",),
     ("sepp._payloads",),
-    ("sepp._worker", "sepp._scheduling"),
-    ("sepp._outbox",),
+    ("sepp._worker", "sepp._scheduling", "sepp._outbox"),
 )
 TOP = ("sepp", "sepp.__main__", "sepp._cli", "sepp.testing")
+SERVICES = ("sepp._worker", "sepp._scheduling", "sepp._outbox")
 # Within a layer, packages that never import each other: the two engines inside `wire` (and
-# only drivers import drivers), and the two services, whose shared parts are `_runtime`'s.
+# only drivers import drivers), and the three services, whose shared parts are `_runtime`'s
+# and `_probes`'.
 INDEPENDENT = (
     ("sepp.wire.codec", "sepp.wire.h2ref", "the engines are independent"),
     ("sepp.wire.h2ref", "sepp.wire.codec", "the engines are independent"),
-    ("sepp._worker", "sepp._scheduling", "the services are independent"),
-    ("sepp._scheduling", "sepp._worker", "the services are independent"),
+    *(
+        (importer, other, "the services are independent")
+        for importer in SERVICES
+        for other in SERVICES
+        if other != importer
+    ),
 )
 
 
@@ -157,8 +163,12 @@ def test_the_layer_check_sees_an_upward_import() -> None:
         "sepp._worker.shutdown",
     }
     graph["sepp._runtime.concurrency"] = {*graph["sepp._runtime.concurrency"], "sepp._client.sync"}
+    graph["sepp._outbox.metrics"] = {*graph["sepp._outbox.metrics"], "sepp._worker.monitor"}
+    graph["sepp._probes.server"] = {*graph["sepp._probes.server"], "sepp._model.errors"}
     assert layer_violations(graph) == [
         "sepp._model.types imports sepp._client.client, a layer above it",
+        "sepp._outbox.metrics imports sepp._worker.monitor: the services are independent",
+        "sepp._probes.server imports sepp._model.errors, a layer above it",
         "sepp._runtime.concurrency imports sepp._client.sync, a layer above it",
         "sepp._scheduling.scheduler imports sepp._worker.shutdown: the services are independent",
         "sepp.wire._framing imports sepp._model.errors, a layer above it",
@@ -169,13 +179,10 @@ def test_the_layer_check_sees_an_upward_import() -> None:
 
 # The Worker and the Scheduler take what they need of trio (clock, sleeping, cancel scopes,
 # nurseries, events, threads, calls from other threads) from `_runtime/concurrency.py` alone
-# (trio's primitives are `trio_concurrency`'s), so that another runtime provides one module; the
-# monitor's HTTP responder owns its sockets, as a wire driver does.
-TRIO_SEAM = (
-    "sepp._runtime.concurrency",
-    "sepp._runtime.trio_concurrency",
-    "sepp._worker.http_responder",
-)
+# (trio's members are `trio_runtime`'s, the client's too), so that another library provides one
+# runtime module; the monitor's HTTP server (`_probes`) is a thread of plain sockets, under every
+# runtime.
+TRIO_SEAM = ("sepp._runtime.concurrency",)
 
 
 def imports_trio(source: str, library: str = "trio") -> bool:
@@ -204,27 +211,19 @@ def trio_importers(*packages: str) -> list[str]:
 
 def test_the_worker_and_the_scheduler_reach_trio_only_through_their_seam() -> None:
     assert [
-        name for name in trio_importers("sepp._worker", "sepp._scheduling") if name not in TRIO_SEAM
+        name for name in trio_importers(*SERVICES, "sepp._probes") if name not in TRIO_SEAM
     ] == []
     assert trio_importers("sepp._runtime.concurrency") == ["sepp._runtime.concurrency"]
 
 
-# Within the runtime layer, each library is imported by its own implementations only: the
-# protocols (`protocol`, `primitives`) and `shutdown_handle` import none of them, so each
-# implementation is one module beside them.
+# Within the runtime layer, each library is imported by its own runtime only (and trio by the
+# services' `concurrency`, for trio's TaskStatus and TooSlowError): the protocols
+# (`protocol`), the picking of a runtime (`running`) and `shutdown_handle` import none of them,
+# so each runtime is one module beside them.
 RUNTIME_IMPORTERS = {
-    "trio": [
-        "sepp._runtime.concurrency",
-        "sepp._runtime.trio_concurrency",
-        "sepp._runtime.trio_runtime",
-    ],
-    "anyio": ["sepp._runtime.anyio_concurrency"],
-    # the trio module's only inside functions that run under asyncio
-    "asyncio": [
-        "sepp._runtime.anyio_concurrency",
-        "sepp._runtime.asyncio_runtime",
-        "sepp._runtime.concurrency",
-    ],
+    "trio": ["sepp._runtime.concurrency", "sepp._runtime.trio_runtime"],
+    "anyio": ["sepp._runtime.asyncio_runtime"],  # only once a service runs under asyncio
+    "asyncio": ["sepp._runtime.asyncio_runtime"],
 }
 
 
@@ -238,10 +237,9 @@ def test_in_the_runtime_layer_each_library_is_imported_by_its_implementations_on
         assert found == importers, library
 
 
-# Under asyncio they run on anyio, which only these two modules import: the primitives, and the
-# monitor's responder on anyio's sockets. Neither is imported under trio (a test runs a Worker
-# there and looks).
-ANYIO_SEAM = ["sepp._runtime.anyio_concurrency", "sepp._worker.anyio_http"]
+# Under asyncio they run on anyio, which only the asyncio runtime (its services' members)
+# imports. It is not imported under trio (a test runs a Worker there and looks).
+ANYIO_SEAM = ["sepp._runtime.asyncio_runtime"]
 
 
 def imports_anyio(source: str) -> bool:
@@ -252,15 +250,12 @@ def test_the_worker_and_the_scheduler_reach_anyio_only_through_their_seam() -> N
     importers = [
         _module_name(path)
         for path in sorted((SRC / "sepp").rglob("*.py"))
-        if any(
-            _within(_module_name(path), p)
-            for p in ("sepp._runtime", "sepp._worker", "sepp._scheduling")
-        )
+        if any(_within(_module_name(path), p) for p in ("sepp._runtime", *SERVICES, "sepp._probes"))
         and imports_anyio(path.read_text(encoding="utf-8"))
     ]
     assert importers == ANYIO_SEAM
     assert imports_anyio("def f():\n    import anyio.lowlevel")
-    assert not imports_anyio("from .anyio_concurrency import ANYIO")
+    assert not imports_anyio("from .asyncio_runtime import ASYNCIO")
 
 
 def test_the_trio_check_sees_every_form_of_import() -> None:
@@ -319,13 +314,10 @@ def test_the_trio_check_sees_a_trio_import() -> None:
 
 
 # asyncio, likewise: only the asyncio runtime and the asyncio driver (with its cancel scopes)
-# import it, and the services' seam (anyio's primitives; the trio one only inside functions
-# that run under asyncio), so `import sepp` under trio never loads it (the runtime is imported
-# when a client is opened under asyncio).
+# import it, so `import sepp` under trio never loads it (the runtime is imported when a client
+# is opened, or a service run, under asyncio).
 ASYNCIO_USERS = (
     "sepp._runtime.asyncio_runtime",
-    "sepp._runtime.anyio_concurrency",
-    "sepp._runtime.concurrency",
     "sepp.wire.drivers._asyncio",
     "sepp.wire.drivers._asyncio_scopes",
 )
@@ -345,7 +337,13 @@ def imports_asyncio(source: str) -> bool:
 
 
 def asyncio_violations(
-    packages: tuple[str, ...] = ("sepp._runtime", "sepp._client", "sepp._model", "sepp.wire"),
+    packages: tuple[str, ...] = (
+        "sepp._runtime",
+        "sepp._client",
+        "sepp._model",
+        "sepp.wire",
+        "sepp._probes",
+    ),
 ) -> list[str]:
     found = []
     for path in sorted((SRC / "sepp").rglob("*.py")):

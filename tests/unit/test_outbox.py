@@ -323,3 +323,42 @@ def test_sqlite3_connections_are_known_on_pypy_too() -> None:
     assert dialects.dialect_of_module("sqlite3.dbapi2") == dialects.SQLITE
     assert dialects.dialect_of_module("psycopg.connection") == dialects.POSTGRESQL
     assert dialects.dialect_of_module("pymysql.connections") is None
+
+
+class AsyncCursor:
+    """What an asyncio driver's cursor gives (psycopg's AsyncCursor): coroutines."""
+
+    __module__ = "psycopg.cursor_async"
+
+    def __init__(self) -> None:
+        self.ran: list[str] = []
+
+    async def execute(self, sql: str, params: object) -> None:
+        self.ran.append(sql)
+
+    async def close(self) -> None:
+        self.ran.append("close")
+
+
+class AsyncConnection:
+    __module__ = "psycopg.connection_async"
+
+    def __init__(self) -> None:
+        self.cursors: list[AsyncCursor] = []
+
+    def cursor(self) -> AsyncCursor:
+        self.cursors.append(AsyncCursor())
+        return self.cursors[-1]
+
+
+def test_add_refuses_an_asyncio_connection_whose_write_would_never_run(
+    recwarn: pytest.WarningsRecorder,
+) -> None:
+    # Its execute() makes a coroutine: written without an await, the job would be lost.
+    connection = AsyncConnection()
+    for target in (connection, AsyncCursor()):
+        with pytest.raises(sepp.ValidationError, match="is an asyncio connection") as caught:
+            sepp.Outbox().add(target, "q", "t")
+        assert caught.value.field == "connection"
+    assert [cursor.ran for cursor in connection.cursors] == [[]]  # nothing ran, nothing left
+    assert not [w for w in recwarn if "never awaited" in str(w.message)]

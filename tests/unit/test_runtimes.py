@@ -25,7 +25,7 @@ def suspend() -> Generator[str, None, None]:
 def test_run_blocking_returns_what_an_operation_that_never_suspends_returns() -> None:
     async def operation() -> int:
         await BLOCKING.sleep(0)
-        await BLOCKING.wait_event(BLOCKING.event(), until=BLOCKING.now())
+        await BLOCKING.wait_event(BLOCKING.event(), until=BLOCKING.current_time())
         return 42
 
     assert run_blocking(operation()) == 42

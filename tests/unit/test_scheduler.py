@@ -16,7 +16,7 @@ from trio.testing import MockClock
 
 import sepp
 from sepp import StatusCode
-from sepp._scheduling import scheduler as _scheduler
+from sepp._model import backoff as _backoff
 
 pytestmark = pytest.mark.fixture  # counted with the tests that run against a scripted fake
 
@@ -255,7 +255,7 @@ async def test_dropped_occurrences_are_logged(
     # The backoff's jitter from a seeded generator, so each case is the same every run (with
     # the test ending at 80, seed 3 once left the recovery at 83). The outage ends at 60 and
     # the backoff is at most 30 s: the recovery is logged by 90 whatever the draws.
-    monkeypatch.setattr(_scheduler, "random", random.Random(seed))
+    monkeypatch.setattr(_backoff, "random", random.Random(seed))
     fake = FakeServer(offset_s=5)
     fake.enqueue_error = lambda r: unavailable() if trio.current_time() < 60 else None
     log = RecordingLogger()

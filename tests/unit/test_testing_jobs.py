@@ -119,3 +119,28 @@ def test_set_lease_expires_at_moves_the_lease_like_extend() -> None:
 
 def test_the_factories_are_public() -> None:
     assert {"job_context", "set_lease_expires_at"} <= set(sepp.testing.__all__)
+
+
+def test_sync_job_context_is_the_ctx_a_def_handler_gets() -> None:
+    from sepp.testing import sync_job_context
+
+    class FakeBlocking:
+        def __init__(self) -> None:
+            self.sent: list[str] = []
+
+        def enqueue(self, queue: str, job_type: str) -> None:
+            self.sent.append(job_type)
+
+    def order(payload: sepp.Payload | None, ctx: sepp.SyncJobContext) -> None:
+        ctx.client.enqueue("shipping", "ship")
+
+    fake = FakeBlocking()
+    ctx = job_context("order", client=fake, state={"db": 1})
+    threaded = sync_job_context(ctx)
+    order(None, threaded)
+    assert fake.sent == ["ship"] and isinstance(threaded, sepp.SyncJobContext)
+    assert (threaded.id, threaded.state, threaded.client) == (ctx.id, {"db": 1}, fake)
+    set_lease_expires_at(ctx, ctx.lease_expires_at + timedelta(minutes=1))
+    assert threaded.lease_expires_at == ctx.lease_expires_at  # one lease
+    with pytest.raises(sepp.ValidationError):
+        sync_job_context("not a ctx")  # type: ignore[arg-type]

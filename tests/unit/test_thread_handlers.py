@@ -19,6 +19,7 @@ from fixtures.fake_client import FakeClient, RecordingLogger
 
 import sepp
 from sepp import HandlerError, Retry
+from sepp.testing import job_context
 
 BOUND_S = 30  # only a bound on a hung test; never part of an assertion
 
@@ -229,3 +230,95 @@ async def test_a_typed_def_handler_gets_its_payload_decoded_in_a_thread() -> Non
         await wait_until(lambda: len(fake.acks) == 1)
         worker.shutdown()
     assert seen == [(Welcome(7), True)] and [c.job_id for c in fake.acks] == [done]
+
+
+async def test_a_def_handlers_ctx_is_a_sync_job_context_sharing_the_jobs_lease() -> None:
+    fake = FakeClient()
+    worker = make_worker(fake)
+    seen: dict[str, object] = {}
+
+    @worker.handler("work")
+    def work(payload: sepp.Payload | None, ctx: sepp.SyncJobContext) -> None:
+        seen["types"] = (type(ctx), type(ctx.client))
+        before = ctx.lease_expires_at
+        granted = ctx.client.extend(ctx, 60)  # blocks; the fake's extend ran in the run
+        seen["moved"] = granted == ctx.lease_expires_at and granted != before
+        seen["str"] = str(ctx)
+
+    job_id = fake.add("work")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(worker.run)
+        await wait_until(lambda: bool(fake.acks))
+        worker.shutdown()
+    assert seen["types"] == (sepp.SyncJobContext, sepp.SyncClient)
+    assert seen["moved"] is True and job_id in str(seen["str"])
+    assert [c.job_id for c in fake.extends] == [job_id]
+
+
+async def test_a_def_handler_returning_a_coroutine_fails_its_job_and_nothing_is_left_unawaited(
+    recwarn: pytest.WarningsRecorder,
+) -> None:
+    fake = FakeClient()
+    worker = make_worker(fake)
+    ran: list[str] = []
+
+    async def the_real_work(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
+        ran.append(ctx.id)
+
+    def not_async_aware(payload: sepp.Payload | None, ctx: sepp.JobContext) -> Any:
+        return the_real_work(payload, ctx)  # a decorator written for plain functions
+
+    worker.handle("work", not_async_aware)
+    job_id = fake.add("work")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(worker.run)
+        await wait_until(lambda: bool(fake.nacks))
+        worker.shutdown()
+    assert fake.acks == [] and ran == []
+    (nack, *_) = fake.nacks
+    assert nack.job_id == job_id and "TypeError" in str(nack.reason)
+    assert "returned coroutine, which nothing awaits" in str(nack.reason)
+    assert not [w for w in recwarn if "never awaited" in str(w.message)]
+
+
+async def test_a_def_handlers_client_refuses_the_event_loops_thread_and_calls_after_it_ended() -> (
+    None
+):
+    fake = FakeClient()
+    worker = make_worker(fake)
+    kept: list[sepp.SyncJobContext] = []
+    release = threading.Event()
+    errors: list[BaseException] = []
+
+    @worker.handler("blocking")
+    def blocking(payload: sepp.Payload | None, ctx: sepp.SyncJobContext) -> None:
+        kept.append(ctx)
+        release.wait(BOUND_S)
+
+    @worker.handler("async")
+    async def from_the_loop(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
+        try:  # in the loop's own thread a blocking call would wait for itself forever
+            kept[0].client.extend(kept[0], 60)
+        except sepp.ClientError as exc:
+            errors.append(exc)
+        release.set()
+
+    fake.add("blocking")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(worker.run)
+        await wait_until(lambda: bool(kept))
+        fake.add("async")
+        await wait_until(lambda: len(fake.acks) == 2)
+        worker.shutdown()
+    with pytest.raises(sepp.ClientError, match="has ended"):  # the handler returned
+        await trio.to_thread.run_sync(lambda: kept[0].client.extend(kept[0], 60))
+    assert len(errors) == 1 and "would wait forever" in str(errors[0])
+    assert fake.extends == []
+
+
+def test_a_sync_job_context_without_a_client_says_so() -> None:
+    from sepp._worker.thread_handlers import sync_job_context
+
+    ctx = sync_job_context(job_context("t"), None)
+    with pytest.raises(RuntimeError, match="no client"):
+        ctx.client  # noqa: B018

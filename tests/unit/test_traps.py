@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
+from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -10,6 +13,7 @@ import trio
 
 import sepp
 from sepp._client.client import Client
+from sepp._client.handler_threads import HANDLER_THREAD
 from sepp._client.retry import NO_RETRY
 from sepp._runtime.asyncio_runtime import ASYNCIO
 from sepp._runtime.protocol import Runtime
@@ -118,6 +122,79 @@ def test_a_client_used_from_another_trio_run_says_so() -> None:
 
     trio.run(first)
     trio.run(second)
+
+
+async def test_the_async_client_refuses_a_def_handlers_thread_at_once() -> None:
+    # Built in this run: its calls belong here. In a `def` handler's thread (the Worker marks
+    # it) a call would make a coroutine nothing there awaits; it raises instead, at the call.
+    client = unreachable_client()
+    send = sepp.Task("q", "t", dict)
+
+    def in_a_handler_thread() -> list[str]:
+        HANDLER_THREAD.active = True
+        try:
+            refused = []
+            for call in (
+                lambda: client.enqueue("q", "t"),
+                lambda: client.enqueue_batch([]),
+                lambda: client.nack(job_context("t")),
+                lambda: send.enqueue(client, {}),  # a Task's helper calls the client's enqueue
+            ):
+                with pytest.raises(sepp.ClientError, match="`def` handler's thread") as info:
+                    call()
+                assert isinstance(info.value, RuntimeError)
+                refused.append(str(info.value).split(" was called")[0])
+            return refused
+        finally:
+            HANDLER_THREAD.active = False
+
+    assert await trio.to_thread.run_sync(in_a_handler_thread) == [
+        "sepp.Client.enqueue",
+        "sepp.Client.enqueue_batch",
+        "sepp.Client.nack",
+        "sepp.Client.enqueue",
+    ]
+    # Any other thread may still make the coroutine, to hand it to the client's loop itself
+    # (asyncio.run_coroutine_threadsafe); and the methods stay coroutine functions.
+    (coro,) = await trio.to_thread.run_sync(lambda: [client.enqueue("q", "t")])
+    assert inspect.iscoroutine(coro)
+    coro.close()
+    assert inspect.iscoroutinefunction(client.enqueue)
+    assert inspect.iscoroutinefunction(sepp.Client.enqueue)
+
+
+def test_a_def_handler_may_run_a_client_of_its_own_run() -> None:
+    # A handler's thread running trio.run of its own, with a client opened in that run.
+    async def own_run() -> None:
+        client = unreachable_client()
+        with pytest.raises(AssertionError, match="reached the channel"):
+            await client.enqueue("q", "t")  # not refused: this thread runs its run
+
+    HANDLER_THREAD.active = True
+    try:
+        trio.run(own_run)
+    finally:
+        HANDLER_THREAD.active = False
+
+
+async def test_services_refuse_the_other_kind_of_client_before_anything_is_sent(
+    tmp_path: Path,
+) -> None:
+    blocking = sepp.SyncClient("127.0.0.1:1")  # never connects: refused before any call
+    schedule = sepp.Schedule().every("tick", timedelta(minutes=1), queue="q", job_type="t")
+    for build in (
+        lambda: sepp.Worker(blocking, "q"),  # type: ignore[arg-type]
+        lambda: sepp.Scheduler(blocking, schedule),  # type: ignore[arg-type]
+    ):
+        with pytest.raises(sepp.ValidationError, match=r"not a sepp\.SyncClient") as info:
+            build()
+        assert info.value.field == "client"
+    relay = sepp.OutboxRelay(f"sqlite:///{tmp_path}/outbox.db")
+    with pytest.raises(sepp.ValidationError, match=r"not a sepp\.SyncClient"):
+        await relay.run(blocking)  # type: ignore[arg-type]
+    with pytest.raises(sepp.ValidationError, match="coroutines nothing awaits"):
+        relay.run_sync(unreachable_client())  # type: ignore[arg-type]
+    assert repr(blocking).endswith("not connected>")
 
 
 async def test_a_single_enqueue_names_enqueue_in_its_errors() -> None:

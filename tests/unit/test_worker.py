@@ -22,6 +22,7 @@ from trio.testing import MockClock
 
 import sepp
 from sepp import HandlerError, Retry, StatusCode
+from sepp._runtime.trio_runtime import TRIO
 from sepp._util.log import Log
 from sepp._worker import lease_keeper
 from sepp._worker.held_job import HeldJob, HeldJobs, Phase
@@ -767,19 +768,19 @@ async def test_extends_follow_the_granted_lease_when_the_server_clamps_it(
 
 
 async def test_a_handler_that_returns_without_waiting_is_never_watched(
-    autojump_clock: MockClock,
+    autojump_clock: MockClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Nothing else runs while it does, so its lease needs no keeping; one that waits is kept.
     fake = FakeClient()
     worker = make_worker(fake, lease_duration=3)
     watched: list[str] = []
-    watch = worker._leases.watch
+    watch = lease_keeper.LeaseKeeper.watch
 
-    def recording(held: Any, *args: Any) -> None:
+    def recording(keeper: lease_keeper.LeaseKeeper, held: HeldJob, *args: Any) -> None:
         watched.append(held.job.ctx.job_type)
-        watch(held, *args)
+        watch(keeper, held, *args)
 
-    worker._leases.watch = recording  # type: ignore[method-assign]
+    monkeypatch.setattr(lease_keeper.LeaseKeeper, "watch", recording)
 
     @worker.handler("quick")
     async def quick(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
@@ -1018,15 +1019,17 @@ async def test_the_lease_keeper_lets_go_of_settled_jobs(autojump_clock: MockCloc
     async with running(worker):
         await trio.sleep(10)
         assert len(fake.acks) == 500
-        assert worker._leases._watched == {}
-        assert len(worker._leases._due) <= lease_keeper.REBUILD_SLACK
+        assert worker._parts is not None
+        keeper = worker._parts.leases
+        assert keeper._watched == {}
+        assert len(keeper._due) <= lease_keeper.REBUILD_SLACK
     assert fake.extends == []
 
 
 async def test_a_change_wakes_every_waiter_still_parked_when_one_was_cancelled() -> None:
     # The held set counts its waiters instead of asking its parking lot: a waiter cancelled
     # while parked must leave the count right for the others, before and after a wake-up.
-    held = HeldJobs()
+    held = HeldJobs(TRIO)
     woken: list[str] = []
 
     async def wait(name: str, scope: trio.CancelScope) -> None:
@@ -1057,8 +1060,10 @@ async def test_a_keeper_for_a_job_that_settled_before_it_started_does_not_extend
     fake.add()
     jobs = await fake.reserve("q", lease_duration=3, max_jobs=1)
     assert jobs is not None
-    keeper = lease_keeper.LeaseKeeper(fake, lease_s=3, now_utc=fake.now, log=Log(RecordingLogger()))
-    held = HeldJob(jobs[0])
+    keeper = lease_keeper.LeaseKeeper(
+        fake, lease_s=3, now_utc=fake.now, log=Log(RecordingLogger()), cc=TRIO
+    )
+    held = HeldJob(jobs[0], TRIO)
     held.phase = Phase.RUNNING
     with trio.fail_after(10):  # a keeper that did start would extend until cancelled
         async with trio.open_nursery() as nursery:

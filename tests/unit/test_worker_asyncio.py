@@ -23,7 +23,7 @@ from fixtures.fake_scheduler_server import FakeServer
 
 import sepp
 from sepp import Retry
-from sepp._runtime import concurrency
+from sepp._runtime import asyncio_runtime, concurrency
 
 LOOPS = ["asyncio", pytest.param("uvloop", marks=pytest.mark.needs("uvloop"))]
 
@@ -312,8 +312,8 @@ def test_a_worker_under_asyncio_without_anyio_says_what_to_install(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setitem(sys.modules, "anyio", None)
-    monkeypatch.delitem(sys.modules, "sepp._runtime.anyio_concurrency", raising=False)
-    monkeypatch.delattr(sepp._runtime, "anyio_concurrency", raising=False)
+    # A runtime that has not loaded anyio's members yet, as in a fresh process.
+    monkeypatch.setattr(asyncio_runtime, "ASYNCIO", asyncio_runtime.AsyncioRuntime())
     worker = make_worker(FakeClient())
 
     async def main() -> None:
@@ -325,15 +325,16 @@ def test_a_worker_under_asyncio_without_anyio_says_what_to_install(
     asyncio.run(main())
 
 
-def test_the_concurrency_is_chosen_by_the_running_library() -> None:
-    async def on_asyncio() -> concurrency.Concurrency:
+def test_the_runtime_is_chosen_by_the_running_library() -> None:
+    async def on_asyncio() -> concurrency.ServiceRuntime:
         return concurrency.current()
 
-    assert asyncio.run(on_asyncio()).name == "asyncio (anyio)"
+    assert asyncio.run(on_asyncio()) is asyncio_runtime.ASYNCIO
+    assert asyncio_runtime.ASYNCIO.name == "asyncio"
 
     import trio
 
-    async def on_trio() -> concurrency.Concurrency:
+    async def on_trio() -> concurrency.ServiceRuntime:
         return concurrency.current()
 
     assert trio.run(on_trio) is concurrency.TRIO

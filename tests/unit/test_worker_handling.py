@@ -4,12 +4,14 @@ redeliveries of a job still running. Against the scripted FakeClient on trio's M
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
+import dataclasses
 import itertools
 import logging
 import pickle
 import traceback
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from datetime import timedelta
 from typing import Any
@@ -253,6 +255,83 @@ async def test_middleware_runs_worker_then_outer_router_then_inner_router_around
     assert len(fake.acks) == 3
 
 
+@dataclasses.dataclass
+class Refund:
+    order: int
+
+
+async def test_a_registrations_own_middleware_runs_inside_the_routers_and_the_workers() -> None:
+    # On the real clock: one of the handlers is a `def` one, whose thread MockClock cannot see.
+    fake = FakeClient()
+    calls: list[str] = []
+    inner = sepp.Router(middleware=[recording("inner", calls)])
+    outer = sepp.Router(middleware=[recording("outer", calls)])
+
+    @inner.handler("a", middleware=[recording("a1", calls), recording("a2", calls)])
+    async def a(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
+        calls.append("handler a")
+
+    async def b(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
+        calls.append("handler b")
+
+    inner.handle("b", b)  # no middleware of its own: the others' only
+
+    @inner.task(sepp.Task("q", "refund", Refund), middleware=[recording("task", calls)])
+    def refund(job: Refund, ctx: sepp.SyncJobContext) -> None:  # a def handler, in a thread
+        calls.append(f"refund {job.order}")
+
+    outer.include(inner)
+    worker = make_worker(fake, handlers=outer, middleware=[recording("w", calls)])
+    worker.handle("c", b, middleware=[recording("c", calls)])
+
+    @worker.task(sepp.Task("q", "d", Refund), middleware=[recording("d", calls)])
+    async def d(job: Refund, ctx: sepp.JobContext) -> None:
+        calls.append(f"handler d {job.order}")
+
+    chains = {}
+    async with running(worker):
+        for job_type in ("a", "b", "c", "d", "refund"):
+            fake.add(job_type, sepp.Payload.json({"order": 1}))
+            with trio.fail_after(30):  # a hang guard
+                while len(fake.acks) < len(chains) + 1:  # noqa: ASYNC110 - the fake has no event
+                    await trio.sleep(0.001)
+            chains[job_type], calls[:] = list(calls), []
+    assert chains["a"] == [  # the Worker's, then each router's, then the handler's own
+        *("w in", "outer in", "inner in", "a1 in", "a2 in", "handler a"),
+        *("a2 out", "a1 out", "inner out", "outer out", "w out"),
+    ]
+    assert chains["b"] == [
+        *("w in", "outer in", "inner in", "handler b", "inner out", "outer out", "w out")
+    ]
+    assert chains["c"] == ["w in", "c in", "handler b", "c out", "w out"]
+    assert chains["d"] == ["w in", "d in", "handler d 1", "d out", "w out"]
+    assert chains["refund"] == [
+        *("w in", "outer in", "inner in", "task in", "refund 1"),
+        *("task out", "inner out", "outer out", "w out"),
+    ]
+    assert fake.nacks == []
+
+
+def test_a_registrations_middleware_is_checked_when_it_is_given() -> None:
+    def plain(job: sepp.Job, call_next: sepp.CallNext) -> None: ...
+
+    router = sepp.Router()
+    worker = make_worker(FakeClient())
+    task = sepp.Task("q", "t", Refund)
+    for register in (
+        lambda: router.handler("x", middleware=[plain]),  # refused before it decorates
+        lambda: router.handle("x", recording("r", []), middleware=5),
+        lambda: router.task(task, middleware=[42]),
+        lambda: worker.handler("x", middleware=[plain]),
+        lambda: worker.handle("x", recording("r", []), middleware=[plain]),
+        lambda: worker.task(task, middleware=plain),
+    ):
+        with pytest.raises(sepp.ValidationError) as info:
+            register()  # type: ignore[no-untyped-call]
+        assert info.value.field.startswith("middleware")
+    assert router.job_types == () and worker._router.job_types == ()
+
+
 async def test_an_included_routers_settings_also_wrap_its_catch_all(
     autojump_clock: MockClock,
 ) -> None:
@@ -336,6 +415,67 @@ async def test_middleware_that_skips_call_next_acks_and_one_calling_it_twice_fai
     assert nack.job_id == twice and "awaited call_next() twice" in (nack.reason or "")
 
 
+async def test_middleware_calling_call_next_without_awaiting_it_fails_the_job(
+    autojump_clock: MockClock, recwarn: pytest.WarningsRecorder
+) -> None:
+    fake = FakeClient()
+    ran: list[str] = []
+
+    async def forgets_await(job: sepp.Job, call_next: sepp.CallNext) -> None:
+        call_next()  # the handler would silently not run
+
+    worker = make_worker(fake, middleware=[forgets_await], backoff=Retry.DEFAULT)
+
+    @worker.handler("work")
+    async def work(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
+        ran.append(ctx.id)
+
+    job_id = fake.add("work", max_attempts=1)
+    async with running(worker):
+        await trio.sleep(1)
+    assert ran == [] and fake.acks == []
+    ((nack),) = fake.nacks
+    assert nack.job_id == job_id
+    assert "forgets_await called call_next() without awaiting it" in (nack.reason or "")
+    assert not [w for w in recwarn if "never awaited" in str(w.message)]
+
+
+def test_a_plain_def_middleware_is_refused_where_it_is_given() -> None:
+    def plain(job: sepp.Job, call_next: sepp.CallNext) -> None:
+        call_next()
+
+    for build in (
+        lambda: sepp.Router(middleware=[plain]),  # type: ignore[list-item]
+        lambda: make_worker(FakeClient(), middleware=[plain]),  # type: ignore[list-item]
+    ):
+        with pytest.raises(sepp.ValidationError, match="plain `def` function") as info:
+            build()
+        assert info.value.field == "middleware[0]"
+
+
+async def test_a_lifespan_that_returns_a_coroutine_or_a_plain_context_manager_says_so(
+    autojump_clock: MockClock, recwarn: pytest.WarningsRecorder
+) -> None:
+    async def open_pool() -> dict[str, str]:
+        return {}
+
+    @contextlib.contextmanager
+    def blocking_pool() -> Iterator[None]:
+        yield
+
+    for lifespan, said in [
+        (lambda: open_pool(), "<lambda>' returned coroutine,"),
+        (blocking_pool, "blocking_pool' returned _GeneratorContextManager,"),
+    ]:
+        fake = FakeClient()
+        worker = make_worker(fake, lifespan=lifespan)
+        with pytest.raises(TypeError) as info:
+            await worker.run()
+        assert said in str(info.value) and "@contextlib.asynccontextmanager" in str(info.value)
+        assert fake.reserve_calls == []  # before anything was reserved
+    assert not [w for w in recwarn if "never awaited" in str(w.message)]
+
+
 def test_middleware_must_be_a_list_of_callables() -> None:
     async def ok(job: sepp.Job, call_next: sepp.CallNext) -> None: ...
 
@@ -345,6 +485,60 @@ def test_middleware_must_be_a_list_of_callables() -> None:
         assert info.value.field == field
         with pytest.raises(sepp.ValidationError):
             make_worker(FakeClient(), middleware=bad)
+
+
+class Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+async def test_the_job_line_says_how_long_the_handler_ran_and_how_long_it_waited(
+    autojump_clock: MockClock,
+) -> None:
+    # One slot; the server sends two jobs at once. The middleware takes 2 s before the handler
+    # (3 s) and 1 s after it: each job ran 3 + 1 s, from its handler's start to the chain's end;
+    # the first waited 2 s (the middleware before the handler), the second 6 s more (the slot).
+    fake = FakeClient()
+    fake.over_deliver = 1
+    logger = logging.getLogger("tests.sepp.job_lines")
+    logger.setLevel(logging.INFO)
+    records = Records()
+    logger.addHandler(records)
+
+    async def slow_around(job: sepp.Job, call_next: sepp.CallNext) -> None:
+        await trio.sleep(2)
+        if job.ctx.job_type == "skipped":
+            return
+        await call_next()
+        await trio.sleep(1)
+
+    worker = make_worker(fake, max_in_flight=1, middleware=[slow_around], logger=logger)
+
+    @worker.handler("work")
+    @worker.handler("skipped")
+    async def work(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
+        await trio.sleep(3)
+
+    first, second = fake.add(), fake.add()
+    try:
+        async with running(worker):
+            await trio.sleep(20)
+            skipped = fake.add("skipped")
+            await trio.sleep(5)
+    finally:
+        logger.removeHandler(records)
+    lines = {r.args[0].id: r for r in records.records if " finished: " in r.msg}
+    assert [lines[job].getMessage().split(" finished: ")[1] for job in (first, second)] == [
+        "ack, ran 4.000s, waited 2.000s",
+        "ack, ran 4.000s, waited 8.000s",
+    ]
+    assert (lines[second].sepp_duration_s, lines[second].sepp_wait_s) == (4.0, 8.0)
+    assert lines[skipped].getMessage().endswith("finished: ack, did not run, waited 2.000s")
+    assert (lines[skipped].sepp_duration_s, lines[skipped].sepp_wait_s) == (None, 2.0)
 
 
 # -- backoff and what a failure logs ---------------------------------------------------------
@@ -507,6 +701,19 @@ def test_a_handler_error_is_named_by_its_public_name() -> None:
         "sepp.HandlerError: no such invoice\n"
     ]
     assert pickle.loads(pickle.dumps(HandlerError.permanent("x"))).reason == "x"
+
+
+def test_a_handler_errors_outcome_is_public_and_read_only() -> None:
+    later = HandlerError.retry_after("busy", 30)
+    assert (later.directive.kind, later.directive.delay) == ("delay", timedelta(seconds=30))
+    assert HandlerError.permanent("gone").directive == Retry.DEAD_LETTER
+    assert HandlerError.retry("again").directive is Retry.DEFAULT
+    again = pickle.loads(pickle.dumps(later))
+    assert (again.reason, again.directive) == ("busy", later.directive)
+    with pytest.raises(AttributeError):
+        later.directive = Retry.DEFAULT  # type: ignore[misc]
+    for name in ("directive", "reason"):
+        assert isinstance(vars(HandlerError)[name], property) and vars(HandlerError)[name].__doc__
 
 
 async def test_the_dead_letter_log_asks_the_server_once_and_is_quiet_when_it_keeps_them(

@@ -1,5 +1,5 @@
-"""The probe/metrics HTTP responder (malformed, slow and oversized requests) and the
-Prometheus text the WorkerMonitor exposes."""
+"""The WorkerMonitor's probes by the worker's state, its HTTP serving, and the Prometheus text
+it exposes (the server itself: tests/unit/test_probe_server.py)."""
 
 from __future__ import annotations
 
@@ -7,117 +7,61 @@ import re
 
 import pytest
 import trio
-import trio.testing
 
 import sepp
-from sepp._worker import http_responder as http
-from sepp._worker.monitor import MAX_SERIES, WorkerMonitor, feed_of
+from sepp._worker.monitor import MAX_SERIES, Health, WorkerMonitor, feed_of, health_of
 from sepp.testing import job_context
 
 
-async def exchange(request: bytes, monitor: WorkerMonitor | None = None) -> tuple[int, bytes]:
-    """Send `request` to a responder over an in-memory stream; the status and body back."""
-    responder = http.Responder((monitor or WorkerMonitor())._routes())
-    client, server = trio.testing.memory_stream_pair()
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(responder.handle, server)
-        await client.send_all(request)
-        answer = b""
-        async for chunk in client:
-            answer += chunk
-    head, _, body = answer.partition(b"\r\n\r\n")
-    status_line, *headers = head.decode().split("\r\n")
-    assert "Connection: close" in headers
-    assert f"Content-Length: {len(body)}" in headers
-    return int(status_line.split()[1]), body
+def probe(monitor: WorkerMonitor, path: str) -> tuple[int, bytes]:
+    """What `path` answers (the route the server calls): the status and body."""
+    status, content_type, body = monitor._routes()[path]()
+    assert content_type == "text/plain; charset=utf-8"
+    return status, body
 
 
-async def test_probes_answer_by_the_workers_state() -> None:
+def test_probes_answer_by_the_workers_state() -> None:
     monitor = WorkerMonitor()
     feed = feed_of(monitor)  # what the Worker tells it
-    assert await exchange(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n", monitor) == (
-        200,
-        b"ok: starting\n",
-    )
-    assert (await exchange(b"GET /readyz HTTP/1.1\r\n\r\n", monitor))[0] == 503
+    assert probe(monitor, "/healthz") == (200, b"ok: starting\n")
+    assert probe(monitor, "/readyz") == (503, b"not ready: starting\n")
     feed.reserving()
-    assert await exchange(b"GET /readyz?verbose HTTP/1.0\r\n\r\n", monitor) == (
-        200,
-        b"ok: reserving\n",
-    )
+    assert probe(monitor, "/readyz") == (200, b"ok: reserving\n")
     feed.reserve_done(0.1, sepp.TransportError("UNAVAILABLE: gone"))
-    status, body = await exchange(b"GET /readyz HTTP/1.1\r\n\r\n", monitor)
+    status, body = probe(monitor, "/readyz")
     assert status == 503 and b"reserve failing (1 in a row): TransportError" in body
     feed.reserve_done(0.1, None)
     feed.shutting_down()
-    assert await exchange(b"GET /readyz HTTP/1.1\r\n\r\n", monitor) == (
-        503,
-        b"not ready: shutting down\n",
-    )
-    assert (await exchange(b"GET /healthz HTTP/1.1\r\n\r\n", monitor))[0] == 200
+    assert probe(monitor, "/readyz") == (503, b"not ready: shutting down\n")
+    assert probe(monitor, "/healthz")[0] == 200
     feed.stopped()
-    assert (await exchange(b"GET /healthz HTTP/1.1\r\n\r\n", monitor))[0] == 503
+    assert probe(monitor, "/healthz")[0] == 503
 
 
-@pytest.mark.parametrize(
-    ("request_bytes", "status"),
-    [
-        (b"POST /metrics HTTP/1.1\r\n\r\n", 405),
-        (b"HEAD /healthz HTTP/1.1\r\n\r\n", 405),
-        (b"GET /nope HTTP/1.1\r\n\r\n", 404),
-        (b"GET /metrics\r\n\r\n", 400),
-        (b"GET  /metrics HTTP/1.1\r\n\r\n", 400),
-        (b"GET /metrics SPDY/3\r\n\r\n", 400),
-        (b"GET /\xff HTTP/1.1\r\n\r\n", 400),
-        (b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03\r\n\r\n", 400),  # TLS on plain HTTP
-        (b"GET /metrics HTTP/1.1\r\nX: " + b"a" * 9000 + b"\r\n\r\n", 431),
-        (b"GET /metrics HTTP/1.1\r\nX: " + b"a" * 20000, 431),  # no end in sight
-    ],
-)
-async def test_malformed_requests_get_an_error_and_a_closed_connection(
-    request_bytes: bytes, status: int
-) -> None:
-    assert (await exchange(request_bytes))[0] == status
-
-
-async def test_a_client_closing_early_gets_400_not_a_crash() -> None:
-    responder = http.Responder({})
-    client, server = trio.testing.memory_stream_pair()
-    await client.send_all(b"GET /metr")
-    await client.send_eof()
-    await responder.handle(server)  # returns; never raises
-    assert b"400 Bad Request" in await client.receive_some()
-
-
-async def test_a_slow_client_is_cut_off_at_the_read_timeout(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
-    responder = http.Responder(WorkerMonitor()._routes())
-    client, server = trio.testing.memory_stream_pair()
-    began = trio.current_time()
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(responder.handle, server)
-        await client.send_all(b"GET /healthz HTTP/1.1\r\n")  # and never the blank line
-        answer = await client.receive_some()
-    assert answer.startswith(b"HTTP/1.1 408 ")
-    assert trio.current_time() - began == pytest.approx(http.READ_TIMEOUT_S)
-
-
-async def test_connections_beyond_the_limit_are_closed_unanswered(
-    mock_clock: trio.testing.MockClock,
-) -> None:
-    responder = http.Responder(WorkerMonitor()._routes())
-    pairs = [trio.testing.memory_stream_pair() for _ in range(http.MAX_CONNECTIONS + 1)]
-    async with trio.open_nursery() as nursery:
-        for _, server in pairs:  # one at a time: the last is the one too many
-            nursery.start_soon(responder.handle, server)
-            await trio.testing.wait_all_tasks_blocked()
-        # The extra one was closed at once; the others wait for their requests.
-        assert await pairs[-1][0].receive_some() == b""
-        for client, _ in pairs[:-1]:
-            await client.send_all(b"GET /healthz HTTP/1.1\r\n\r\n")
-    for client, _ in pairs[:-1]:
-        assert (await client.receive_some()).startswith(b"HTTP/1.1 200 ")
+def test_the_probes_say_the_loops_lag_and_fail_past_the_bound_as_data_too() -> None:
+    monitor = WorkerMonitor(max_loop_lag=1.0)
+    feed = feed_of(monitor)
+    feed.reserving()
+    assert health_of(monitor) == Health(True, True, "reserving", None)
+    feed.beat(first=True)  # a heartbeat runs: the lag is measured
+    health = health_of(monitor)
+    assert (health.live, health.ready, health.status) == (True, True, "reserving")
+    assert health.loop_lag == 0.0
+    assert probe(monitor, "/healthz") == (200, b"ok: reserving\nevent loop lag: 0.000s\n")
+    with feed.lock:
+        feed._beat_due = 0.0  # the loop last beat long ago
+    health = health_of(monitor)
+    assert not health.live and not health.ready and health.loop_lag is not None
+    assert health.status == (
+        f"the event loop has not run for {health.loop_lag:.3f}s, over max_loop_lag 1s (a"
+        " handler holds it?); reserving"
+    )
+    status, body = probe(monitor, "/readyz")
+    assert status == 503
+    assert body.startswith(b"not ready: the event loop has not run for ")
+    assert body.decode().splitlines()[1].startswith("event loop lag: ")
+    feed.last_beat()
+    assert health_of(monitor).loop_lag is None
 
 
 async def test_serve_listens_and_answers_over_tcp() -> None:

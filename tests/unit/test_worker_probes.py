@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import http.client
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -25,9 +24,8 @@ import sepp
 from sepp import Retry
 from sepp._runtime import concurrency
 from sepp._util.log import Log
-from sepp._worker import loop_watch, probe_server
-from sepp._worker.http_responder import Responder
-from sepp._worker.monitor import MAX_SERIES, WorkerMonitor, feed_of
+from sepp._worker import loop_watch
+from sepp._worker.monitor import WorkerMonitor
 from sepp.testing import job_context
 
 LOOPS = ["trio", "asyncio", pytest.param("uvloop", marks=pytest.mark.needs("uvloop"))]
@@ -81,7 +79,7 @@ def run_worker_with_probes(
             prober.append(threading.Thread(target=probe, args=(port,), name="test prober"))
             prober[0].start()
             await worker.run()
-            await concurrency.run_sync_in_thread(prober[0].join)
+            await cc.run_sync_in_thread(prober[0].join)
             nursery.cancel_scope.cancel()
 
     run_on(loop, main)
@@ -244,123 +242,3 @@ def test_the_worker_refuses_a_bad_loop_block_warning() -> None:
         sepp.Worker(FakeClient(), "q", loop_block_warning=-1)
     with pytest.raises(sepp.ValidationError, match="max_loop_lag"):
         sepp.WorkerMonitor(max_loop_lag=0)
-
-
-# -- the probe server's threads -------------------------------------------------------------
-
-
-def raw_exchange(port: int, request: bytes) -> bytes:
-    with socket.create_connection(("127.0.0.1", port), timeout=GIVE_UP_S / 2) as sock:
-        sock.sendall(request)
-        answer = b""
-        while chunk := sock.recv(4096):
-            answer += chunk
-    return answer
-
-
-@pytest.fixture
-def server() -> Any:
-    served = probe_server.ProbeServer(Responder(WorkerMonitor()._routes()), 0, host="127.0.0.1")
-    served.start()
-    yield served
-    served.close()
-    assert not [t for t in threading.enumerate() if t.name.startswith("sepp probe")]
-
-
-@pytest.mark.parametrize(
-    ("request_bytes", "status"),
-    [
-        (b"GET /healthz HTTP/1.1\r\n\r\n", b"200"),
-        (b"POST /metrics HTTP/1.1\r\n\r\n", b"405"),
-        (b"GET /nope HTTP/1.1\r\n\r\n", b"404"),
-        (b"GET /metrics\r\n\r\n", b"400"),
-        (b"GET /metrics HTTP/1.1\r\nX: " + b"a" * 9000 + b"\r\n\r\n", b"431"),
-        (b"GET /metr", b"400"),  # then the client's end of the stream
-    ],
-)
-def test_the_threads_answer_as_the_responder_does(
-    server: probe_server.ProbeServer, request_bytes: bytes, status: bytes
-) -> None:
-    if request_bytes.endswith(b"\r\n\r\n"):
-        answer = raw_exchange(server.port, request_bytes)
-    else:
-        with socket.create_connection(("127.0.0.1", server.port)) as sock:
-            sock.sendall(request_bytes)
-            sock.shutdown(socket.SHUT_WR)
-            answer = sock.recv(4096)
-    assert answer.startswith(b"HTTP/1.1 " + status + b" ")
-    assert b"Connection: close\r\n" in answer
-
-
-def test_a_slow_client_is_cut_off(
-    server: probe_server.ProbeServer, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(probe_server, "READ_TIMEOUT_S", 0.05)
-    with socket.create_connection(("127.0.0.1", server.port)) as sock:
-        sock.sendall(b"GET /healthz HTTP/1.1\r\n")  # and never the blank line
-        assert sock.recv(4096).startswith(b"HTTP/1.1 408 ")
-
-
-def test_close_cuts_off_a_connection_waiting_for_its_request() -> None:
-    served = probe_server.ProbeServer(Responder({}), 0, host="127.0.0.1")
-    served.start()
-    with socket.create_connection(("127.0.0.1", served.port)) as sock:
-        sock.sendall(b"GET /healthz")  # and the server waits for the rest
-        while not served.connections:
-            time.sleep(0.001)  # until the server took it (polling for that event)
-        served.close()  # returns: it stopped serving, not waiting out READ_TIMEOUT_S
-        try:
-            answer = sock.recv(4096)
-        except ConnectionResetError:
-            answer = b""
-        assert answer == b""
-    assert not [t for t in threading.enumerate() if t.name.startswith("sepp probe")]
-
-
-def test_connections_beyond_the_limit_are_closed_unanswered(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(probe_server, "MAX_CONNECTIONS", 2)
-    served = probe_server.ProbeServer(Responder(WorkerMonitor()._routes()), 0, host="127.0.0.1")
-    served.start()
-    try:
-        held = [socket.create_connection(("127.0.0.1", served.port)) for _ in range(2)]
-        while served.connections < 2:
-            time.sleep(0.001)  # until the server took both (polling for that event)
-        with socket.create_connection(("127.0.0.1", served.port)) as extra:
-            assert extra.recv(4096) == b""  # closed without an answer
-        for sock in held:
-            sock.sendall(b"GET /healthz HTTP/1.1\r\n\r\n")
-            assert sock.recv(4096).startswith(b"HTTP/1.1 200 ")
-            sock.close()
-        # One thread served them all.
-        assert [t.name for t in threading.enumerate() if t.name.startswith("sepp probe")] == [
-            f"sepp probes :{served.port}"
-        ]
-    finally:
-        served.close()
-
-
-def test_a_request_sent_in_pieces_and_a_big_answer_are_served() -> None:
-    monitor = WorkerMonitor()
-    feed = feed_of(monitor)
-    feed.worker_started(None)
-    for n in range(MAX_SERIES):  # a /metrics answer bigger than a socket's buffer
-        feed.job_started(job_context(f"type-{n}", queue="q"))
-    served = probe_server.ProbeServer(Responder(monitor._routes()), 0, host="127.0.0.1")
-    # A small send buffer (inherited by the accepted socket): the answer goes in many sends.
-    served._listeners[0].setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
-    served.start()
-    try:
-        with socket.create_connection(("127.0.0.1", served.port)) as sock:
-            for piece in (b"GET /met", b"rics HTTP/1.1\r\n", b"\r\n"):
-                sock.sendall(piece)
-            answer = b""
-            while chunk := sock.recv(1024):
-                answer += chunk
-    finally:
-        served.close()
-    head, _, body = answer.partition(b"\r\n\r\n")
-    assert head.startswith(b"HTTP/1.1 200 ")
-    assert f"Content-Length: {len(body)}".encode() in head
-    assert body.decode() == monitor.prometheus_text()

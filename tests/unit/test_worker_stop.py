@@ -17,6 +17,7 @@ from trio.testing import MockClock
 
 import sepp
 from sepp import Retry
+from sepp._worker import worker as worker_module
 from sepp._worker.held_job import HeldJobs
 
 
@@ -278,7 +279,9 @@ class SendsCounted(FakeClient):
         return await super().reserve(*args, **kwargs)
 
 
-def stop_as_a_slot_frees(fake: SendsCounted, **options: Any) -> sepp.Worker:
+def stop_as_a_slot_frees(
+    fake: SendsCounted, monkeypatch: pytest.MonkeyPatch, **options: Any
+) -> sepp.Worker:
     """A worker whose shutdown begins in the instant a held job settles (the reserve loop,
     full until then, is woken but has not run yet)."""
     worker = make_worker(fake, max_in_flight=1, **options)
@@ -292,15 +295,15 @@ def stop_as_a_slot_frees(fake: SendsCounted, **options: Any) -> sepp.Worker:
             if len(self) == 0:
                 worker.shutdown()
 
-    worker._held.__class__ = StopWhenEmptied
+    monkeypatch.setattr(worker_module, "HeldJobs", StopWhenEmptied)  # what its run() holds
     return worker
 
 
 async def test_no_reserve_is_sent_when_the_stop_begins_as_a_slot_frees(
-    autojump_clock: MockClock,
+    autojump_clock: MockClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     fake = SendsCounted()
-    worker = stop_as_a_slot_frees(fake)
+    worker = stop_as_a_slot_frees(fake, monkeypatch)
 
     @worker.handler("work")
     async def work(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
@@ -315,11 +318,13 @@ async def test_no_reserve_is_sent_when_the_stop_begins_as_a_slot_frees(
     nothing_stranded(fake)
 
 
-def test_on_asyncio_no_reserve_is_sent_when_the_stop_begins_as_a_slot_frees() -> None:
+def test_on_asyncio_no_reserve_is_sent_when_the_stop_begins_as_a_slot_frees(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     fake = SendsCounted()
 
     async def main() -> None:
-        worker = stop_as_a_slot_frees(fake)
+        worker = stop_as_a_slot_frees(fake, monkeypatch)
 
         @worker.handler("work")
         async def work(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:

@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 
 import sepp
 
+from .._model.backoff import backoff_delay
 from .._runtime import concurrency
 from ._values import positive_seconds
 
@@ -20,6 +21,17 @@ log = logging.getLogger("sepp.cli")
 ADDRESS_ENV = "SEPP_ADDR"
 API_KEY_ENV = "SEPP_API_KEY"
 DEFAULT_ADDRESS = "127.0.0.1:50051"
+# Waiting for the server (not up yet, or refusing the key): 1 s doubling to 30 s, each sleep
+# drawn from [0.5, 1.0) of the step, as the Scheduler retries its enqueues.
+RETRY_INITIAL_S = 1.0
+RETRY_CAP_S = 30.0
+
+
+def retry_delay(failures: int) -> float:
+    """The sleep after `failures` failed tries in a row to reach the server."""
+    return backoff_delay(
+        failures, initial=RETRY_INITIAL_S, multiplier=2.0, cap=RETRY_CAP_S, jitter=0.5
+    )
 
 
 def add_connection_options(parser: argparse.ArgumentParser, *, after_command: bool) -> None:
@@ -77,8 +89,6 @@ async def run_connected(
     """Connect, then run `body(client)`. The worker and the scheduler are often started
     alongside the server: while it is not reachable yet, connecting is retried with backoff
     (each failure logged, `on_waiting` called); failures once connected are `body`'s."""
-    from .._scheduling.scheduler import _backoff
-
     failures = 0
     while True:
         connected = False
@@ -90,7 +100,7 @@ async def run_connected(
             if connected:
                 raise
             failures += 1
-            delay = _backoff(failures)
+            delay = retry_delay(failures)
             if on_waiting is not None:  # first: the probes (a thread of their own) read it
                 on_waiting()
             log.warning(

@@ -19,7 +19,11 @@ from ._failures import UsageError
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 LOG_FORMATS = ("text", "json")
 # What the worker passes as `extra` on its per-job line, under the JSON keys used for them.
-_EXTRA_FIELDS = {"sepp_outcome": "outcome", "sepp_duration_s": "duration_s"}
+_EXTRA_FIELDS = {
+    "sepp_outcome": "outcome",
+    "sepp_duration_s": "duration_s",
+    "sepp_wait_s": "wait_s",
+}
 
 
 class JsonFormatter(logging.Formatter):

@@ -4,12 +4,13 @@ failures to one line on stderr and an exit status."""
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import re
 import sys
 import traceback
 from collections.abc import Callable, Coroutine, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -20,6 +21,9 @@ from ._failures import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_USAGE, CliError
 from ._logging import setup_logging
 from ._output import note
 from ._parser import PROG, build_parser
+
+if TYPE_CHECKING:
+    from .fleet.child import SupervisorLink
 
 # Flags someone might try to pass a secret with. Refused before argparse sees them, whose
 # "unrecognized arguments" message would echo the secret back.
@@ -46,7 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return report_failure(exc, label, debug=args.debug)
     try:
         if getattr(args, "processes", 1) > 1:  # `worker --processes N`: a supervisor, on trio
-            from ._supervisor import supervise
+            from .fleet.supervisor import supervise
 
             status: int = trio.run(supervise, args, run_child)
         else:
@@ -56,12 +60,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     return status
 
 
-def run_child(args: argparse.Namespace) -> int:
-    """One worker process under `worker --processes N` (spawned: logging is set up again)."""
-    label = f"{PROG} {args.command} (process {args.fleet.index})"
+def run_child(args: argparse.Namespace, link: SupervisorLink) -> int:
+    """One worker process under `worker --processes N` (spawned: logging is set up again),
+    given its link to the supervisor."""
+    label = f"{PROG} {args.command} (process {link.index})"
     try:
         setup_logging(args)
-        return run_on_loop(args.loop, args.run, args)
+        return run_on_loop(args.loop, functools.partial(args.run, link=link), args)
     except BaseException as exc:
         return report_failure(_single(exc), label, debug=args.debug)
 

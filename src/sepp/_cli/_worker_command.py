@@ -7,6 +7,7 @@ import functools
 import logging
 import os
 import signal
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -15,12 +16,14 @@ import sepp
 from .._model import validate as _validate
 from .._runtime import concurrency
 from .._worker.monitor import DEFAULT_MAX_LOOP_LAG_S
-from ._connect import run_connected
+from ._connect import retry_delay, run_connected
 from ._failures import EXIT_FAILURE, EXIT_OK, UsageError
-from ._fleet_child import SupervisorLink
 from ._signals import run_until_signalled
 from ._targets import load_target
 from ._values import positive_int, positive_seconds, seconds
+
+if TYPE_CHECKING:
+    from .fleet.child import SupervisorLink
 
 log = logging.getLogger("sepp.cli")
 LOOPS = ("trio", "asyncio", "uvloop")
@@ -176,9 +179,9 @@ def load_router(spec: str) -> sepp.Router:
     return router
 
 
-async def run(args: argparse.Namespace) -> int:
+async def run(args: argparse.Namespace, link: SupervisorLink | None = None) -> int:
+    """The command; `link`: to the supervisor, under `--processes N`."""
     router = load_router(args.target)
-    link: SupervisorLink | None = getattr(args, "fleet", None)  # under --processes N
     serving = args.health_port is not None or args.metrics_port is not None
     monitor = sepp.WorkerMonitor(max_loop_lag=args.max_loop_lag) if serving else None
     workers: list[sepp.Worker] = []  # the worker, once connected
@@ -232,7 +235,7 @@ async def run(args: argparse.Namespace) -> int:
             await nursery.start(run_worker)
             await key_accepted(client)
             if link is not None:
-                link.report(reserving=worker.worker_id)
+                link.reserving(worker.worker_id)
             handles = ", ".join(router.job_types) or "-"
             log.info(
                 "worker %s reserving from %s at %s; handles: %s%s",
@@ -250,9 +253,9 @@ async def run(args: argparse.Namespace) -> int:
             link.accept_signals()
         async with cc.open_nursery() as http:
             if monitor is not None:
-                ports = await serve_monitor(http, monitor, args)
+                ports = await serve_monitor(http, monitor, args, link)
                 if link is not None:
-                    link.report(ports=ports)
+                    link.serving(ports)
             if link is not None:
 
                 async def orphaned() -> None:
@@ -282,8 +285,6 @@ async def key_accepted(client: sepp.Client) -> None:
     """Return once the server accepts the client's API key (asked by a get_server_info, which
     needs it as reserve does), so that a worker whose key is refused never says it is
     reserving: its own reserves log the refusal meanwhile."""
-    from .._scheduling.scheduler import _backoff
-
     failures = 0
     while True:
         try:
@@ -291,16 +292,22 @@ async def key_accepted(client: sepp.Client) -> None:
             return
         except sepp.UnauthenticatedError:
             failures += 1
-            await concurrency.current().sleep(_backoff(failures))
+            await concurrency.current().sleep(retry_delay(failures))
         except sepp.SeppError:
             return  # not about the key: the worker's reserves say what it is
 
 
 async def serve_monitor(
-    nursery: concurrency.Nursery, monitor: sepp.WorkerMonitor, args: argparse.Namespace
+    nursery: concurrency.Nursery,
+    monitor: sepp.WorkerMonitor,
+    args: argparse.Namespace,
+    link: SupervisorLink | None = None,
 ) -> dict[str, int]:
-    """The probes and the metrics, on one port or two; listening before the server is up.
-    Returns the bound ports: "health", "metrics"."""
+    """The probes and the metrics, on one port or two; listening before the server is up
+    (under a supervisor, the probes' port also answers its health route). Returns the bound
+    ports: "health", "metrics"."""
+    from .._worker.monitor import routes_of, serve_routes
+
     bound_ports: dict[str, int] = {}
     servers: list[tuple[int, set[str]]] = []
     if args.health_port is not None:
@@ -311,14 +318,11 @@ async def serve_monitor(
         else:
             servers.append((args.metrics_port, {"metrics"}))
     for port, what in servers:
+        routes = routes_of(monitor, health="health" in what, metrics="metrics" in what)
+        if link is not None and "health" in what:
+            routes.update(link.health_route(monitor))
         bound = await nursery.start(
-            functools.partial(
-                monitor.serve,
-                port,
-                host=args.http_host,
-                health="health" in what,
-                metrics="metrics" in what,
-            )
+            functools.partial(serve_routes, monitor, routes, port, host=args.http_host)
         )
         paths = (["/healthz", "/readyz"] if "health" in what else []) + (
             ["/metrics"] if "metrics" in what else []

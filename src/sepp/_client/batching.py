@@ -155,7 +155,7 @@ class EnqueueBatcher:
     def _new_batch(self) -> _Batch:
         server = self._server_max_batch()
         limit = min(self._max_batch, server) if server else self._max_batch
-        batch = _Batch(limit, self._rt.now() + self._delay_s, self._rt.park_aborted)
+        batch = _Batch(limit, self._rt.current_time() + self._delay_s, self._rt.park_aborted)
         self._unsent.add(batch)
         self._nursery.start_soon(self._dispatch, batch)
         return batch

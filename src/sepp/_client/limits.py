@@ -169,14 +169,16 @@ class LimitsCache:
     def update(self, info: ServerInfo) -> None:
         """Every ServerInfo the client receives refreshes the cache."""
         self.limits = ServerLimits(info, datetime.now(timezone.utc))
-        self._fetched_at = self._rt.now()
+        self._fetched_at = self._rt.current_time()
         self._stale_at = math.inf
 
     @property
     def fresh(self) -> bool:
         """Whether `limits` can be used now, without waiting for (or starting) a fetch."""
         stale_at = self._stale_at
-        return self._fetching is None and (stale_at == math.inf or self._rt.now() < stale_at)
+        return self._fetching is None and (
+            stale_at == math.inf or self._rt.current_time() < stale_at
+        )
 
     async def current(self, deadline: float) -> ServerLimits | None:
         """The limits for a call that must be done by `deadline` (the runtime's time; a trio
@@ -185,11 +187,11 @@ class LimitsCache:
         done = self._fetching
         fetch_here = False
         if done is None:
-            if rt.now() < self._stale_at:
+            if rt.current_time() < self._stale_at:
                 return self.limits
             done = self._begin_fetch()
             fetch_here = self._nursery is None  # no nursery to fetch in: this call does it
-        now = rt.now()
+        now = rt.current_time()
         deadline = min(deadline, rt.effective_deadline())
         until = now + (deadline - now) / 2
         if fetch_here:
@@ -223,7 +225,7 @@ class LimitsCache:
         try:
             await self._fetch_info(timeout_s)  # the client hands every ServerInfo to update()
         except Exception as exc:
-            self._stale_at = self._rt.now() + LIMITS_REFRESH_S
+            self._stale_at = self._rt.current_time() + LIMITS_REFRESH_S
             self._log.debug("sepp: cannot fetch server limits for local checks: %s", exc)
         finally:
             if self._fetching is done:

@@ -1,7 +1,7 @@
 """What `sepp.open()` returns: an async context manager that says how to use it when it is
 mistaken for a client, awaited, or entered outside an async run. The runtime is picked as it
-is entered, from the library running the caller (sniffio, which trio depends on): trio, or
-asyncio (and uvloop), whose runtime is imported only then."""
+is entered, from the library running the caller (`_runtime.running`): trio, or asyncio (and
+uvloop), whose runtime is imported only then."""
 
 from __future__ import annotations
 
@@ -10,9 +10,8 @@ from contextlib import AbstractAsyncContextManager
 from types import TracebackType
 from typing import Any, NoReturn, TypeVar
 
-import sniffio
-
 from .._runtime.protocol import Runtime
+from .._runtime.running import current_runtime
 
 T = TypeVar("T")
 
@@ -62,23 +61,3 @@ class Opening(AbstractAsyncContextManager[T]):
 
     def __repr__(self) -> str:
         return "<sepp.open() context manager; " + USE + ">"
-
-
-def current_runtime(what: str) -> Runtime:
-    """The runtime of the async library running the caller; RuntimeError outside of one."""
-    try:
-        library = sniffio.current_async_library()
-    except sniffio.AsyncLibraryNotFoundError:
-        library = None
-    if library == "trio":
-        from .._runtime.trio_runtime import TRIO
-
-        return TRIO
-    if library == "asyncio":
-        from .._runtime.asyncio_runtime import ASYNCIO
-
-        return ASYNCIO
-    raise RuntimeError(
-        f"{what} must be called from trio (inside trio.run()) or asyncio (a running loop,"
-        f" uvloop too){'' if library is None else f', not {library}'}"
-    )

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TypeVar
 
 from .._model import validate as v
+from .._model.backoff import backoff_delay
 from .._model.errors import ValidationError
 from .._util.log import Log
 from ..wire._status import StatusCode
@@ -54,13 +54,17 @@ class RetryPolicy:
 
     def delays(self) -> list[float]:
         """The un-jittered sleeps between attempts."""
-        out: list[float] = []
-        delay = v.seconds("initial_backoff", self.initial_backoff, allow_zero=True)
-        cap = v.seconds("max_backoff", self.max_backoff, allow_zero=True)
-        for _ in range(self.max_attempts - 1):
-            out.append(delay)
-            delay = min(delay * self.multiplier, cap)
-        return out
+        return [self._delay(retry, jitter=0.0) for retry in range(1, self.max_attempts)]
+
+    def _delay(self, retry: int, *, jitter: float) -> float:
+        """The sleep before retry `retry` (1: after the first call failed)."""
+        return backoff_delay(
+            retry,
+            initial=v.seconds("initial_backoff", self.initial_backoff, allow_zero=True),
+            multiplier=self.multiplier,
+            cap=v.seconds("max_backoff", self.max_backoff, allow_zero=True),
+            jitter=jitter,
+        )
 
 
 NO_RETRY = RetryPolicy()
@@ -82,26 +86,26 @@ async def call_with_retry(
     With `ambiguous_retry_safe=False` (an enqueue with un-keyed jobs), failures that may hide
     a commit are not retried: DEADLINE_EXCEEDED, ABORTED and connections lost mid-call.
     """
-    delays = policy.delays()
+    retries = policy.max_attempts - 1
     for index in range(policy.max_attempts):
         try:
             return await attempt()
         except RpcError as exc:
             kind = exc.kind
-            if index >= len(delays) or exc.code not in retryable or (kind and kind.final):
+            if index >= retries or exc.code not in retryable or (kind and kind.final):
                 raise
             # After an ambiguous failure (the connection died with the call in flight, the
             # peer broke HTTP/2 mid-read, a deadline) a commit may hide: see FailureKind.
             if not ambiguous_retry_safe and (exc.code in AMBIGUOUS or (kind and kind.ambiguous)):
                 raise
-            delay = delays[index] * (random.uniform(0.5, 1.0) if policy.jitter else 1.0)
+            delay = policy._delay(index + 1, jitter=0.5 if policy.jitter else 0.0)
             log.warning(
                 "sepp: %s failed with %s (%s); retry %d of %d in %.3fs",
                 method,
                 exc.code.name,
                 exc.details,
                 index + 1,
-                len(delays),
+                retries,
                 delay,
             )
             await sleep(delay)

@@ -14,6 +14,7 @@ Why: docs/sync.md, "How it works".
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import inspect
 import math
@@ -29,9 +30,9 @@ from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypedDict, TypeVa
 
 import outcome
 
-from .._model.errors import ClientError
+from .._model.errors import ClientError, OtherRunError
 from .._runtime.blocking_runtime import BLOCKING, run_blocking
-from .._runtime.protocol import CallSoon, CancelScope, EventLike, Runtime, TaskGroup
+from .._runtime.protocol import CancelScope, EventLike, Runtime, TaskGroup
 from .._runtime.trio_runtime import TRIO
 from .._util.log import LoggerLike
 from ..wire._engine import WireEngine
@@ -104,9 +105,21 @@ class SyncClient:
         self._address = self._options.address
         self._connect_args = (address, dict(options))
         self._lock = threading.Lock()
-        self._current: _Direct | _Portal | None = None
+        self._current: _Direct | _Portal | RunCalls | None = None
         self._closed = False
         _LIVE.add(self)
+
+    @classmethod
+    def _over(cls, calls: RunCalls, address: str) -> SyncClient:
+        """A client whose calls `calls` hands to the run of its async client (a `def`
+        handler's `ctx.client`): it never connects, and `close()` only stops it taking calls.
+        It has no options of its own (only a client that connects itself reads them)."""
+        client = cls.__new__(cls)
+        client._address = address
+        client._lock = threading.Lock()
+        client._current = calls
+        client._closed = False
+        return client
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "connected" if self._current else "not connected"
@@ -150,7 +163,7 @@ class SyncClient:
     drain_dead_letters = _blocking(Client.drain_dead_letters)
     get_server_info = _blocking(Client.get_server_info)
 
-    def _engine(self) -> _Direct | _Portal:
+    def _engine(self) -> _Direct | _Portal | RunCalls:
         engine = self._current
         if engine is not None:
             return engine
@@ -233,7 +246,7 @@ class _Direct:
 
 
 class _Pending:
-    """One call handed to the portal: the caller waits on `done` for `result`."""
+    """One call handed to a run: the caller waits on `done` for `result`."""
 
     __slots__ = ("done", "result", "scope")
 
@@ -244,29 +257,154 @@ class _Pending:
         self.scope: CancelScope | None = None
 
 
+# While a caller waits, it checks this often that the run it handed its call to still exists
+# (a loop closed without cancelling its tasks would otherwise leave it waiting forever).
+RUN_PROBE_S = 1.0
+
+
+def _nothing() -> None:
+    pass
+
+
+class RunCalls:
+    """Calls of an async `Client` made from other threads: each runs as a task of `tasks`, a
+    task group in the client's run (trio or asyncio), in the calling thread's context (its
+    context variables: a trace's span), while that thread waits for the result. The engine
+    of a portal's `SyncClient` and of a `def` handler's `ctx.client`.
+
+    `close()` ends it: calls still waiting are released and raise `ClientError(cancelled)`,
+    later ones `ClientError(closed)` at once; the owner of `tasks` cancels the calls still
+    running in it. A call made from the run's own thread raises (it would wait forever)."""
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        client: Any,
+        tasks: TaskGroup,
+        *,
+        closed: str,
+        cancelled: str,
+    ) -> None:
+        self._rt = runtime
+        self.client = client
+        self._tasks = tasks
+        self._call_soon = runtime.call_soon_handle()
+        self._run_thread = threading.get_ident()
+        self._closed_message = closed
+        self._cancelled_message = cancelled
+        # Calls handed over and not yet finished: close() releases any left, so no caller
+        # waits forever.
+        self._waiting: set[_Pending] = set()
+        self._closed = False
+
+    def run(
+        self,
+        method: Callable[Concatenate[Client, P], Coroutine[Any, Any, T]],
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> T:
+        """Run the client's `method(...)` in its run; block until it is done."""
+        if threading.get_ident() == self._run_thread:
+            raise OtherRunError(
+                f"a blocking sepp client called from the event loop it hands its calls to"
+                f" would wait forever: call {method.__name__} on the async client there"
+            )
+        pending = _Pending()
+        waiting = self._waiting
+        name = method.__name__
+        context = contextvars.copy_context()
+
+        async def invoke() -> T:  # looked up in the run, on the client (a fake one, in tests)
+            return await getattr(self.client, name)(*args, **kwargs)  # type: ignore[no-any-return]
+
+        async def call() -> None:
+            try:
+                with self._rt.move_on_at(math.inf) as pending.scope:
+                    pending.result = await outcome.acapture(invoke)
+            finally:
+                finish()
+
+        def start() -> None:  # in the run's thread
+            if self._closed:
+                finish()
+                return
+            try:
+                context.run(self._tasks.start_soon, call)
+            except RuntimeError:  # closing: the task group takes no new calls
+                finish()
+
+        def finish() -> None:  # in the run's thread
+            if pending in waiting:
+                waiting.discard(pending)
+                pending.done.release()
+
+        waiting.add(pending)
+        if self._closed or not self._call_soon(start):
+            waiting.discard(pending)
+            raise ClientError(self._closed_message)
+        try:
+            while not pending.done.acquire(timeout=RUN_PROBE_S):
+                if not self._call_soon(_nothing):  # the run is gone
+                    waiting.discard(pending)
+                    break
+        except BaseException:  # KeyboardInterrupt in the caller: stop the call too
+            self._cancel(pending)
+            raise
+        result = pending.result
+        if result is None or (
+            isinstance(result, outcome.Error) and self._rt.is_cancellation(result.error)
+        ):
+            raise ClientError(self._cancelled_message)
+        return result.unwrap()  # type: ignore[no-any-return]
+
+    def _cancel(self, pending: _Pending) -> None:
+        def cancel() -> None:
+            if pending.scope is not None:
+                pending.scope.cancel()
+
+        self._call_soon(cancel)
+
+    def close(self, closed: str | None = None) -> None:
+        """Take no more calls (a later one raises `closed`, if given), and release the callers
+        still waiting (their result stays None: "cancelled"); in the run's thread."""
+        if closed is not None:
+            self._closed_message = closed
+        self._closed = True
+        for pending in list(self._waiting):
+            self._waiting.discard(pending)
+            pending.done.release()
+
+    def connect(self) -> None:
+        """Connected already: the client is the run's."""
+
+    def stop_soon(self) -> None:
+        """Take no more calls (from any thread): a closed SyncClient."""
+        self._closed = True
+
+    stop = stop_soon
+
+
 class _Portal:
     """A trio.run in a daemon thread holding one open trio Client, and a nursery in which the
-    calls of blocking threads run."""
+    calls of blocking threads run (`RunCalls`)."""
 
-    def __init__(self, runtime: Runtime) -> None:
-        self._rt = runtime
+    def __init__(self) -> None:
+        self._rt = TRIO  # the Client that `open_client` opens runs on trio
         self._started = threading.Event()
         self._failure: BaseException | None = None
         self._thread: threading.Thread | None = None
-        self.client: Client
-        self._nursery: TaskGroup
-        self._call_soon: CallSoon
+        self._calls: RunCalls
         self._stop: EventLike
         self._origin = fork.here()
-        # Calls handed over and not yet finished; when the run ends, any left (a call that
-        # arrived as the client closed) is released, so no caller waits forever.
-        self._waiting: set[_Pending] = set()
-        self._finished = False
+
+    @property
+    def client(self) -> Client:
+        return self._calls.client  # type: ignore[no-any-return]
 
     @classmethod
     def start(cls, address: str, options: dict[str, Any]) -> _Portal:
         """Start the thread and connect; raises what open() raises."""
-        portal = cls(TRIO)  # the Client that `open_client` opens runs on trio
+        portal = cls()
         portal._thread = threading.Thread(
             target=portal._rt.run,
             args=(portal._main, address, options),
@@ -283,11 +421,16 @@ class _Portal:
 
     async def _main(self, address: str, options: dict[str, Any]) -> None:
         rt = self._rt
+        calls: RunCalls | None = None
         try:
             async with open_client(address, **options) as client, rt.open_task_group() as nursery:
-                self.client = client
-                self._nursery = nursery
-                self._call_soon = rt.call_soon_handle()
+                calls = self._calls = RunCalls(
+                    rt,
+                    client,
+                    nursery,
+                    closed="this sepp.SyncClient is closed",
+                    cancelled="this sepp.SyncClient was closed during the call",
+                )
                 self._stop = rt.event()
                 self._started.set()
                 await rt.wait_event(self._stop, math.inf)
@@ -298,10 +441,8 @@ class _Portal:
             self._failure = exc
             self._started.set()
         finally:
-            self._finished = True
-            for pending in list(self._waiting):
-                self._waiting.discard(pending)
-                pending.done.release()  # its result stays None: "closed"
+            if calls is not None:
+                calls.close()  # a call that arrived as the client closed fails as closed
 
     def run(
         self,
@@ -310,52 +451,7 @@ class _Portal:
         **kwargs: P.kwargs,
     ) -> T:
         """Run `method(client, ...)` in the portal; block until it is done."""
-        pending = _Pending()
-        waiting = self._waiting
-
-        async def call() -> None:
-            try:
-                with self._rt.move_on_at(math.inf) as pending.scope:
-                    pending.result = await outcome.acapture(method, self.client, *args, **kwargs)
-            finally:
-                finish()
-
-        def start() -> None:  # in the portal's thread
-            try:
-                self._nursery.start_soon(call)
-            except RuntimeError:  # closing: the nursery takes no new calls
-                finish()
-
-        def finish() -> None:  # in the portal's thread
-            if pending in waiting:
-                waiting.discard(pending)
-                pending.done.release()
-
-        waiting.add(pending)
-        if self._finished:
-            waiting.discard(pending)
-            raise ClientError("this sepp.SyncClient is closed")
-        if not self._call_soon(start):
-            waiting.discard(pending)
-            raise ClientError("this sepp.SyncClient is closed")
-        try:
-            pending.done.acquire()
-        except BaseException:  # KeyboardInterrupt in the caller: stop the call too
-            self._cancel(pending)
-            raise
-        result = pending.result
-        if result is None or (
-            isinstance(result, outcome.Error) and self._rt.is_cancellation(result.error)
-        ):
-            raise ClientError("this sepp.SyncClient was closed during the call")
-        return result.unwrap()  # type: ignore[no-any-return]
-
-    def _cancel(self, pending: _Pending) -> None:
-        def cancel() -> None:
-            if pending.scope is not None:
-                pending.scope.cancel()
-
-        self._call_soon(cancel)
+        return self._calls.run(method, *args, **kwargs)
 
     def connect(self) -> None:
         """Connected already: the portal connects as it starts."""
@@ -365,7 +461,7 @@ class _Portal:
         Never in a fork() child: the thread and the connection are the parent's."""
         if self._origin.forked:
             return
-        self._call_soon(self._stop.set)
+        self._calls._call_soon(self._stop.set)
 
     def stop(self) -> None:
         """Close the connection and wait for the thread to end."""
@@ -375,7 +471,8 @@ class _Portal:
 
 
 _LIVE: weakref.WeakSet[SyncClient] = weakref.WeakSet()
-_INHERITED: list[_Direct | _Portal] = []  # a fork() child's copies of its parent's, never used
+# A fork() child's copies of its parent's, never used.
+_INHERITED: list[_Direct | _Portal | RunCalls] = []
 
 
 def _after_fork_in_child() -> None:

@@ -25,7 +25,9 @@ def check_on_invalid(value: object) -> OnInvalid:
 
 class HandlerError(Exception):
     """Raise from a handler to choose how its job is nacked (not a SeppError: user code raises
-    it). Build one with `retry`, `retry_after` or `permanent`."""
+    it). Build one with `retry`, `retry_after` or `permanent`; `directive` is the outcome it
+    asks for, which a middleware reads to tell a permanent failure from one to retry, and
+    `reason` says why."""
 
     __module__ = "sepp"  # tracebacks and reprs name it as users import it: sepp.HandlerError
 
@@ -33,8 +35,23 @@ class HandlerError(Exception):
         if not isinstance(directive, Retry):
             raise ValidationError("directive", "must be a sepp.Retry")
         super().__init__(reason)
-        self.reason = reason
-        self.directive = directive
+        self._reason = reason
+        self._directive = directive
+
+    @property
+    def reason(self) -> str:
+        """Why: the nack's reason, which a dead letter keeps as its `last_reason`."""
+        return self._reason
+
+    @property
+    def directive(self) -> Retry:
+        """The outcome asked for, a `sepp.Retry`: `Retry.DEFAULT` from `retry` (after the
+        handler's backoff delay, or the queue's retry policy with a `sepp.Retry.DEFAULT`
+        backoff), `Retry.after(delay)` from `retry_after` (`directive.delay`, a timedelta), or
+        `Retry.DEAD_LETTER` from `permanent` (to the dead letters, never retried). Compare it
+        with `==`, or read `directive.kind`: "default", "delay" or "dead_letter". The server
+        dead-letters any nack on a job's final attempt, whatever it asks."""
+        return self._directive
 
     @classmethod
     def retry(cls, reason: str) -> HandlerError:

@@ -1,19 +1,18 @@
-"""The relay's state as Prometheus text, served by the Worker's small HTTP responder."""
+"""The relay's state as Prometheus families, written by `_probes.prometheus` and served by
+`_probes.server` (from a thread: under trio, asyncio and `run_sync` alike)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from .._runtime.concurrency import TASK_STATUS_IGNORED, TaskStatus, running_library
-from .._worker.http_responder import Responder
-from .._worker.monitor import PROMETHEUS_TEXT
+from .._probes import prometheus
+from .._probes.http1 import Route
 from .policy import RelayPolicy
 from .store import Backlog
 
 
 def render(table: str, policy: RelayPolicy, backlog: Backlog) -> str:
     c = policy.counters
-    label = f'{{table="{table}"}}'
     series = (
         ("sepp_outbox_waiting", "gauge", "Rows waiting to be relayed.", backlog.waiting),
         (
@@ -50,27 +49,14 @@ def render(table: str, policy: RelayPolicy, backlog: Backlog) -> str:
             policy.failures_in_a_row,
         ),
     )
-    out: list[str] = []
+    families = []
     for name, kind, help_text, value in series:
-        out.append(f"# HELP {name} {help_text}")
-        out.append(f"# TYPE {name} {kind}")
-        out.append(
-            f"{name}{label} {value:g}" if isinstance(value, float) else f"{name}{label} {value}"
-        )
-    return "\n".join(out) + "\n"
+        family = prometheus.Family(name, kind, help_text)
+        family.add(value, table=table)
+        families.append(family)
+    return prometheus.write(families)
 
 
-async def serve(
-    text: Callable[[], str],
-    port: int,
-    *,
-    host: str | None,
-    task_status: TaskStatus[int] = TASK_STATUS_IGNORED,
-) -> None:
-    responder = Responder({"/metrics": lambda: (200, PROMETHEUS_TEXT, text().encode())})
-    if running_library() == "trio":
-        await responder.serve(port, host=host, task_status=task_status)
-    else:
-        from .._worker import anyio_http
-
-        await anyio_http.serve(responder, port, host=host, task_status=task_status)
+def route(text: Callable[[], str]) -> dict[str, Route]:
+    """The relay's one path."""
+    return {"/metrics": lambda: (200, prometheus.CONTENT_TYPE, text().encode())}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -167,13 +168,33 @@ def _writer(connection: Any) -> tuple[str, str, Execute]:
         def connection_execute(sql: str, params: tuple[object, ...]) -> None:
             cursor = connection.cursor()
             try:
-                cursor.execute(sql, params)
+                _blocking(cursor.execute(sql, params), connection)
             finally:
-                cursor.close()
+                _closed(cursor.close())
 
         return dialect, placeholder, connection_execute
 
     def cursor_execute(sql: str, params: tuple[object, ...]) -> None:
-        connection.execute(sql, params)
+        _blocking(connection.execute(sql, params), connection)
 
     return dialect, placeholder, cursor_execute
+
+
+def _blocking(result: object, connection: Any) -> None:
+    """Refuse what an asyncio driver's execute returns (psycopg's AsyncConnection): a coroutine
+    that nothing would await, so the row would never be written. Raised on the first statement,
+    before anything was written."""
+    if inspect.isawaitable(result):
+        _closed(result)
+        raise ValidationError(
+            "connection",
+            f"{type(connection).__module__}.{type(connection).__qualname__} is an asyncio"
+            " connection, whose execute() returns a coroutine: the outbox writes with a blocking"
+            " connection, in its current transaction (the async one's job would never be"
+            " written)",
+        )
+
+
+def _closed(result: object) -> None:
+    if inspect.iscoroutine(result):
+        result.close()

@@ -4,9 +4,9 @@ counters the log and the metrics show. The drivers (`relay`) do claim -> send ->
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass, field
 
+from .._model.backoff import backoff_delay, shortening_draw
 from .._model.errors import MessageTooLargeError, SeppError
 from .._model.rejection_reasons import QueueFull, describe_job_rejection
 from .._model.rejections import JobRejection
@@ -128,5 +128,11 @@ class RelayPolicy:
         """How long to wait before the next try: 0 unless the last tries failed."""
         if not self.failures_in_a_row:
             return 0.0
-        delay = min(BACKOFF_INITIAL_S * 2.0 ** (self.failures_in_a_row - 1), BACKOFF_MAX_S)
-        return delay * (1.0 - 0.25 * random.random())
+        return backoff_delay(
+            self.failures_in_a_row,
+            initial=BACKOFF_INITIAL_S,
+            multiplier=2.0,
+            cap=BACKOFF_MAX_S,
+            jitter=0.25,
+            draw=shortening_draw(),
+        )

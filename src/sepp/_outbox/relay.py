@@ -1,21 +1,29 @@
 """`OutboxRelay`: forwards an outbox's rows to the server, claim -> send -> settle, as a task
 (trio or asyncio; the blocking database calls run in a thread) or in a thread of its own
-(with a `SyncClient`). The decisions are `policy`'s; the SQL is `store`'s."""
+(with a `SyncClient`). The loop is written once, as a coroutine; in a thread it runs under
+`run_blocking` (as `SyncClient` runs the client's), its waits and calls blocking. The
+decisions are `policy`'s; the SQL is `store`'s."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from .._client.client_kind import refuse_a_blocking_client, refuse_an_async_client
 from .._model import validate as v
 from .._model.errors import SeppError, ValidationError
 from .._model.rejections import JobRejection
 from .._model.types import EnqueueAck, EnqueueRequest
+from .._probes.server import ProbeServer
 from .._runtime import concurrency
+from .._runtime.blocking_runtime import run_blocking
 from .._runtime.concurrency import TASK_STATUS_IGNORED, RunHandle, TaskStatus
 from . import metrics
 from .outbox import Outbox
@@ -45,6 +53,8 @@ class OutboxRelay:
     `database`: `sqlite:///path/to.db` (`sqlite:////abs/path.db`) or `postgresql://...`.
     Run it with `await relay.run(client)` in a nursery or task group (trio, asyncio), or
     `relay.run_sync(sync_client)` in a thread; `shutdown()` stops it after the batch in hand.
+    Its metrics are served by `await relay.serve_metrics(port)` beside `run`, or by
+    `run_sync(..., metrics_port=port)`.
 
     A row is deleted only once the server accepted it or already had it (its idempotency
     key); a job the server rejects stays as a 'rejected' row with the reason; a full queue's
@@ -85,6 +95,7 @@ class OutboxRelay:
         self._handle = RunHandle()
         self._last_log = 0.0
         self._logged: tuple[int, ...] = ()
+        self._metrics_port: int | None = None
 
     def __repr__(self) -> str:
         return f"<sepp.OutboxRelay {self._outbox.table} in {self._store.dialect}>"
@@ -106,6 +117,12 @@ class OutboxRelay:
         """The relay's metrics in the Prometheus text format."""
         return metrics.render(self._outbox.table, self._policy, self._backlog)
 
+    @property
+    def metrics_port(self) -> int | None:
+        """The port `/metrics` is being served on (by `serve_metrics()` or `run_sync()`), or
+        None."""
+        return self._metrics_port
+
     async def serve_metrics(
         self,
         port: int,
@@ -113,9 +130,22 @@ class OutboxRelay:
         host: str | None = None,
         task_status: TaskStatus[int] = TASK_STATUS_IGNORED,
     ) -> None:
-        """Serve `/metrics` over HTTP on `host:port` until cancelled; `nursery.start()`
-        returns the bound port."""
-        await metrics.serve(self.prometheus_text, port, host=host, task_status=task_status)
+        """Serve `/metrics` over HTTP on `host:port` (None: every interface; port 0: any free
+        one) until cancelled, from a thread of its own; `nursery.start()` returns the bound
+        port."""
+        with self._serving_metrics(port, host) as bound:
+            task_status.started(bound)
+            await concurrency.current().sleep(math.inf)
+
+    @contextlib.contextmanager
+    def _serving_metrics(self, port: int, host: str | None) -> Iterator[int]:
+        """`/metrics` served from a thread while in the block; the bound port."""
+        with ProbeServer(metrics.route(self.prometheus_text), port, host=host) as server:
+            self._metrics_port = server.port
+            try:
+                yield server.port
+            finally:
+                self._metrics_port = None
 
     def shutdown(self) -> None:
         """Stop after the batch in hand (from any thread, or a signal handler)."""
@@ -127,97 +157,81 @@ class OutboxRelay:
         if self._idle_scope is not None:
             self._idle_scope.cancel()
 
-    # -- as a task ----------------------------------------------------------------------------
+    # -- as a task, or in a thread ------------------------------------------------------------
 
     async def run(
         self, client: _AsyncClient, *, task_status: TaskStatus[None] = TASK_STATUS_IGNORED
     ) -> None:
         """Relay until `shutdown()` (or cancelled). `client`: a connected `sepp.Client`."""
+        refuse_a_blocking_client(client, "OutboxRelay.run")
         self._start()
         cc = concurrency.current()
-        self._handle.enter()
+        self._handle.enter(cc)
         try:
             task_status.started()
-            while not self._stopping:
-                claim = await self._db_call(
-                    self._store.claim, self._policy.claim_limit(), self._claim_s
-                )
-                if claim is not None and claim.rows:
-                    await self._relay_batch(client, claim)
-                delay = self._policy.backoff_s()
-                idle = claim is not None and not claim.rows
-                if idle or delay:  # counted when it waits, never between batches
-                    backlog = await self._db_call(self._store.backlog)
-                    self._note_backlog(backlog)
-                if self._stopping or not (delay or idle):
-                    continue
-                scope = cc.cancel_scope()
-                self._idle_scope = scope
-                with scope:
-                    if delay or not self._store.listens:
-                        await cc.sleep(delay or self._poll_s)
-                    else:
-                        await _in_thread(self._store.wait, LISTEN_WAIT_S)
-                self._idle_scope = None
+            await self._relay(client, _InTask(self, cc))
         finally:
             self._handle.leave()
             self._stop()
 
-    async def _relay_batch(self, client: _AsyncClient, claim: Claim) -> None:
-        rows, requests, settlement = self._policy.jobs(claim.rows)
-        if requests:
-            try:
-                results = await client.enqueue_batch(requests, timeout=self._claim_s / 2)
-            except SeppError as exc:
-                self._send_failed(rows, exc, settlement)
-            else:
-                self._policy.answered(rows, results, settlement)
-        await self._db_call(self._settle, claim, settlement)
-
-    async def _db_call(self, fn: Callable[..., T], *args: object) -> T | None:
-        try:
-            return await _in_thread(fn, *args)
-        except Exception as exc:  # the database is down or locked: back off, reconnect
-            self._db_failed(exc)
-            return None
-
-    # -- in a thread --------------------------------------------------------------------------
-
-    def run_sync(self, client: SyncClient) -> None:
-        """Relay in the calling thread until `shutdown()`. `client`: a `sepp.SyncClient`."""
+    def run_sync(
+        self,
+        client: SyncClient,
+        *,
+        metrics_port: int | None = None,
+        metrics_host: str | None = None,
+    ) -> None:
+        """Relay in the calling thread until `shutdown()`. `client`: a `sepp.SyncClient`.
+        With `metrics_port`, `/metrics` is served meanwhile, as `serve_metrics()` serves it, on
+        `metrics_host:metrics_port` (port 0: any free one; `metrics_port` says which)."""
+        refuse_an_async_client(client, "OutboxRelay.run_sync")
+        port = (
+            None
+            if metrics_port is None
+            else v.whole_number("metrics_port", metrics_port, low=0, high=65535)
+        )
         self._start()
         try:
-            while not self._stopping:
-                claim = self._db_call_sync(
-                    self._store.claim, self._policy.claim_limit(), self._claim_s
-                )
-                if claim is not None and claim.rows:
-                    rows, requests, settlement = self._policy.jobs(claim.rows)
-                    if requests:
-                        try:
-                            results = client.enqueue_batch(requests, timeout=self._claim_s / 2)
-                        except SeppError as exc:
-                            self._send_failed(rows, exc, settlement)
-                        else:
-                            self._policy.answered(rows, results, settlement)
-                    self._db_call_sync(self._settle, claim, settlement)
-                delay = self._policy.backoff_s()
-                idle = claim is not None and not claim.rows
-                if idle or delay:
-                    self._note_backlog(self._db_call_sync(self._store.backlog))
-                if self._stopping or not (delay or idle):
-                    continue
-                if delay or not self._store.listens:
-                    self._wake.wait(delay or self._poll_s)
-                else:
-                    self._db_call_sync(self._store.wait, LISTEN_WAIT_S)
+            with contextlib.ExitStack() as serving:
+                if port is not None:
+                    serving.enter_context(self._serving_metrics(port, metrics_host))
+                # The same loop, every await of which completes without suspending here.
+                run_blocking(self._relay(_Blocking(client), _InThread(self._wake)))
         finally:
             self._stop()
 
-    def _db_call_sync(self, fn: Callable[..., T], *args: object) -> T | None:
+    async def _relay(self, client: _AsyncClient, io: _Io) -> None:
+        """Claim -> send -> settle, and back off or wait for rows, until `shutdown()`."""
+        while not self._stopping:
+            claim = await self._db_call(
+                io, self._store.claim, self._policy.claim_limit(), self._claim_s
+            )
+            if claim is not None and claim.rows:
+                rows, requests, settlement = self._policy.jobs(claim.rows)
+                if requests:
+                    try:
+                        results = await client.enqueue_batch(requests, timeout=self._claim_s / 2)
+                    except SeppError as exc:
+                        self._send_failed(rows, exc, settlement)
+                    else:
+                        self._policy.answered(rows, results, settlement)
+                await self._db_call(io, self._settle, claim, settlement)
+            delay = self._policy.backoff_s()
+            idle = claim is not None and not claim.rows
+            if idle or delay:  # counted when it waits, never between batches
+                self._note_backlog(await self._db_call(io, self._store.backlog))
+            if self._stopping or not (delay or idle):
+                continue
+            with io.idle():  # shutdown() ends the wait
+                if delay or not self._store.listens:
+                    await io.sleep(delay or self._poll_s)
+                else:
+                    await self._db_call(io, self._store.wait, LISTEN_WAIT_S)
+
+    async def _db_call(self, io: _Io, fn: Callable[..., T], *args: object) -> T | None:
         try:
-            return fn(*args)
-        except Exception as exc:
+            return await io.blocking(fn, *args)
+        except Exception as exc:  # the database is down or locked: back off, reconnect
             self._db_failed(exc)
             return None
 
@@ -302,7 +316,70 @@ class OutboxRelay:
             )
 
 
-async def _in_thread(fn: Callable[..., T], *args: object) -> T:
-    """A blocking database call in a worker thread, waited for even when cancelled (a
-    transaction is never left half done in an abandoned thread)."""
-    return await concurrency.run_sync_in_thread(fn, *args, abandon=False)
+class _Io(Protocol):
+    """Where the relay's loop runs: a task (trio, asyncio) or a thread of its own."""
+
+    def idle(self) -> AbstractContextManager[None]:
+        """A block of waiting (a sleep, or for rows) that `shutdown()` may end early."""
+        ...
+
+    async def sleep(self, seconds: float) -> None: ...
+
+    async def blocking(self, fn: Callable[..., T], *args: object) -> T:
+        """A blocking database call."""
+        ...
+
+
+class _InTask:
+    """In a task: the database calls in worker threads, waited for even when cancelled (a
+    transaction is never left half done in an abandoned thread); the waits in a cancel scope
+    that `shutdown()` cancels."""
+
+    def __init__(self, relay: OutboxRelay, cc: concurrency.ServiceRuntime) -> None:
+        self._relay = relay
+        self._cc = cc
+
+    @contextlib.contextmanager
+    def idle(self) -> Iterator[None]:
+        scope = self._cc.cancel_scope()
+        self._relay._idle_scope = scope
+        try:
+            with scope:
+                yield
+        finally:
+            self._relay._idle_scope = None
+
+    async def sleep(self, seconds: float) -> None:
+        await self._cc.sleep(seconds)
+
+    async def blocking(self, fn: Callable[..., T], *args: object) -> T:
+        return await self._cc.run_sync_in_thread(fn, *args, abandon=False)
+
+
+class _InThread:
+    """In the calling thread (`run_sync`): every call made here and now, the sleeps on an
+    event that `shutdown()` sets (a wait for rows lasts at most `LISTEN_WAIT_S`)."""
+
+    def __init__(self, wake: threading.Event) -> None:
+        self._wake = wake
+
+    def idle(self) -> AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+    async def sleep(self, seconds: float) -> None:
+        self._wake.wait(seconds)
+
+    async def blocking(self, fn: Callable[..., T], *args: object) -> T:
+        return fn(*args)
+
+
+class _Blocking:
+    """A `SyncClient` as the loop calls a client: its call completes before the await does."""
+
+    def __init__(self, client: SyncClient) -> None:
+        self._client = client
+
+    async def enqueue_batch(
+        self, jobs: list[EnqueueRequest], *, timeout: float | None = None
+    ) -> list[EnqueueAck | JobRejection]:
+        return self._client.enqueue_batch(jobs, timeout=timeout)

@@ -1,8 +1,9 @@
 """The blocking runtime (`BLOCKING`, `SyncClient`'s): every await of the shared client code
 completes without suspending (the blocking channel reads its socket in the calling thread,
 sleeps are `time.sleep`), so `run_blocking` runs an operation to its end with one
-`coroutine.send(None)`. What needs an event loop (tasks, cancel scopes, parking) is never
-reached here, and raises ClientInternalError if it is."""
+`coroutine.send(None)`. It has only the client's members (`protocol.Runtime`: no Worker or
+Scheduler runs on it); what needs an event loop (tasks, cancel scopes, parking, calls from
+other threads) is never reached here, and raises ClientInternalError if it is."""
 
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ def _needs_an_event_loop(what: str) -> NoReturn:
 
 
 class BlockingRuntime:
-    now = staticmethod(time.monotonic)
+    current_time = staticmethod(time.monotonic)
 
     def effective_deadline(self) -> float:
         return math.inf

@@ -6,18 +6,20 @@ from __future__ import annotations
 
 import enum
 import logging
-import random
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from typing import Protocol
 
+from .._client.client_kind import refuse_a_blocking_client
 from .._model import validate as v
+from .._model.backoff import backoff_delay
 from .._model.errors import JobRejectedError, SeppError, UnauthenticatedError, ValidationError
 from .._model.types import EnqueueAck, EnqueueRequest, ServerInfo
 from .._runtime.concurrency import (
     TASK_STATUS_IGNORED,
-    TRIO,
+    CancelScope,
     RunHandle,
+    ServiceRuntime,
     TaskStatus,
     current,
 )
@@ -193,6 +195,7 @@ class Scheduler:
                 f"{window_s:g}s leaves no room for a {self._lookahead_s:g}s lookahead, a"
                 f" {self._grace_s:g}s grace and a {CLOCK_MARGIN_S:g}s clock margin",
             )
+        refuse_a_blocking_client(client, "sepp.Scheduler")
         self._client = client
         self._missed = missed
         self._entries = tuple(schedule._entries.values())
@@ -201,8 +204,10 @@ class Scheduler:
         self._state = _RunState.NEW
         self._shutdown_requested = False
         self._run = RunHandle()
-        self._cc = TRIO  # run() moves the scheduler to its own library
-        self._scope = TRIO.cancel_scope()
+        # The runtime of the run (given by run() when it starts), and the run's scope that
+        # shutdown() cancels, made then.
+        self._cc: ServiceRuntime
+        self._scope: CancelScope | None = None
         self._clock: _ServerClock | None = None
         self._clock_refresh_at = 0.0
         self._tracks: list[_Track] = []
@@ -225,7 +230,11 @@ class Scheduler:
         same trio run or asyncio loop, before or during `run()`; from another thread or a signal
         handler use `shutdown_handle().shutdown()`."""
         self._shutdown_requested = True
-        self._scope.cancel()
+        self._cancel_run()
+
+    def _cancel_run(self) -> None:
+        if self._scope is not None:
+            self._scope.cancel()
 
     def shutdown_handle(self) -> ShutdownHandle:
         """A handle whose `shutdown()` is safe from another thread or a signal handler."""
@@ -234,23 +243,21 @@ class Scheduler:
     def _request_shutdown(self, *, from_task: bool, now: bool = False) -> None:
         # Flag first, the run second; run() enters the run first and reads the flag second.
         self._shutdown_requested = True
-        self._run.call(self._scope.cancel, from_task=False)
+        self._run.call(self._cancel_run, from_task=False)
 
     async def run(self, *, task_status: TaskStatus[None] = TASK_STATUS_IGNORED) -> None:
         """Enqueue occurrences until `shutdown()`. A scheduler runs once."""
         if self._state is not _RunState.NEW:
             raise RuntimeError("Scheduler.run() can only be called once; create a new Scheduler")
-        cc = current()
-        if cc is not self._cc:
-            self._cc = cc
-            self._scope = cc.cancel_scope()
+        cc = self._cc = current()
+        scope = self._scope = cc.cancel_scope()
         self._state = _RunState.RUNNING
-        self._run.enter()
+        self._run.enter(cc)
         if self._shutdown_requested:
-            self._scope.cancel()
+            scope.cancel()
         started = False
         try:
-            with self._scope:
+            with scope:
                 info = await self._first_sync()
                 self._check_server_limits(info)
                 self._start_tracks()
@@ -516,5 +523,6 @@ class Scheduler:
 
 
 def _backoff(failures: int) -> float:
-    step = min(BACKOFF_INITIAL_S * 2.0 ** min(failures - 1, 62), BACKOFF_CAP_S)
-    return step * random.uniform(0.5, 1.0)
+    return backoff_delay(
+        failures, initial=BACKOFF_INITIAL_S, multiplier=2.0, cap=BACKOFF_CAP_S, jitter=0.5
+    )

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from datetime import datetime
 
 from .._model.types import Job
-from .._runtime.concurrency import TRIO, CancelScope, Concurrency, Event
+from .._runtime.concurrency import CancelScope, Event, ServiceRuntime
 
 
 class Phase(enum.Enum):
@@ -27,6 +27,7 @@ class HeldJob:
         "_slot_granted",
         "cc",
         "context",
+        "dispatched_at",
         "earlier",
         "ended",
         "forced",
@@ -37,10 +38,12 @@ class HeldJob:
         "phase",
         "run_s",
         "scope",
+        "started_at",
+        "wait_s",
         "watch_key",
     )
 
-    def __init__(self, job: Job, cc: Concurrency = TRIO) -> None:
+    def __init__(self, job: Job, cc: ServiceRuntime) -> None:
         self.job = job
         self.cc = cc
         self.phase = Phase.WAITING
@@ -66,7 +69,16 @@ class HeldJob:
         self.ended: Event | None = None
         self._seen_expiry: datetime | None = None
         self._deadline = 0.0
-        self.run_s: float | None = None  # how long its handler ran, once it has
+        # On the run's clock: when the worker took the job from the reserve's answer, and when
+        # its handler function itself started (after the slot and the middleware before it).
+        self.dispatched_at = 0.0
+        self.started_at: float | None = None
+        self.run_s: float | None = None  # from the handler's start to the chain's end
+        self.wait_s = 0.0  # from the dispatch to the handler's start (or the end, if never)
+
+    def handler_started(self) -> None:
+        """The handler function itself starts now (the middleware chain's innermost step)."""
+        self.started_at = self.cc.current_time()
 
     @property
     def cancelled(self) -> bool:
@@ -127,15 +139,11 @@ class HeldJobs:
 
     __slots__ = ("_by_delivery", "_latest", "_parked", "_shrunk", "_wakes", "cc")
 
-    def __init__(self, cc: Concurrency = TRIO) -> None:
+    def __init__(self, cc: ServiceRuntime) -> None:
         self._by_delivery: dict[HeldJob, None] = {}  # by identity, in arrival order
         self._latest: dict[str, HeldJob] = {}
         self._parked = 0  # tasks in wait_for_change() since the last wake-up
         self._wakes = 0
-        self.use(cc)
-
-    def use(self, cc: Concurrency) -> None:
-        """Run on `cc` (before the Worker's run, while nothing is held)."""
         self.cc = cc
         self._shrunk = cc.parking_lot()
 

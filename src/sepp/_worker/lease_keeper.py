@@ -11,7 +11,7 @@ from datetime import datetime
 
 from .._model.errors import AttemptMismatchError, JobNotFoundError
 from .._model.settlement import describe
-from .._runtime.concurrency import TRIO, Concurrency, Nursery
+from .._runtime.concurrency import Nursery, ServiceRuntime
 from .._util.log import Log
 from .client_calls import WorkerClient
 from .held_job import HeldJob, Phase
@@ -47,7 +47,7 @@ class LeaseKeeper:
         now_utc: Callable[[], datetime],
         log: Log,
         extend: bool = True,
-        cc: Concurrency = TRIO,
+        cc: ServiceRuntime,
     ) -> None:
         self._extend = extend
         self._client = client
@@ -72,10 +72,6 @@ class LeaseKeeper:
         # When run() wakes by itself: a job due earlier wakes it (-inf: awake, or not
         # waiting yet, so it looks at the heap anyway).
         self._sleeping_until = -math.inf
-        self.use(cc)
-
-    def use(self, cc: Concurrency) -> None:
-        """Run on `cc` (before the Worker's run, while no job is watched)."""
         self._cc = cc
         self._due_changed = cc.event()
         self._scope = cc.cancel_scope()
@@ -174,7 +170,7 @@ class LeaseKeeper:
                     continue
                 if cc.current_time() < due:
                     self._sleeping_until = due
-                    with cc.move_on_at(due):
+                    with cc.cancel_scope(deadline=due):
                         await changed.wait()
                     self._sleeping_until = -math.inf
                     continue
@@ -220,7 +216,7 @@ class LeaseKeeper:
                 self._lose_lease(held, why)
                 return
             # An extend still pending at the expiry could not have saved the lease.
-            with cc.move_on_at(deadline) as attempt:
+            with cc.cancel_scope(deadline=deadline) as attempt:
                 try:
                     await self._client.extend(ctx, self._lease_s)
                 except (JobNotFoundError, AttemptMismatchError) as exc:

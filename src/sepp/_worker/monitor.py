@@ -1,30 +1,31 @@
 """WorkerMonitor: a Worker's health and its Prometheus metrics, kept in plain counters (no
-OpenTelemetry SDK needed) and served over HTTP from threads of their own (`probe_server`, with
-the requests and answers of `http_responder`), so a handler holding the event loop delays no
-answer. The loop publishes (its events, its heartbeat) under the feed's lock; the serving
-threads read under it."""
+OpenTelemetry SDK needed) and served over HTTP from a thread of its own (`_probes.server`,
+written in the exposition format by `_probes.prometheus`), so a handler holding the event loop
+delays no answer. The loop publishes (its events, its heartbeat) under the feed's lock; the
+serving thread reads under it."""
 
 from __future__ import annotations
 
 import bisect
 import enum
-import math
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from .._model import validate as v
 from .._model.errors import ValidationError
+from .._probes import prometheus
+from .._probes.http1 import TEXT, Response, Route
+from .._probes.server import ProbeServer
 from .._runtime.concurrency import (
     TASK_STATUS_IGNORED,
-    Concurrency,
+    ServiceRuntime,
     TaskStatus,
     current,
 )
-from .http_responder import TEXT, Responder, Response, Route
-from .probe_server import ProbeServer
 
 if TYPE_CHECKING:
     from .._model.types import JobContext
@@ -35,7 +36,6 @@ RESERVE_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60)
 # Distinct (queue, job type) label pairs kept; later ones are counted as job type "other".
 MAX_SERIES = 200
 OTHER = "other"  # the job type label of types without their own handler, and of overflow
-PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 # How often serve()'s heartbeat task stamps the loop as running: the lag is how late it is.
 HEARTBEAT_S = 0.1
 # The default bound on that lag past which /healthz fails: a loop held this long cannot extend
@@ -49,6 +49,17 @@ class _State(enum.Enum):
     RESERVING = "reserving"
     SHUTTING_DOWN = "shutting down"
     STOPPED = "stopped"
+
+
+@dataclass(frozen=True, slots=True)
+class Health:
+    """What the probes say, as data: whether the worker is live and ready, what it is doing
+    (or why it is not live), and its loop's lag in seconds (None: not measured)."""
+
+    live: bool
+    ready: bool
+    status: str
+    loop_lag: float | None
 
 
 class _Histogram:
@@ -136,13 +147,13 @@ class WorkerMonitor:
     def live(self) -> bool:
         """Whether the worker has not stopped (True before it starts) and its event loop ran
         within `max_loop_lag` seconds."""
-        return self._health()[0]
+        return self._health().live
 
     @property
     def ready(self) -> bool:
         """Whether the worker is live and reserving, its last reserve worked, and it is not
         shutting down."""
-        return self._readiness()[0]
+        return self._health().ready
 
     @property
     def status(self) -> str:
@@ -163,37 +174,29 @@ class WorkerMonitor:
             return f"reserve failing ({feed.reserve_failures} in a row): {feed.last_reserve_error}"
         return feed.state.value
 
-    def _health(self) -> tuple[bool, str]:
-        """Whether the worker is live, and the body that says so: the status (or why it is
-        not live) on the first line, the loop's lag on the second while it is measured."""
+    def _health(self) -> Health:
+        """What the probes say, read at once: live unless stopped or the loop is held past
+        the bound (then the status says so), ready while also reserving without failures."""
         feed = self._feed
         with feed.lock:
             status = self._status()
             lag = feed.loop_lag(time.monotonic())
-            stopped = feed.state is _State.STOPPED
-        if lag is None:
-            return not stopped, status
-        lag_line = f"\nevent loop lag: {lag:.3f}s"
+            live = feed.state is not _State.STOPPED
+            reserving = feed.state is _State.RESERVING and not feed.reserve_failures
         bound = self._max_loop_lag_s
-        if bound is not None and lag > bound:
-            return False, (
+        if lag is not None and bound is not None and lag > bound:
+            live = False
+            status = (
                 f"the event loop has not run for {lag:.3f}s, over max_loop_lag {bound:g}s"
-                f" (a handler holds it?); {status}{lag_line}"
+                f" (a handler holds it?); {status}"
             )
-        return not stopped, status + lag_line
-
-    def _readiness(self) -> tuple[bool, str]:
-        live, body = self._health()
-        feed = self._feed
-        with feed.lock:
-            ready = feed.state is _State.RESERVING and not feed.reserve_failures
-        return live and ready, body
+        return Health(live, live and reserving, status, lag)
 
     def prometheus_text(self) -> str:
         """The metrics in the Prometheus text exposition format (version 0.0.4)."""
         feed = self._feed
         ready = self.ready
-        with feed.lock:  # a copy, rendered outside the lock the loop's events take
+        with feed.lock:  # a copy, written outside the lock the loop's events take
             lag = feed.loop_lag(time.monotonic())
             series = sorted((key, s.copy()) for key, s in feed.series.items())
             unknown_type = sorted(feed.unknown_type.items())
@@ -203,58 +206,68 @@ class WorkerMonitor:
                 feed.reserves_failed,
             )
             reserve_duration = feed.reserve_duration.copy()
-        out: list[str] = []
+        Family = prometheus.Family
+        families: list[prometheus.Family] = []
         for name, help_text in _JOB_COUNTERS:
-            metric = f"sepp_worker_jobs_{name}_total"
-            out += [f"# HELP {metric} {help_text}.", f"# TYPE {metric} counter"]
+            counter = Family(f"sepp_worker_jobs_{name}_total", "counter", f"{help_text}.")
             for (queue, job_type), s in series:
-                out.append(f"{metric}{_labels(queue=queue, job_type=job_type)} {getattr(s, name)}")
-        metric = "sepp_worker_jobs_unknown_type_total"
-        out += [
-            f"# HELP {metric} Jobs of a type without a handler, given back.",
-            f"# TYPE {metric} counter",
-        ]
-        out += [f"{metric}{_labels(queue=q)} {n}" for q, n in unknown_type]
-        metric = "sepp_worker_job_duration_seconds"
-        out += [
-            f"# HELP {metric} Handler run time (with its middleware).",
-            f"# TYPE {metric} histogram",
-        ]
+                counter.add(getattr(s, name), queue=queue, job_type=job_type)
+            families.append(counter)
+        unknown = Family(
+            "sepp_worker_jobs_unknown_type_total",
+            "counter",
+            "Jobs of a type without a handler, given back.",
+        )
+        for queue, n in unknown_type:
+            unknown.add(n, queue=queue)
+        duration = Family(
+            "sepp_worker_job_duration_seconds",
+            "histogram",
+            "Handler run time (with its middleware).",
+        )
         for (queue, job_type), s in series:
-            out += _histogram_lines(metric, s.duration, queue=queue, job_type=job_type)
-        out += [
-            "# HELP sepp_worker_jobs_in_flight Handlers running now.",
-            "# TYPE sepp_worker_jobs_in_flight gauge",
-            f"sepp_worker_jobs_in_flight {in_flight}",
-            "# HELP sepp_worker_reserves_total Reserve calls, by result.",
-            "# TYPE sepp_worker_reserves_total counter",
-            f'sepp_worker_reserves_total{{result="ok"}} {reserves_ok}',
-            f'sepp_worker_reserves_total{{result="error"}} {reserves_failed}',
-            "# HELP sepp_worker_reserve_duration_seconds Reserve call time (a long poll waits"
-            " up to its wait_timeout).",
-            "# TYPE sepp_worker_reserve_duration_seconds histogram",
-            *_histogram_lines("sepp_worker_reserve_duration_seconds", reserve_duration),
-            "# HELP sepp_worker_ready 1 while the worker is connected, reserving and not"
-            " shutting down.",
-            "# TYPE sepp_worker_ready gauge",
-            f"sepp_worker_ready {int(ready)}",
-            "# HELP sepp_worker_event_loop_lag_seconds How long the event loop has gone"
-            " without running (0 while it runs).",
-            "# TYPE sepp_worker_event_loop_lag_seconds gauge",
-        ]
+            _add_histogram(duration, s.duration, queue=queue, job_type=job_type)
+        in_flight_gauge = Family("sepp_worker_jobs_in_flight", "gauge", "Handlers running now.")
+        in_flight_gauge.add(in_flight)
+        reserves = Family("sepp_worker_reserves_total", "counter", "Reserve calls, by result.")
+        reserves.add(reserves_ok, result="ok")
+        reserves.add(reserves_failed, result="error")
+        reserve_time = Family(
+            "sepp_worker_reserve_duration_seconds",
+            "histogram",
+            "Reserve call time (a long poll waits up to its wait_timeout).",
+        )
+        _add_histogram(reserve_time, reserve_duration)
+        ready_gauge = Family(
+            "sepp_worker_ready",
+            "gauge",
+            "1 while the worker is connected, reserving and not shutting down.",
+        )
+        ready_gauge.add(int(ready))
+        lag_gauge = Family(
+            "sepp_worker_event_loop_lag_seconds",
+            "gauge",
+            "How long the event loop has gone without running (0 while it runs).",
+        )
         if lag is not None:
-            out.append(f"sepp_worker_event_loop_lag_seconds {lag!r}")
-        return "\n".join(out) + "\n"
+            lag_gauge.add(lag)
+        families += [unknown, duration, in_flight_gauge, reserves, reserve_time]
+        families += [ready_gauge, lag_gauge]
+        return prometheus.write(families)
 
     # -- serving --------------------------------------------------------------------------------
 
     def _routes(self, *, health: bool = True, metrics: bool = True) -> dict[str, Route]:
         routes: dict[str, Route] = {}
         if health:
-            routes["/healthz"] = lambda: _probe(*self._health())
-            routes["/readyz"] = lambda: _probe(*self._readiness())
+            routes["/healthz"] = lambda: _probe(self._health(), ready=False)
+            routes["/readyz"] = lambda: _probe(self._health(), ready=True)
         if metrics:
-            routes["/metrics"] = lambda: (200, PROMETHEUS_TEXT, self.prometheus_text().encode())
+            routes["/metrics"] = lambda: (
+                200,
+                prometheus.CONTENT_TYPE,
+                self.prometheus_text().encode(),
+            )
         return routes
 
     async def serve(
@@ -269,27 +282,50 @@ class WorkerMonitor:
         """Serve `/healthz` and `/readyz` (with `health`) and `/metrics` (with `metrics`) over
         HTTP on `host:port` (None: every interface; port 0: any free one) until cancelled.
         `await nursery.start(monitor.serve, port)` returns the bound port. The answers come
-        from threads of their own (stopped and joined when this returns), so a handler holding
+        from a thread of its own (stopped and joined when this returns), so a handler holding
         the event loop delays none; meanwhile this task is the heartbeat that measures the
         loop's lag. Each connection gets one GET answered and is closed; a request head over
         8 KiB, or not received within 5 seconds, gets an error instead."""
         if not (health or metrics):
             raise ValidationError("serve", "needs health, metrics or both")
-        cc = current()
-        server = ProbeServer(
-            Responder(self._routes(health=health, metrics=metrics)), port, host=host
+        await serve_routes(
+            self,
+            self._routes(health=health, metrics=metrics),
+            port,
+            host=host,
+            task_status=task_status,
         )
-        feed = self._feed
+
+
+async def serve_routes(
+    monitor: WorkerMonitor,
+    routes: Mapping[str, Route],
+    port: int,
+    *,
+    host: str | None,
+    task_status: TaskStatus[int] = TASK_STATUS_IGNORED,
+) -> None:
+    """`monitor.serve()` with the routes given (the supervisor's child adds its own), until
+    cancelled: the server's thread answers, this task is the heartbeat."""
+    cc = current()
+    feed = monitor._feed
+    with ProbeServer(routes, port, host=host) as server:
+        feed.beat(first=True)  # measured from now, before anything else runs
         try:
-            server.start()
-            feed.beat(first=True)  # measured from now, before anything else runs
-            try:
-                task_status.started(server.port)
-                await feed.heartbeat(cc)
-            finally:
-                feed.last_beat()
+            task_status.started(server.port)
+            await feed.heartbeat(cc)
         finally:
-            server.close()
+            feed.last_beat()
+
+
+def health_of(monitor: WorkerMonitor) -> Health:
+    """What `monitor`'s probes say, as data (what a child tells the supervisor)."""
+    return monitor._health()
+
+
+def routes_of(monitor: WorkerMonitor, *, health: bool, metrics: bool) -> dict[str, Route]:
+    """`monitor`'s routes: `/healthz` and `/readyz` with `health`, `/metrics` with `metrics`."""
+    return monitor._routes(health=health, metrics=metrics)
 
 
 def feed_of(monitor: WorkerMonitor) -> MonitorFeed:
@@ -405,7 +441,7 @@ class MonitorFeed:
             self._beating += first
             self._beat_due = max(due, self._beat_due or 0.0)
 
-    async def heartbeat(self, cc: Concurrency) -> None:
+    async def heartbeat(self, cc: ServiceRuntime) -> None:
         """After the `first` beat: stamp the loop as running every `HEARTBEAT_S` seconds,
         until cancelled (then `last_beat()`)."""
         while True:
@@ -434,31 +470,16 @@ class MonitorFeed:
         return series
 
 
-def _probe(ok: bool, status: str) -> Response:
-    return (200 if ok else 503), TEXT, f"{'ok' if ok else 'not ready'}: {status}\n".encode()
+def _probe(health: Health, *, ready: bool) -> Response:
+    """A probe's answer: 200 or 503, the status on the first line, the lag on the second."""
+    ok = health.ready if ready else health.live
+    body = f"{'ok' if ok else 'not ready'}: {health.status}\n"
+    if health.loop_lag is not None:
+        body += f"event loop lag: {health.loop_lag:.3f}s\n"
+    return (200 if ok else 503), TEXT, body.encode()
 
 
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
-def _labels(**labels: str) -> str:
-    return "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items()) + "}"
-
-
-def _number(value: float) -> str:
-    if value == math.inf:
-        return "+Inf"
-    return repr(float(value)) if not float(value).is_integer() else str(int(value))
-
-
-def _histogram_lines(metric: str, histogram: _Histogram, **labels: str) -> list[str]:
-    lines = []
-    cumulative = 0
-    for bound, count in zip((*histogram.bounds, math.inf), histogram.counts, strict=True):
-        cumulative += count
-        lines.append(f"{metric}_bucket{_labels(**labels, le=_number(bound))} {cumulative}")
-    suffix = _labels(**labels) if labels else ""
-    lines.append(f"{metric}_sum{suffix} {histogram.total!r}")
-    lines.append(f"{metric}_count{suffix} {histogram.count}")
-    return lines
+def _add_histogram(family: prometheus.Family, histogram: _Histogram, **labels: str) -> None:
+    family.add_histogram(
+        histogram.bounds, histogram.counts, histogram.total, histogram.count, **labels
+    )

@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 from .._client import otel as _otel
 from .._model import settlement as outcomes
+from .._model.backoff import Backoff
 from .._model.types import Job, JobContext, Retry, set_handler_context
-from .._runtime.concurrency import TRIO, CancelScope, Concurrency, Spawner, TooSlowError
-from .backoff import Backoff
+from .._runtime.concurrency import CancelScope, ServiceRuntime, Spawner, TooSlowError
 from .held_job import HeldJob, HeldJobs, Phase
 from .job_steps import JobCoroutine, drive, leave_runner_scope
 from .middleware import run_chain
@@ -42,7 +42,7 @@ class HandlerTimeoutError(TooSlowError):
         super().__init__(f"the handler ran past its {timeout_s:g}s timeout and was cancelled")
 
 
-def _with_timeout(fn: Handler, timeout_s: float, cc: Concurrency) -> Handler:
+def _with_timeout(fn: Handler, timeout_s: float, cc: ServiceRuntime) -> Handler:
     move_on_after = cc.move_on_after
 
     async def timed(payload: Any, ctx: JobContext) -> None:
@@ -60,7 +60,7 @@ class Route:
 
     __slots__ = ("backoff", "fn", "middleware")
 
-    def __init__(self, fn: Handler, settings: RouteSettings, cc: Concurrency) -> None:
+    def __init__(self, fn: Handler, settings: RouteSettings, cc: ServiceRuntime) -> None:
         timeout_s = settings.timeout_s
         self.fn = fn if timeout_s is None else _with_timeout(fn, timeout_s, cc)
         self.middleware = settings.middleware
@@ -114,7 +114,7 @@ class JobProcessor:
         events: WorkerEvents | None,
         metrics: _otel.WorkerMetrics,
         loop_watch: LoopWatch | None = None,
-        cc: Concurrency = TRIO,
+        cc: ServiceRuntime,
     ) -> None:
         self._cc = cc
         self._client = client
@@ -136,11 +136,6 @@ class JobProcessor:
         self.lifespan_state: Any = None  # every handler's ctx.state
         self._reserving_ended = False
         self._idle: list[_Runner] = []  # job runners waiting for a job, the latest last
-
-    def use(self, cc: Concurrency, router: Router, own: RouteSettings) -> None:
-        """Run on `cc` (before the Worker's run)."""
-        self._cc = cc
-        self.use_routes(router, own)
 
     def use_routes(self, router: Router, own: RouteSettings) -> None:
         """Run `router`'s handlers, with the Worker's settings `own` around theirs."""
@@ -168,12 +163,15 @@ class JobProcessor:
 
     # -- taking a job ---------------------------------------------------------------------------
 
-    def dispatch(self, job: Job) -> None:
+    def dispatch(self, job: Job, dispatched_at: float) -> None:
+        """Take `job`, which the worker took from a reserve's answer at `dispatched_at` (on the
+        run's clock): its wait for its handler starts there."""
         nursery = self.nursery
         assert nursery is not None
         ctx = job.ctx
         set_handler_context(ctx, self._client, self.lifespan_state)
         held = HeldJob(job, self._cc)
+        held.dispatched_at = dispatched_at
         earlier = self._held.add(held)
         route = self._routes.get(ctx.job_type, self._catch_all)
         if route is not None and earlier is None and self._slots.take(held):
@@ -304,7 +302,7 @@ class JobProcessor:
                         dead_lettered = await self._settle(ctx, outcome, attributes)
                 if self._events is not None:
                     self._events.job_settled(ctx, label, dead_lettered)
-                self._report.finished(ctx, label, dead_lettered, held.run_s)
+                self._report.finished(ctx, label, dead_lettered, held.run_s, held.wait_s)
                 if outcome is not None and outcome.retry is not None:
                     await self._report.nacked(ctx, outcome, dead_lettered)
         finally:
@@ -333,7 +331,7 @@ class JobProcessor:
         error: Exception | None = None
         metrics = self._metrics
         events = self._events
-        started: float | None = None
+        slotted = False
         try:
             if runner_scope is None:
                 assert held.scope is not None
@@ -341,39 +339,47 @@ class JobProcessor:
                     if held.earlier is not None:
                         await self._after_earlier_run(held, held.earlier)
                     await held.wait_for_slot()
-                    started = now()
+                    slotted = True
                     if events is not None:
                         events.job_started(ctx)
                     if attributes is not None:
                         metrics.add("in_flight", 1, attributes)
-                    call = self._call(held, route)
+                    call = self._call(held, route, now)
                     watch = self._loop_watch
                     await (call if watch is None else watch.stepping(ctx, call))
                     returned = True
             elif not held.forced and held.lease_lost is None:  # else it never starts
                 # Each step is stamped for the loop watch by the runner (job_steps.drive).
-                started = at
+                slotted = True
                 if events is not None:
                     events.job_started(ctx)
                 if attributes is not None:
                     metrics.add("in_flight", 1, attributes)
-                if route.middleware:
-                    await run_chain(job, route.middleware, route.fn)
+                if route.middleware:  # it says when the handler itself starts
+                    await run_chain(job, route.middleware, route.fn, held)
                 else:
+                    held.started_at = at
                     await route.fn(job.payload, ctx)
                 returned = True
         except Exception as exc:  # the handler's failure is the job's outcome, not ours
             error = exc
-        except self._cc.cancelled:
+        except BaseException as exc:
             # The runner's scope was cancelled for this job (its own scope swallows it);
             # anything else goes on out.
-            if runner_scope is None or not held.cancelled:
+            if runner_scope is None or not held.cancelled or not self._cc.is_cancellation(exc):
                 raise
         finally:
             self._slots.release(held)
             held.phase = Phase.SETTLING
-            if started is not None:
-                held.run_s = run_s = now() - started
+            ended = now()
+            started = held.started_at
+            if started is None:  # never started (a middleware skipped it, or it was stopped)
+                held.wait_s = ended - held.dispatched_at
+            else:
+                held.run_s = ended - started
+                held.wait_s = started - held.dispatched_at
+            if slotted:
+                run_s = held.run_s or 0.0
                 if events is not None:
                     events.job_ended(ctx, run_s)
                 if attributes is not None:
@@ -396,11 +402,12 @@ class JobProcessor:
         return outcomes.with_backoff(outcome, Retry.after(delay_s), delay_s)
 
     @staticmethod
-    def _call(held: HeldJob, route: Route) -> Awaitable[None]:
-        """The handler's call, inside its middleware."""
+    def _call(held: HeldJob, route: Route, now: Callable[[], float]) -> Awaitable[None]:
+        """The handler's call, inside its middleware (which says when the handler starts)."""
         job = held.job
         if route.middleware:
-            return run_chain(job, route.middleware, route.fn)
+            return run_chain(job, route.middleware, route.fn, held)
+        held.started_at = now()
         return route.fn(job.payload, job.ctx)
 
     async def _after_earlier_run(self, held: HeldJob, earlier: HeldJob) -> None:

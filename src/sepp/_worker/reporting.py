@@ -15,7 +15,7 @@ from .._model.errors import (
 )
 from .._model.settlement import HandlerError
 from .._model.types import JobContext
-from .._runtime.concurrency import TRIO, Concurrency
+from .._runtime.concurrency import ServiceRuntime
 from .._util.log import Log
 from .client_calls import WorkerClient
 
@@ -47,7 +47,7 @@ class WorkerReport:
         worker_id: str,
         queues: list[str],
         client: WorkerClient,
-        cc: Concurrency = TRIO,
+        cc: ServiceRuntime,
     ) -> None:
         self._log = log
         self._worker_id = worker_id
@@ -55,10 +55,6 @@ class WorkerReport:
         self._client = client
         self._unknown_logged_at: dict[str, float] = {}
         self._keeps_dead_letters: bool | None = None  # the server's, once asked
-        self.use(cc)
-
-    def use(self, cc: Concurrency) -> None:
-        """Run on `cc` (before the Worker's run)."""
         self._cc = cc
         self._server_info_lock = cc.lock()
 
@@ -139,21 +135,38 @@ class WorkerReport:
         )
 
     def finished(
-        self, ctx: JobContext, label: str | None, dead_lettered: bool | None, run_s: float | None
+        self,
+        ctx: JobContext,
+        label: str | None,
+        dead_lettered: bool | None,
+        run_s: float | None,
+        wait_s: float,
     ) -> None:
-        """A settled job at INFO, with its fields for structured logs."""
+        """A settled job at INFO, with its fields for structured logs: how long its handler ran
+        (`run_s`, None if it never started) and how long it waited before (`wait_s`)."""
         if label == "unknown_type" or not self._log.info_enabled():
             return  # logged by unknown_type; or nobody reads INFO
         outcome = "lease_lost" if label is None else label
         if dead_lettered:
             outcome += ", dead-lettered"
-        self._log.info(
-            "sepp: %s finished: %s in %.3fs",
-            ctx,
-            outcome,
-            run_s or 0.0,
-            extra={"sepp_outcome": outcome, "sepp_duration_s": run_s},
-        )
+        extra = {"sepp_outcome": outcome, "sepp_duration_s": run_s, "sepp_wait_s": wait_s}
+        if run_s is None:
+            self._log.info(
+                "sepp: %s finished: %s, did not run, waited %.3fs",
+                ctx,
+                outcome,
+                wait_s,
+                extra=extra,
+            )
+        else:
+            self._log.info(
+                "sepp: %s finished: %s, ran %.3fs, waited %.3fs",
+                ctx,
+                outcome,
+                run_s,
+                wait_s,
+                extra=extra,
+            )
 
     def settle_failed(self, verb: str, ctx: JobContext, exc: Exception) -> None:
         """The ack or nack (`verb`) of `ctx` raised `exc`."""

@@ -3,11 +3,11 @@ processing, and outlive every failure with a jittered backoff."""
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from .._runtime.concurrency import TRIO, Concurrency
+from .._model.backoff import backoff_delay
+from .._runtime.concurrency import ServiceRuntime
 
 if TYPE_CHECKING:
     from .._client.otel import WorkerMetrics
@@ -48,12 +48,12 @@ class ReserveLoop:
         settings: WorkerSettings,
         *,
         held: HeldJobs,
-        dispatch: Callable[[Job], None],
+        dispatch: Callable[[Job, float], None],
         shutdown: WorkerShutdown,
         report: WorkerReport,
         events: WorkerEvents | None,
         metrics: WorkerMetrics,
-        cc: Concurrency = TRIO,
+        cc: ServiceRuntime,
     ) -> None:
         self._client = client
         self._queues = list(settings.queues)  # as the client is given them, every time
@@ -70,19 +70,15 @@ class ReserveLoop:
         self._report = report
         self._events = events
         self._metrics = metrics
-        self.use(cc)
+        self._cc = cc
+        self.scope = cc.cancel_scope()
+        self._stopping = cc.event()  # set by stop() while a long poll is pending
         self._sent_at: float | None = None  # while a reserve is pending
         # The last reserve found the queues drained: the next one long-polls. Not known yet
         # (the first one, or after a failure): it does not wait.
         self._queues_drained = False
         self._long_polling = False  # the pending reserve is a long poll
         self._largest_batch = 0  # the most jobs one reserve has returned
-
-    def use(self, cc: Concurrency) -> None:
-        """Run on `cc` (before the Worker's run)."""
-        self._cc = cc
-        self.scope = cc.cancel_scope()
-        self._stopping = cc.event()  # set by stop() while a long poll is pending
 
     def stop(self) -> None:
         """The shutdown began (or, with `stop_now`, has to end now): end the loop. A reserve
@@ -169,8 +165,10 @@ class ReserveLoop:
                 failures = 0
             # No checkpoint between the reserve returning and here: a shutdown cannot slip
             # in and drop leased jobs.
-            for job in jobs or ():
-                self._dispatch(job)
+            if jobs:
+                dispatched_at = current_time()  # one reading for the batch: their waits start
+                for job in jobs:
+                    self._dispatch(job, dispatched_at)
             if not self._reserving():
                 return
             if jobs and short:
@@ -190,5 +188,4 @@ class ReserveLoop:
 
     def _backoff(self, failures: int) -> float:
         cap = max(RESERVE_BACKOFF_CAP_S, self._backoff_s)
-        step = min(self._backoff_s * 2.0 ** min(failures - 1, 62), cap)
-        return step * random.uniform(0.5, 1.0)
+        return backoff_delay(failures, initial=self._backoff_s, multiplier=2.0, cap=cap, jitter=0.5)

@@ -3,6 +3,7 @@ client and hand it to a Worker later."""
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Awaitable, Callable, Iterable
 from contextlib import AbstractAsyncContextManager
@@ -10,25 +11,27 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar, overload
 
 from .._model import validate as v
+from .._model.backoff import Backoff
 from .._model.errors import SeppError, ValidationError
 from .._model.settlement import OnInvalid, check_on_invalid
 from .._model.types import JobContext, Payload, Retry
-from .backoff import Backoff
 from .middleware import Middleware, checked_middleware
-from .thread_handlers import SyncHandler, is_sync_function, run_in_thread
+from .thread_handlers import SyncHandler, SyncJobContext, is_sync_function, run_in_thread
 
 if TYPE_CHECKING:
     from .._payloads.task import Task
 
 Handler = Callable[[Payload | None, JobContext], Awaitable[None]]
 """An async function `(payload, ctx) -> None` that processes one job. A plain `def` function
-is accepted too: it runs in a worker thread (see "Synchronous code" in the docs)."""
+is accepted too: it runs in a worker thread, its `ctx` a `sepp.SyncJobContext` whose client
+blocks (see "Synchronous code" in the docs)."""
 
 H = TypeVar("H", bound=Callable[[Any, JobContext], Awaitable[None]] | SyncHandler)
 T = TypeVar("T")
 
-# A task's handler: `async def` or `def` (run in a worker thread), taking the decoded payload.
-TaskHandler = Callable[[T, JobContext], Awaitable[None]] | Callable[[T, JobContext], None]
+# A task's handler: `async def` or `def` (run in a worker thread, with a SyncJobContext),
+# taking the decoded payload.
+TaskHandler = Callable[[T, JobContext], Awaitable[None]] | Callable[[T, SyncJobContext], None]
 
 
 class TaskDecorator(Protocol[T]):
@@ -41,8 +44,8 @@ class TaskDecorator(Protocol[T]):
 
     @overload
     def __call__(
-        self, fn: Callable[[T, JobContext], None], /
-    ) -> Callable[[T, JobContext], None]: ...
+        self, fn: Callable[[T, SyncJobContext], None], /
+    ) -> Callable[[T, SyncJobContext], None]: ...
 
 
 # Takes the sepp.Worker, or nothing (typed Any: router cannot import worker).
@@ -88,7 +91,28 @@ def lifespan_call(lifespan: object) -> LifespanCall:
         raise TypeError(
             f"the lifespan {name}{signature} cannot be called as lifespan(worker) or lifespan()"
         ) from None
-    return lambda _worker: lifespan()
+
+    @functools.wraps(lifespan)  # its name, for lifespan_manager's error
+    def without_the_worker(_worker: Any) -> AbstractAsyncContextManager[Any]:
+        return lifespan()  # type: ignore[no-any-return]
+
+    return without_the_worker
+
+
+def lifespan_manager(call: LifespanCall, worker: object) -> AbstractAsyncContextManager[Any]:
+    """What `call(worker)` returned, checked to be an async context manager: a coroutine (a
+    plain function returning an async function's call) is closed, never left unawaited, and a
+    plain context manager refused, each with a TypeError naming the fix."""
+    manager: object = call(worker)
+    if hasattr(manager, "__aenter__"):
+        return manager  # type: ignore[return-value]
+    if inspect.iscoroutine(manager):
+        manager.close()
+    name = getattr(call, "__qualname__", type(call).__name__)
+    raise TypeError(
+        f"the lifespan {name!r} returned {type(manager).__name__}, not an async context"
+        " manager: decorate it with @contextlib.asynccontextmanager"
+    )
 
 
 BackoffSetting = Backoff | Retry
@@ -97,8 +121,8 @@ BackoffSetting = Backoff | Retry
 
 class RouteSettings(NamedTuple):
     """How a handler runs, beyond the function: the middleware of the routers it came through
-    (outermost first); its timeout and backoff, None where inherited from an enclosing router
-    or the Worker."""
+    and of its own registration (outermost first; the Worker adds its own in front); its
+    timeout and backoff, None where inherited from an enclosing router or the Worker."""
 
     middleware: tuple[Middleware, ...] = ()
     timeout_s: float | None = None
@@ -140,8 +164,9 @@ class Router:
     once; `on_invalid="retry"` nacks it for a retry instead.
 
     `middleware` (see `sepp.Middleware`) wraps this router's handlers, also after another
-    router includes it; `timeout` and `backoff` are defaults for its handlers (a handler's
-    own registration, else the nearest router's, else the Worker's). `lifespan` (see
+    router includes it, and a registration's own `middleware=` its handler alone, inside;
+    `timeout` and `backoff` are defaults for its handlers (a handler's own registration, else
+    the nearest router's, else the Worker's). `lifespan` (see
     `sepp.Worker`) is the Worker's when this router is handed to it, e.g. by
     `sepp-trio worker`; a router with a lifespan cannot be included in another.
     """
@@ -186,17 +211,21 @@ class Router:
         *,
         timeout: float | timedelta | None = None,
         backoff: BackoffSetting | None = None,
+        middleware: Iterable[Middleware] = (),
     ) -> Router:
         """Register `fn` for `job_type`; returns the router so calls chain. `timeout` (seconds
         or timedelta) cancels a handler running longer and nacks its job with the backoff;
         `backoff` paces the retries of its failed jobs. None inherits the router's, then the
-        Worker's."""
+        Worker's. `middleware` wraps this handler alone, inside the router's and the Worker's
+        (first in the list = outermost)."""
         v.utf8_text("job_type", job_type)
-        settings = RouteSettings((), optional_timeout(timeout), checked_backoff("backoff", backoff))
+        self._register(job_type, fn, own_settings(timeout, backoff, middleware))
+        return self
+
+    def _register(self, job_type: str, fn: Any, settings: RouteSettings) -> None:
         from .typed_handler import prepare
 
         self._add(job_type, _checked_handler(prepare(fn, job_type, self._on_invalid)), settings)
-        return self
 
     def _add(self, job_type: str, fn: Handler, settings: RouteSettings) -> None:
         if job_type in self._handlers:
@@ -211,17 +240,18 @@ class Router:
         *,
         timeout: float | timedelta | None = None,
         backoff: BackoffSetting | None = None,
+        middleware: Iterable[Middleware] = (),
     ) -> TaskDecorator[T]:
         """Decorator: register the handler of `task`'s job type; it gets the payload decoded
         into the task's type: `@router.task(send_welcome)` on
         `async def handle(job: Welcome, ctx: sepp.JobContext)`, or on a `def` handler, which
-        runs in a worker thread. `timeout` and `backoff` as for `handle`."""
+        runs in a worker thread. `timeout`, `backoff` and `middleware` as for `handle`."""
         from .._payloads.task import Task
         from .typed_handler import prepare_for_task
 
         if not isinstance(task, Task):
             raise ValidationError("task", f"must be a sepp.Task, got {type(task).__name__}")
-        settings = RouteSettings((), optional_timeout(timeout), checked_backoff("backoff", backoff))
+        settings = own_settings(timeout, backoff, middleware)
 
         def register(fn: TaskHandler[T]) -> TaskHandler[T]:
             self._add(task.job_type, _checked_handler(prepare_for_task(fn, task)), settings)
@@ -235,14 +265,14 @@ class Router:
         *,
         timeout: float | timedelta | None = None,
         backoff: BackoffSetting | None = None,
+        middleware: Iterable[Middleware] = (),
     ) -> Callable[[H], H]:
         """Decorator form of `handle`."""
         v.utf8_text("job_type", job_type)
-        optional_timeout(timeout)
-        checked_backoff("backoff", backoff)
+        settings = own_settings(timeout, backoff, middleware)  # refused now, not when applied
 
         def register(fn: H) -> H:
-            self.handle(job_type, fn, timeout=timeout, backoff=backoff)
+            self._register(job_type, fn, settings)
             return fn
 
         return register
@@ -333,6 +363,17 @@ def copy_handlers(into: Router, other: Router) -> None:
         into._handlers[entry.job_type] = entry.handler
         if entry.settings != NO_SETTINGS:
             into._settings[entry.job_type] = entry.settings
+
+
+def own_settings(
+    timeout: float | timedelta | None, backoff: object, middleware: object
+) -> RouteSettings:
+    """One registration's own settings, checked (ValidationError)."""
+    return RouteSettings(
+        checked_middleware("middleware", middleware),
+        optional_timeout(timeout),
+        checked_backoff("backoff", backoff),
+    )
 
 
 def optional_timeout(timeout: float | timedelta | None) -> float | None:

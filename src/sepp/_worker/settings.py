@@ -12,9 +12,9 @@ from datetime import datetime, timedelta, timezone
 from typing import Literal
 
 from .._model import validate as v
+from .._model.backoff import Backoff
 from .._model.errors import ValidationError
 from .._util.log import Log, LoggerLike
-from .backoff import Backoff
 from .middleware import Middleware, checked_middleware
 from .monitor import WorkerMonitor
 from .router import (
@@ -29,6 +29,11 @@ from .router import (
 )
 
 UnknownTypes = Backoff | Literal["dead_letter"]
+
+DEFAULT_BACKOFF = Backoff()
+# Job types without a handler come back much later than failures: a newer worker that knows
+# the type may take minutes to roll out, and each return still costs the job an attempt.
+DEFAULT_UNKNOWN_TYPE_BACKOFF = Backoff(60.0, max=3600.0, jitter=0.1)
 
 
 @dataclass(frozen=True, slots=True)

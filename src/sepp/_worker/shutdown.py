@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .._runtime.concurrency import TRIO, Concurrency, RunHandle
+from .._runtime.concurrency import CancelScope, RunHandle, ServiceRuntime
 
 if TYPE_CHECKING:
     from .held_job import HeldJobs
@@ -15,11 +15,21 @@ if TYPE_CHECKING:
 class WorkerShutdown:
     """A Worker's shutdown: requested from anywhere (`requested`, `stop_now`), begun in the run
     (`begun`: reserving stops, jobs waiting for a slot go back), then `drain`: the grace period
-    for the running handlers, which `stop_now` ends at once."""
+    for the running handlers, which `stop_now` ends at once. Made with the Worker, before the
+    runtime of its run is known: what needs the runtime is given it."""
 
-    __slots__ = ("began_at", "begun", "cc", "grace", "requested", "run", "stop_now", "timeout_s")
+    __slots__ = (
+        "_grace_cut",
+        "began_at",
+        "begun",
+        "grace",
+        "requested",
+        "run",
+        "stop_now",
+        "timeout_s",
+    )
 
-    def __init__(self, timeout_s: float, cc: Concurrency = TRIO) -> None:
+    def __init__(self, timeout_s: float) -> None:
         self.timeout_s = timeout_s  # the grace period, from the request
         # Set from any thread or signal handler; read by the Worker's run() when it starts.
         self.requested = False
@@ -27,31 +37,32 @@ class WorkerShutdown:
         self.begun = False
         self.began_at = 0.0
         self.run = RunHandle()  # the run to begin the shutdown in, while the Worker runs
-        self.use(cc)
+        self.grace: CancelScope | None = None  # the running handlers', once `drain` began
+        self._grace_cut = False
 
-    def use(self, cc: Concurrency) -> None:
-        """Run on `cc` (before the Worker's run)."""
-        self.cc = cc
-        self.grace = cc.cancel_scope()  # cancelled early by shutdown(now=True)
-        if self.stop_now:
+    def begin(self, now: float) -> None:
+        """In the run, at `now` (its runtime's time): the grace period starts."""
+        self.begun = True
+        self.began_at = now
+
+    def cut_grace_short(self) -> None:
+        """In the run: `stop_now` came; the running handlers get no grace (or none left)."""
+        self._grace_cut = True
+        if self.grace is not None:
             self.grace.cancel()
 
-    def begin(self) -> None:
-        self.begun = True
-        self.began_at = self.cc.current_time()
-
-    async def drain(self, held: HeldJobs, report: WorkerReport) -> None:
+    async def drain(self, held: HeldJobs, report: WorkerReport, cc: ServiceRuntime) -> None:
         """After reserving stopped: the grace period, then cancel whatever still runs (the
         nursery around the caller waits for the cancelled jobs' nacks)."""
         if held:
             report.waiting_for_jobs(len(held), self.timeout_s)
         # The grace runs from the shutdown request, not from when reserving stopped.
-        self.grace.deadline = self.began_at + self.timeout_s
-        with self.grace:
+        grace = self.grace = cc.cancel_scope(deadline=self.began_at + self.timeout_s)
+        if self._grace_cut:
+            grace.cancel()
+        with grace:
             while held:
                 await held.wait_for_change()
         if held:
-            report.cancelling_jobs(
-                len(held), told_to_stop_now=self.cc.current_time() < self.grace.deadline
-            )
+            report.cancelling_jobs(len(held), told_to_stop_now=cc.current_time() < grace.deadline)
             held.stop(waiting_only=False)

@@ -11,23 +11,24 @@ from __future__ import annotations
 import contextlib
 import enum
 from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from .._client import otel as _otel
+from .._client.client_kind import refuse_a_blocking_client
+from .._model.backoff import Backoff
 from .._model.settlement import HandlerError as HandlerError
 from .._model.types import JobContext
 from .._runtime.concurrency import (
     TASK_STATUS_IGNORED,
-    TRIO,
-    Concurrency,
     Event,
+    ServiceRuntime,
     TaskStatus,
     current,
 )
 from .._runtime.shutdown_handle import ShutdownHandle as ShutdownHandle
 from .._util.log import LoggerLike
-from .backoff import DEFAULT_BACKOFF, DEFAULT_UNKNOWN_TYPE_BACKOFF, Backoff
 from .client_calls import WorkerClient
 from .events import WorkerEvents
 from .held_job import HeldJobs
@@ -46,10 +47,11 @@ from .router import (
     TaskDecorator,
     TaskHandler,
     copy_handlers,
+    lifespan_manager,
 )
 from .router import DuplicateHandlerError as DuplicateHandlerError
 from .router import Handler as Handler
-from .settings import WorkerSettings
+from .settings import DEFAULT_BACKOFF, DEFAULT_UNKNOWN_TYPE_BACKOFF, WorkerSettings
 from .shutdown import WorkerShutdown
 from .slots import WorkerSlots
 from .thread_handlers import SyncHandler
@@ -64,6 +66,18 @@ class _RunState(enum.Enum):
     NEW = "new"
     RUNNING = "running"
     DONE = "done"
+
+
+@dataclass(frozen=True, slots=True)
+class _Parts:
+    """A Worker's parts that run on the runtime of its run (`cc`), made when run() starts."""
+
+    cc: ServiceRuntime
+    held: HeldJobs
+    leases: LeaseKeeper
+    report: WorkerReport
+    jobs: JobProcessor
+    reserver: ReserveLoop
 
 
 class Worker:
@@ -92,7 +106,9 @@ class Worker:
     `handlers` registers a `sepp.Router`'s handlers (and takes its lifespan); `task`
     registers a `sepp.Task`'s.
 
-    Handlers see the client as `ctx.client` and what `lifespan` yielded as `ctx.state`.
+    Handlers see the client as `ctx.client` (a `def` handler, run in a worker thread: a
+    blocking `sepp.SyncClient` bound to it, see `sepp.SyncJobContext`) and what `lifespan`
+    yielded as `ctx.state`.
     `lifespan(worker)` (or `lifespan()`) returns an async context manager, entered before the
     first reserve and exited after the last job settled. `middleware` (see
     `sepp.Middleware`) wraps every handler call, outside the routers' own. A failed job (any
@@ -151,6 +167,7 @@ class Worker:
             loop_block_warning=loop_block_warning,
             wall_clock=_wall_clock,
         )
+        refuse_a_blocking_client(client, "sepp.Worker")
         self._settings = settings
         self._client = client
         self._log = settings.log
@@ -162,57 +179,63 @@ class Worker:
         )
         self._events = events
         self._state = _RunState.NEW
-        self._cc = TRIO  # the parts are built on trio; run() moves them to its own library
         self._reserving = False  # run() has sent its first reserve (or has ended)
         self._reserving_event: Event | None = None  # made by the first wait_until_reserving()
         self._shutdown = WorkerShutdown(settings.shutdown_timeout_s)
-        self._held = HeldJobs()
-        self._leases = LeaseKeeper(
-            client,
-            lease_s=settings.lease_s,
-            now_utc=settings.now_utc,
-            log=self._log,
-            extend=settings.auto_extend,
-        )
-        self._report = report = WorkerReport(
-            self._log, settings.worker_id, list(settings.queues), client
-        )
-        metrics = _otel.WorkerMetrics()
+        self._metrics = _otel.WorkerMetrics()
         self._loop_watch = (
             None
             if settings.loop_block_warning_s is None
             else LoopWatch(settings.loop_block_warning_s, self._log, settings.worker_id)
         )
-        self._jobs = JobProcessor(
+        self._parts: _Parts | None = None  # made by run(), on the runtime it runs on
+
+    def _parts_on(self, cc: ServiceRuntime) -> _Parts:
+        """The parts that run on `cc` (once, when run() starts)."""
+        settings, client, events = self._settings, self._client, self._events
+        held = HeldJobs(cc)
+        leases = LeaseKeeper(
+            client,
+            lease_s=settings.lease_s,
+            now_utc=settings.now_utc,
+            log=self._log,
+            extend=settings.auto_extend,
+            cc=cc,
+        )
+        report = WorkerReport(self._log, settings.worker_id, list(settings.queues), client, cc)
+        jobs = JobProcessor(
             client,
             worker_id=settings.worker_id,
             unknown_types=settings.unknown_types,
-            held=self._held,
+            held=held,
             slots=WorkerSlots(settings.max_in_flight),
-            leases=self._leases,
+            leases=leases,
             shutdown=self._shutdown,
             report=report,
             events=events,
-            metrics=metrics,
+            metrics=self._metrics,
             loop_watch=self._loop_watch,
+            cc=cc,
         )
-        self._build_routes()
-        self._reserver = ReserveLoop(
+        jobs.use_routes(self._router, settings.own)
+        reserver = ReserveLoop(
             client,
             settings,
-            held=self._held,
-            dispatch=self._jobs.dispatch,
+            held=held,
+            dispatch=jobs.dispatch,
             shutdown=self._shutdown,
             report=report,
             events=events,
-            metrics=metrics,
+            metrics=self._metrics,
+            cc=cc,
         )
+        return _Parts(cc, held, leases, report, jobs, reserver)
 
     def __repr__(self) -> str:
         settings = self._settings
         return (
             f"<sepp.Worker {settings.worker_id} queues={list(settings.queues)}"
-            f" {self._state.value} in_flight={len(self._held)}/{settings.max_in_flight}>"
+            f" {self._state.value} in_flight={self.in_flight}/{settings.max_in_flight}>"
         )
 
     # -- registration -----------------------------------------------------------------------
@@ -224,11 +247,13 @@ class Worker:
         *,
         timeout: float | timedelta | None = None,
         backoff: BackoffSetting | None = None,
+        middleware: Iterable[Middleware] = (),
     ) -> Worker:
         """Register `fn` for `job_type`; returns the worker so calls chain. A second
         registration for the same type raises DuplicateHandlerError. `timeout` and `backoff`
-        override the worker's for this handler."""
-        self._router.handle(job_type, fn, timeout=timeout, backoff=backoff)
+        override the worker's for this handler; `middleware` wraps it alone, inside the
+        worker's."""
+        self._router.handle(job_type, fn, timeout=timeout, backoff=backoff, middleware=middleware)
         self._build_routes()
         return self
 
@@ -238,9 +263,12 @@ class Worker:
         *,
         timeout: float | timedelta | None = None,
         backoff: BackoffSetting | None = None,
+        middleware: Iterable[Middleware] = (),
     ) -> Callable[[H], H]:
         """Decorator form of `handle`."""
-        register = self._router.handler(job_type, timeout=timeout, backoff=backoff)
+        register = self._router.handler(
+            job_type, timeout=timeout, backoff=backoff, middleware=middleware
+        )
 
         def register_here(fn: H) -> H:
             register(fn)
@@ -255,9 +283,10 @@ class Worker:
         *,
         timeout: float | timedelta | None = None,
         backoff: BackoffSetting | None = None,
+        middleware: Iterable[Middleware] = (),
     ) -> TaskDecorator[T]:
         """Decorator: register the handler of `task` (see `Router.task`)."""
-        register = self._router.task(task, timeout=timeout, backoff=backoff)
+        register = self._router.task(task, timeout=timeout, backoff=backoff, middleware=middleware)
 
         def register_here(fn: TaskHandler[T]) -> TaskHandler[T]:
             register(fn)
@@ -273,18 +302,9 @@ class Worker:
         return fn
 
     def _build_routes(self) -> None:
-        self._jobs.use_routes(self._router, self._settings.own)
-
-    def _use(self, cc: Concurrency) -> None:
-        """Move every part to `cc`'s primitives: once, when run() starts on another library
-        than trio (nothing is held yet)."""
-        self._cc = cc
-        self._shutdown.use(cc)
-        self._held.use(cc)
-        self._leases.use(cc)
-        self._report.use(cc)
-        self._reserver.use(cc)
-        self._jobs.use(cc, self._router, self._settings.own)
+        # Before run() the routes are built when it starts; while it runs, at once.
+        if self._parts is not None:
+            self._parts.jobs.use_routes(self._router, self._settings.own)
 
     # -- state --------------------------------------------------------------------------------
 
@@ -301,7 +321,7 @@ class Worker:
     @property
     def in_flight(self) -> int:
         """Jobs held right now: waiting for a slot, running, or being acked/nacked."""
-        return len(self._held)
+        return 0 if self._parts is None else len(self._parts.held)
 
     @property
     def is_shutdown(self) -> bool:
@@ -349,20 +369,22 @@ class Worker:
     def _begin_shutdown(self) -> None:
         """In the run: stop reserving, return jobs that have not started (and with `now`, end
         the grace period)."""
+        parts = self._parts
+        assert parts is not None, "called in the run only, once it has its parts"
         shutdown = self._shutdown
         shutdown.requested = True
         if shutdown.stop_now:
-            shutdown.grace.cancel()
+            shutdown.cut_grace_short()
             if shutdown.begun:
-                self._reserver.stop()  # a reserve let finish is cancelled now
+                parts.reserver.stop()  # a reserve let finish is cancelled now
         if shutdown.begun or self._state is not _RunState.RUNNING:
             return
-        shutdown.begin()
+        shutdown.begin(parts.cc.current_time())
         if self._events is not None:
             self._events.shutting_down()
-        self._reserver.stop()
-        self._held.stop(waiting_only=True)
-        self._held.changed()
+        parts.reserver.stop()
+        parts.held.stop(waiting_only=True)
+        parts.held.changed()
 
     # -- running ------------------------------------------------------------------------------
 
@@ -373,13 +395,12 @@ class Worker:
         if self._state is not _RunState.NEW:
             raise RuntimeError("Worker.run() can only be called once; create a new Worker")
         cc = current()
-        if cc is not self._cc:
-            self._use(cc)
+        parts = self._parts = self._parts_on(cc)
         self._state = _RunState.RUNNING
         shutdown = self._shutdown
-        shutdown.run.enter()
+        shutdown.run.enter(cc)
         events = self._events
-        jobs = self._jobs
+        jobs = parts.jobs
         if events is not None:
             # Types without a handler of their own are one "other" in the metrics' labels.
             events.worker_started(self._router.job_types)
@@ -401,20 +422,20 @@ class Worker:
             async with contextlib.AsyncExitStack() as lifespan:
                 if self._settings.lifespan is not None:
                     jobs.lifespan_state = await lifespan.enter_async_context(
-                        self._settings.lifespan(self)
+                        lifespan_manager(self._settings.lifespan, self)
                     )
                 async with cc.open_nursery() as nursery:
-                    nursery.start_soon(self._leases.run, nursery)
+                    nursery.start_soon(parts.leases.run, nursery)
                     async with cc.open_job_tasks(nursery) as job_tasks:
                         jobs.nursery = job_tasks
                         if shutdown.requested:
                             self._begin_shutdown()
                         else:
-                            with self._reserver.scope:
-                                await self._reserver.run(mark_started)
+                            with parts.reserver.scope:
+                                await parts.reserver.run(mark_started)
                         jobs.reserving_ended()  # no job can arrive any more
                         mark_started()
-                        await shutdown.drain(self._held, self._report)
+                        await shutdown.drain(parts.held, parts.report, cc)
                     jobs.stop_lease_keeping_if_idle()
         finally:
             if loop_watch is not None:

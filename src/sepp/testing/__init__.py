@@ -13,9 +13,10 @@ or enable the pytest plugin (``pytest_plugins = ["sepp.testing.pytest_plugin"]``
 and take the ``sepp_server`` fixture.
 
 The server binary is found by :func:`find_sepp_binary` (``SEPP_BIN``, then
-the cache filled by ``scripts/ensure-sepp-server.sh``, then ``PATH``).  The
-pinned release is :data:`SEPP_SERVER_VERSION`; install it with
-``cargo install sepp --version 0.1.1 --locked``.
+the cache, :func:`sepp_cache_binary_path`, then ``PATH``).  The pinned release
+is :data:`SEPP_SERVER_VERSION`; install it with
+``cargo install sepp --version 0.1.1 --locked`` (``--root`` the cache's, or onto
+``PATH``), or point ``SEPP_BIN`` at a binary.
 
 Unit-test a handler without a server by calling it with a context built by
 :func:`job_context` (a fake client's ``extend`` can move its lease with
@@ -25,10 +26,13 @@ Unit-test a handler without a server by calling it with a context built by
 
     async def test_send_welcome() -> None:
         await send_welcome(sepp.Payload.json({"user": 42}), job_context("send_welcome"))
+
+A `def` handler takes :func:`sync_job_context` of one (its ``ctx.client`` blocks).
 """
 
-from ._jobs import job_context, set_lease_expires_at
+from ._jobs import job_context, set_lease_expires_at, sync_job_context
 from ._server import (
+    DEAD_LETTER_RETENTION_MS,
     INSTALL_COMMAND,
     SEPP_SERVER_VERSION,
     ExternalSeppServer,
@@ -42,6 +46,7 @@ from ._server import (
 from ._toml import dumps as toml_dumps
 
 __all__ = [
+    "DEAD_LETTER_RETENTION_MS",
     "INSTALL_COMMAND",
     "SEPP_SERVER_VERSION",
     "ExternalSeppServer",
@@ -53,5 +58,6 @@ __all__ = [
     "sepp_cache_binary_path",
     "sepp_server",
     "set_lease_expires_at",
+    "sync_job_context",
     "toml_dumps",
 ]

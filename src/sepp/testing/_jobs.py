@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._model import validate as v
 from .._model.errors import ValidationError
@@ -16,6 +16,9 @@ from .._model.types import (
     leased_job_context,
     record_lease_expiry,
 )
+
+if TYPE_CHECKING:
+    from .._worker.thread_handlers import SyncJobContext
 
 DEFAULT_TEST_LEASE = timedelta(seconds=30)
 
@@ -70,6 +73,19 @@ def job_context(
         client=client,
         state=state,
     )
+
+
+def sync_job_context(ctx: JobContext) -> SyncJobContext:
+    """`ctx` as a `def` handler gets it, to call one directly in a test: a
+    `sepp.SyncJobContext` with the same job, lease and state, whose `client` is `ctx`'s (a
+    `sepp.SyncClient`, or a fake with the blocking calls the handler makes):
+    `send_welcome(payload, sync_job_context(job_context("send_welcome", client=fake)))`."""
+    from .._worker.thread_handlers import sync_job_context as as_a_def_handler_sees_it
+
+    if not isinstance(ctx, JobContext):
+        raise ValidationError("ctx", "must be a sepp.JobContext")
+    client: Any = ctx._lease.client  # a SyncClient, or a fake of one
+    return as_a_def_handler_sees_it(ctx, client)
 
 
 def set_lease_expires_at(ctx: JobContext, expires_at: datetime) -> None:

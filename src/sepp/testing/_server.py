@@ -26,6 +26,10 @@ SEPP_SERVER_VERSION = "0.1.1"
 INSTALL_COMMAND = f"cargo install sepp --version {SEPP_SERVER_VERSION} --locked"
 """The command that installs the pinned server (add ``--root DIR`` to choose where)."""
 
+DEAD_LETTER_RETENTION_MS = 600_000
+"""How long a test server keeps dead letters (10 minutes) unless its config says otherwise: a
+test of dead letters drains them, and the real server's default (0) keeps none."""
+
 #: How many recent output lines (stdout and stderr together) a server keeps.
 OUTPUT_LINES_KEPT = 200
 #: How many of those lines go into an exception message.
@@ -76,9 +80,10 @@ def _cache_root() -> Path:
 
 
 def sepp_cache_binary_path() -> Path:
-    """Where ``scripts/ensure-sepp-server.sh`` installs the pinned server.
-
-    ``${SEPP_TRIO_CACHE:-~/.cache/sepp-trio}/sepp-<version>/bin/sepp``.
+    """Where the pinned server is looked for after ``SEPP_BIN``:
+    ``${SEPP_TRIO_CACHE:-~/.cache/sepp-trio}/sepp-<version>/bin/sepp``, where
+    ``cargo install sepp --version <version> --locked --root <that bin's parent>`` puts it
+    (as sepp-trio's own ``scripts/ensure-sepp-server.sh`` does in a checkout).
     """
     exe = "sepp.exe" if sys.platform == "win32" else "sepp"
     return _cache_root() / f"sepp-{SEPP_SERVER_VERSION}" / "bin" / exe
@@ -89,15 +94,29 @@ def _is_executable_file(path: str | os.PathLike[str]) -> bool:
 
 
 def _not_found_message(reason: str) -> str:
-    cache_bin = sepp_cache_binary_path()
+    """What to do, in steps a pip user can take: cargo, or SEPP_BIN; the repository's script
+    only when this package runs from a checkout that has it."""
+    root = sepp_cache_binary_path().parent.parent
+    steps = [
+        f"install it with cargo (Rust's package manager: https://rustup.rs) where it is looked"
+        f" for:\n      {INSTALL_COMMAND} --root {root}\n"
+        f"    (or plain `{INSTALL_COMMAND}` to put it on PATH)",
+        "point SEPP_BIN at a sepp binary you have: SEPP_BIN=/path/to/sepp",
+    ]
+    script = _repository_script()
+    if script is not None:
+        steps.append(f"in this checkout, run {script} (it builds the server into {root})")
     return (
-        f"{reason}\n"
-        f"The sepp server {SEPP_SERVER_VERSION} is needed to run these tests. Either:\n"
-        f"  * run scripts/ensure-sepp-server.sh (it installs into {cache_bin.parent.parent}), or\n"
-        f"  * install it yourself:  {INSTALL_COMMAND} --root {cache_bin.parent.parent}\n"
-        f"    (or plain `{INSTALL_COMMAND}` to put it on PATH), or\n"
-        f"  * point SEPP_BIN at an existing sepp binary."
+        f"{reason}\nThe sepp server {SEPP_SERVER_VERSION} is needed to run these tests."
+        " Either:\n" + ", or\n".join(f"  * {step}" for step in steps) + "."
     )
+
+
+def _repository_script(module: str = __file__) -> Path | None:
+    """sepp-trio's own `scripts/ensure-sepp-server.sh`, when this package is imported from a
+    source checkout (src/sepp/testing/, an editable install) that has it; a wheel has none."""
+    script = Path(module).resolve().parents[3] / "scripts" / "ensure-sepp-server.sh"
+    return script if script.is_file() else None
 
 
 def find_sepp_binary() -> str:
@@ -107,11 +126,11 @@ def find_sepp_binary() -> str:
 
     1. the ``SEPP_BIN`` environment variable (it must name an executable file;
        a wrong value is an error, not silently skipped);
-    2. the cache used by ``scripts/ensure-sepp-server.sh``:
+    2. the cache, :func:`sepp_cache_binary_path`:
        ``${SEPP_TRIO_CACHE:-~/.cache/sepp-trio}/sepp-0.1.1/bin/sepp``;
     3. ``sepp`` on ``PATH``.
 
-    Raises :class:`SeppServerNotFound` (with the install command in the
+    Raises :class:`SeppServerNotFound` (with the install command and ``SEPP_BIN`` in the
     message) if none of these yields a binary.
     """
     configured = os.environ.get("SEPP_BIN")
@@ -200,6 +219,17 @@ def _write_config_file(path: Path, config: Mapping[str, object]) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
+
+
+def _with_test_defaults(config: Mapping[str, object] | None) -> dict[str, object]:
+    """`config` (copied) with what a test server has unless it says otherwise:
+    `storage.dead_letter_retention_ms` = DEAD_LETTER_RETENTION_MS. A `storage` that is not a
+    table is left for the config check to refuse."""
+    config = dict(config or {})
+    storage = config.get("storage", {})
+    if isinstance(storage, Mapping) and "dead_letter_retention_ms" not in storage:
+        config["storage"] = {**storage, "dead_letter_retention_ms": DEAD_LETTER_RETENTION_MS}
+    return config
 
 
 def _config_sets_admin_enabled(config: Mapping[str, object]) -> bool:
@@ -322,7 +352,9 @@ class SeppServer:
         ~500 ms debounce; it logs ``configuration reloaded`` on success and
         ``config reload failed`` (keeping the old config) on an invalid one.
         Restart-only keys (``server.*``, ``storage.*``,
-        ``limits.max_message_bytes``) need :meth:`restart`.  An unknown key
+        ``limits.max_message_bytes``) need :meth:`restart`.  Dead letters are
+        kept for 10 minutes unless ``config`` sets
+        ``storage.dead_letter_retention_ms``, as in :func:`sepp_server`.  An unknown key
         or a value of the wrong type raises ``ValueError`` and writes nothing
         (unless the server was started with ``check_config=False``).  To wait for the
         reload::
@@ -332,7 +364,7 @@ class SeppServer:
             with trio.fail_after(10):
                 await server.wait_for_output("configuration reloaded", after=mark)
         """
-        new = dict(config or {})
+        new = _with_test_defaults(config)
         problem = config_problem(new) if self._check_config else None
         if problem is not None:
             raise ValueError(f"{problem} (sepp {SEPP_SERVER_VERSION})")
@@ -643,8 +675,12 @@ async def sepp_server(
     """Run a real ``sepp`` server on loopback for the duration of the block.
 
     ``config`` is written as TOML (see :mod:`sepp.testing._toml` for the
-    supported shapes) and passed with ``--config``.  The process also gets
-    these environment variables, which take precedence over the file:
+    supported shapes) and passed with ``--config``, with dead letters kept
+    for 10 minutes (``storage.dead_letter_retention_ms`` =
+    :data:`DEAD_LETTER_RETENTION_MS`) unless it sets that key (0: none, the
+    real server's default); :meth:`SeppServer.update_config` keeps the same
+    default.  The process also gets these environment variables, which take
+    precedence over the file:
 
     * ``SEPP_SERVER__LISTEN_ADDR=127.0.0.1:0`` (the OS picks the port; a
       restart pins the port it got first),
@@ -678,7 +714,7 @@ async def sepp_server(
     :class:`SeppServerStartError` (with the server's output) if it does not
     come up within ``startup_timeout`` seconds.
     """
-    config = dict(config or {})
+    config = _with_test_defaults(config)
     problem = config_problem(config) if check_config else None
     if problem is not None:
         raise SeppServerStartError(

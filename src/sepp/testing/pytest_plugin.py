@@ -35,7 +35,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from ._server import ExternalSeppServer, SeppServer
+from ._server import DEAD_LETTER_RETENTION_MS, ExternalSeppServer, SeppServer
 from ._server import sepp_server as _launch_sepp_server
 
 __all__ = ["DEFAULT_TEST_CONFIG", "sepp_server", "sepp_server_config"]
@@ -43,13 +43,15 @@ __all__ = ["DEFAULT_TEST_CONFIG", "sepp_server", "sepp_server_config"]
 DEFAULT_TEST_CONFIG: dict[str, object] = {
     "admin": {"enabled": False},
     "storage": {
-        "dead_letter_retention_ms": 600_000,
+        "dead_letter_retention_ms": DEAD_LETTER_RETENTION_MS,
         "persist_mode": "buffer",
     },
 }
 """Config used by the ``sepp_server`` fixture: admin UI off, dead letters kept
-for 10 minutes (so DrainDeadLetters returns records), and the fast but not
-crash-safe ``buffer`` persist mode."""
+for 10 minutes (so DrainDeadLetters returns records; ``sepp_server()`` keeps
+them as long without a config, and so does an override of the config fixture
+that does not set the key), and the fast but not crash-safe ``buffer``
+persist mode."""
 
 
 @pytest.fixture

@@ -1,12 +1,60 @@
-"""Backoff: how long a Worker waits before a failed job's next attempt."""
+"""Exponential backoff with jitter, written once: `backoff_delay`, the wait after failures in a
+row for every loop that retries (the Worker's reserves, the Scheduler, the outbox relay, the
+supervisor's restarts, client retries, the command line's connecting), and `sepp.Backoff`, a
+failed job's, on it. Each caller keeps its own parameters."""
 
 from __future__ import annotations
 
 import random
 from datetime import timedelta
 
-from .._model import validate as v
-from .._model.errors import ValidationError
+from . import validate as v
+from .errors import ValidationError
+
+# Past this many doublings every step is at its cap anyway; the exponent stops here so that a
+# long outage's count never overflows (1000.0 ** 1000 still does: that is caught).
+MAX_EXPONENT = 1000
+
+
+def backoff_delay(
+    failures: int,
+    *,
+    initial: float,
+    multiplier: float,
+    cap: float,
+    jitter: float = 0.0,
+    draw: float | None = None,
+) -> float:
+    """Seconds to wait after `failures` failures in a row (1: the first).
+
+    The step follows gRPC's connection backoff: `initial` after the first failure (even above
+    `cap`), then `multiplier` times the one before, at most `cap`. A `jitter` in [0, 1] spreads
+    out the callers that failed together: the wait is drawn from [(1 - jitter) * step, step),
+    `draw` in [0, 1] placing it (0: the shortest, 1: the full step). Without a `draw`,
+    `random.random()` gives one; without jitter nothing is drawn.
+    """
+    if failures <= 1:
+        step = initial
+    else:
+        try:
+            step = min(initial * multiplier ** min(failures - 1, MAX_EXPONENT), cap)
+        except OverflowError:
+            step = cap
+    if not jitter:
+        return step
+    if draw is None:
+        draw = random.random()
+    # Written as `1 - jitter * (1 - draw)`, not `(1 - jitter) + jitter * draw`: with a draw of
+    # `1 - random.random()` (sepp.Backoff's, the relay's) this is `1 - jitter * random()`
+    # exactly, and with jitter 0.5 and `random.random()` it is `random.uniform(0.5, 1.0)`
+    # exactly, the two ways the delays were drawn before they were written once.
+    return step * (1.0 - jitter * (1.0 - draw))
+
+
+def shortening_draw() -> float:
+    """A draw in (0, 1] for `backoff_delay`: the delay shortened by a random fraction of up to
+    the jitter, the full step included, as `sepp.Backoff` and the relay draw it."""
+    return 1.0 - random.random()
 
 
 class Backoff:
@@ -59,14 +107,14 @@ class Backoff:
 
     def delay(self, attempt: int) -> float:
         """Seconds to wait after attempt `attempt` (1 = the first delivery) failed."""
-        exponent = min(max(attempt - 1, 0), 1000)
-        try:
-            step = min(self.initial * self.multiplier**exponent, self.max)
-        except OverflowError:
-            step = self.max
-        if self.jitter:
-            step *= 1.0 - self.jitter * random.random()
-        return step
+        return backoff_delay(
+            attempt,
+            initial=self.initial,
+            multiplier=self.multiplier,
+            cap=self.max,
+            jitter=self.jitter,
+            draw=shortening_draw() if self.jitter else None,
+        )
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Backoff):
@@ -84,9 +132,3 @@ class Backoff:
             f"sepp.Backoff({self.initial:g}, multiplier={self.multiplier:g}, max={self.max:g},"
             f" jitter={self.jitter:g})"
         )
-
-
-DEFAULT_BACKOFF = Backoff()
-# Job types without a handler come back much later than failures: a newer worker that knows
-# the type may take minutes to roll out, and each return still costs the job an attempt.
-DEFAULT_UNKNOWN_TYPE_BACKOFF = Backoff(60.0, max=3600.0, jitter=0.1)

@@ -1,7 +1,10 @@
-"""The probes and metrics served from a thread of their own, off the event loop: a handler
-that holds the loop (CPU work in an `async def` handler) cannot delay an answer, so a liveness
+"""The one HTTP server of sepp-trio: probes and metrics served from a thread of its own, off
+any event loop, so that it serves a trio or asyncio run and blocking code alike, and a handler
+that holds the loop (CPU work in an `async def` handler) cannot delay an answer: a liveness
 probe with a 1 s timeout still gets one, and it can say how long the loop has not run. The
-requests and answers are `http_responder`'s; its routes read the monitor's locked state.
+requests and answers are `http1`'s. A route answers at once (the monitor's, from its locked
+state) or returns a `concurrent.futures.Future` that any thread completes later (the
+supervisor's, which ask its children on trio); meanwhile the server serves the others.
 
 One thread serves every connection, on non-blocking sockets and a selector: it starts no thread
 per connection (on a free-threaded build, starting one waited up to a few hundred ms for a
@@ -12,20 +15,29 @@ thread is not a daemon: `close()` stops and joins it."""
 
 from __future__ import annotations
 
+import collections
 import errno
+import math
 import selectors
 import socket
 import threading
 import time
+from collections.abc import Mapping
+from concurrent.futures import Future
+from types import TracebackType
 
-from .http_responder import (
+from .http1 import (
     INCOMPLETE,
     MAX_CONNECTIONS,
     READ_TIMEOUT_S,
     TIMED_OUT,
     WRITE_TIMEOUT_S,
-    Responder,
+    Response,
+    Route,
+    failed,
     head_of,
+    not_found,
+    parse_request_line,
     render,
 )
 
@@ -34,13 +46,14 @@ LINGER_BYTES = 65536  # how much of it
 
 
 class _Connection:
-    """One connection's state: reading its request, writing its answer, or lingering."""
+    """One connection's state: reading its request, waiting for a route's later answer (not
+    watched meanwhile), writing its answer, or lingering."""
 
     __slots__ = ("data", "deadline", "linger", "lingering", "out", "sock")
 
     def __init__(self, sock: socket.socket, deadline: float) -> None:
         self.sock = sock
-        self.deadline = deadline
+        self.deadline = deadline  # math.inf while a route's answer is awaited
         self.data = b""  # the request so far
         self.out: bytes | None = None  # the answer still to send, once there is one
         self.linger = False  # bytes may be left unread: read them before closing
@@ -49,14 +62,18 @@ class _Connection:
 
 class ProbeServer:
     """Listens on `host:port` (None: every interface; port 0: any free one) at construction,
-    serves `responder`'s routes from a thread once `start()`ed, until `close()`."""
+    serves `routes` (path -> its answer) from a thread once `start()`ed (or entered as a
+    context manager), until `close()`."""
 
-    def __init__(self, responder: Responder, port: int, *, host: str | None = None) -> None:
-        self._responder = responder
+    def __init__(self, routes: Mapping[str, Route], port: int, *, host: str | None = None) -> None:
+        self._routes = dict(routes)
         self._listeners = _listen(host, port)
         self.port: int = self._listeners[0].getsockname()[1]
-        # close() writes a byte here to wake the serving thread's select.
+        # A byte here wakes the serving thread's select: close(), or an answer that came later.
         self._wake_reader, self._wake_writer = socket.socketpair()
+        self._wake_reader.setblocking(False)
+        self._wake_lock = threading.Lock()  # the writer is closed under it
+        self._later: collections.deque[tuple[_Connection, Future[Response]]] = collections.deque()
         self._connections: dict[socket.socket, _Connection] = {}  # the serving thread's only
         self._selector = selectors.DefaultSelector()
         self._thread = threading.Thread(
@@ -74,19 +91,49 @@ class ProbeServer:
 
     def close(self) -> None:
         """Stop serving (connections still open are closed unanswered) and join the thread.
-        Call once, from the thread that started it."""
+        Call from the thread that started it."""
         if self._closed:
             return
         self._closed = True
-        try:
-            self._wake_writer.send(b"x")
-        except OSError:
-            pass
+        self._wake()
         if self._thread.ident is not None:
             self._thread.join()
-        for sock in (*self._listeners, self._wake_reader, self._wake_writer):
-            sock.close()
+        with self._wake_lock:
+            for sock in (*self._listeners, self._wake_reader, self._wake_writer):
+                sock.close()
         self._selector.close()
+
+    def __enter__(self) -> ProbeServer:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def respond(self, head: bytes) -> Response | Future[Response]:
+        """The answer to a request head: its route's (at once or later), or an error."""
+        path = parse_request_line(head)
+        if not isinstance(path, str):
+            return path
+        route = self._routes.get(path)
+        if route is None:
+            return not_found(self._routes)
+        try:
+            return route()
+        except Exception as exc:
+            return failed(exc)
+
+    def _wake(self) -> None:
+        with self._wake_lock:
+            try:
+                self._wake_writer.send(b"x")
+            except OSError:
+                pass  # closed, or full of wake-ups already
 
     # -- the serving thread ------------------------------------------------------------------------
 
@@ -98,12 +145,16 @@ class ProbeServer:
         selector.register(self._wake_reader, selectors.EVENT_READ)
         try:
             while True:
-                deadlines = [c.deadline for c in self._connections.values()]
+                deadlines = [
+                    c.deadline for c in self._connections.values() if c.deadline != math.inf
+                ]
                 timeout = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
                 for key, mask in selector.select(timeout):
                     if key.fileobj is self._wake_reader:
-                        return
-                    if key.data is None:
+                        if self._closed:
+                            return
+                        self._woken()
+                    elif key.data is None:
                         self._accept(key.fileobj)  # type: ignore[arg-type]
                     elif mask & selectors.EVENT_READ:
                         self._readable(key.data)
@@ -149,12 +200,46 @@ class ProbeServer:
             return
         if isinstance(head, tuple):  # too large: the rest was not read
             self._answer(conn, head, linger=True)
+            return
+        # A GET has no body: any byte past the head is one the client should not have sent.
+        linger = len(conn.data) > len(head) + 4
+        answer = self.respond(head)
+        if isinstance(answer, Future):
+            self._await(conn, answer, linger=linger)
         else:
-            # A GET has no body: any byte past the head is one the client should not have sent.
-            linger = len(conn.data) > len(head) + 4
-            self._answer(conn, self._responder.respond(head), linger=linger)
+            self._answer(conn, answer, linger=linger)
 
-    def _answer(self, conn: _Connection, answer: tuple[int, str, bytes], *, linger: bool) -> None:
+    def _await(self, conn: _Connection, answer: Future[Response], *, linger: bool) -> None:
+        """A route answers later: the connection waits unwatched (its client's bytes or its end
+        are read after the answer), and the thread that completes `answer` wakes us."""
+        conn.linger = linger
+        conn.deadline = math.inf
+        self._selector.unregister(conn.sock)
+
+        def done(future: Future[Response]) -> None:
+            self._later.append((conn, future))
+            self._wake()
+
+        answer.add_done_callback(done)  # at once, here, if it is done already
+
+    def _woken(self) -> None:
+        try:
+            while self._wake_reader.recv(4096):
+                pass
+        except BlockingIOError:
+            pass
+        while self._later:
+            conn, future = self._later.popleft()
+            if self._connections.get(conn.sock) is not conn:
+                continue  # dropped meanwhile
+            try:
+                answer = future.result()
+            except Exception as exc:
+                answer = failed(exc)
+            self._selector.register(conn.sock, selectors.EVENT_WRITE, conn)
+            self._answer(conn, answer, linger=conn.linger)
+
+    def _answer(self, conn: _Connection, answer: Response, *, linger: bool) -> None:
         conn.out = render(*answer)
         conn.linger = linger
         conn.deadline = time.monotonic() + WRITE_TIMEOUT_S

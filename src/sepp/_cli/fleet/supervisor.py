@@ -7,40 +7,32 @@ same on every platform), so handlers use every core. The supervisor runs on trio
 - passes SIGINT/SIGTERM on to every child as SIGTERM, so the n-th signal means for each child
   what it means for one worker: graceful, then stop now (jobs returned), then a hard stop;
 - replaces a child that exits unexpectedly (SIGKILL, the OOM killer, a crash in a C
-  extension) after a backoff, and stops the group on a crash loop rather than spin;
-- serves the group's `/healthz`, `/readyz` and `/metrics` (`_fleet_http`), asking each child
-  on the ports it reports over its pipe (`_fleet_child`);
+  extension) after a backoff, and stops the group on a crash loop rather than spin (when:
+  `policy`);
+- serves the group's `/healthz`, `/readyz` and `/metrics` (`group_http`), asking each child
+  on the ports it reports over its pipe (`child`, `messages`);
 - exits 0 only when the last process of every child exited 0 (it settled every job it held).
 """
 
 from __future__ import annotations
 
 import argparse
-import collections
 import copy
 import logging
 import multiprocessing
 import os
 import signal
-from collections.abc import Callable
 from multiprocessing.connection import Connection
-from typing import Any
 
 import trio
 
-from ._failures import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
-from ._fleet_child import child_main
-from ._signals import run_until_signalled
+from .._failures import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
+from .._signals import run_until_signalled
+from .child import ChildRun, child_main
+from .messages import MessageError, Ports, Reserving, TakesSignals, decode
+from .policy import CrashLoop, NeverReady, Restart, RestartPolicy, UsageExit
 
 log = logging.getLogger("sepp.cli")
-
-RESTART_DELAY_S = 0.5  # before the first restart; doubles with each failure in a row
-MAX_RESTART_DELAY_S = 30.0
-CRASH_LIMIT = 5  # unexpected exits within CRASH_WINDOW_S (all children together)
-CRASH_WINDOW_S = 60.0
-UNREADY_LIMIT = 3  # exits in a row of one child that never reached "reserving"
-
-ChildRun = Callable[[argparse.Namespace], int]
 
 
 def describe_exit(exitcode: int | None) -> str:
@@ -63,7 +55,7 @@ class Child:
         self.index = index
         self.process: multiprocessing.process.BaseProcess | None = None
         self.pid: int | None = None
-        self.ports: dict[str, int] = {}  # "health", "metrics": the child's own, on 127.0.0.1
+        self.ports = Ports()  # the child's own, on 127.0.0.1
         self.reserving = False  # it said so since it started
         self.takes_signals = False
         self.signals_owed = 0  # stop signals to pass on once it takes them
@@ -93,17 +85,17 @@ class Fleet:
         self._stopping = trio.Event()
         self.failure: str | None = None  # why the group stopped by itself
         self.exit_status = EXIT_FAILURE  # then
-        self._crashes: collections.deque[float] = collections.deque()
+        self._policy = RestartPolicy()
 
     @property
     def stopping(self) -> bool:
         return self._stopping.is_set()
 
     async def run(self) -> None:
-        from ._fleet_http import serve_group
+        from .group_http import serve_group
 
         async with trio.open_nursery() as nursery:
-            await serve_group(nursery, self, self.args)
+            await nursery.start(serve_group, self, self.args)
             async with trio.open_nursery() as keepers:
                 for child in self.children:
                     keepers.start_soon(self._keep, child)
@@ -153,9 +145,8 @@ class Fleet:
     # -- one slot -------------------------------------------------------------------------------
 
     async def _keep(self, child: Child) -> None:
-        """Run `child`'s slot: start a process, and another after an unexpected exit."""
-        unready_in_row = 0
-        failures_in_row = 0
+        """Run `child`'s slot: start a process, and another after an unexpected exit, as the
+        policy says."""
         while not self._stopping.is_set():
             exitcode = await self._run_one(child)
             if self._stopping.is_set():  # (set meanwhile)
@@ -164,41 +155,38 @@ class Fleet:
                 return
             child.restarts += 1
             how = describe_exit(exitcode)
-            if exitcode == EXIT_USAGE:
+            decision = self._policy.exited(
+                child.index, exitcode, reserved=child.reserving, now=trio.current_time()
+            )
+            if isinstance(decision, UsageExit):
                 self.fail(
                     f"{child.label} {how}: a usage error, which no restart fixes",
                     exit_status=EXIT_USAGE,
                 )
                 return
-            unready_in_row = 0 if child.reserving else unready_in_row + 1
-            failures_in_row = 1 if child.reserving else failures_in_row + 1
-            now = trio.current_time()
-            self._crashes.append(now)
-            while self._crashes and self._crashes[0] <= now - CRASH_WINDOW_S:
-                self._crashes.popleft()
-            if len(self._crashes) >= CRASH_LIMIT:
+            if isinstance(decision, CrashLoop):
                 self.fail(
-                    f"crash loop: {len(self._crashes)} unexpected exits within"
-                    f" {CRASH_WINDOW_S:g}s, the last: {child.label} {how}"
+                    f"crash loop: {decision.exits} unexpected exits within"
+                    f" {decision.window_s:g}s, the last: {child.label} {how}"
                 )
                 return
-            if unready_in_row >= UNREADY_LIMIT:
+            if isinstance(decision, NeverReady):
                 self.fail(
                     f"crash loop: child {child.index} exited before reserving"
-                    f" {unready_in_row} times in a row, the last: pid {child.pid} {how}"
+                    f" {decision.exits} times in a row, the last: pid {child.pid} {how}"
                 )
                 return
-            delay = min(RESTART_DELAY_S * 2 ** (failures_in_row - 1), MAX_RESTART_DELAY_S)
+            assert isinstance(decision, Restart)
             log.log(
                 logging.WARNING if exitcode == 0 else logging.ERROR,
                 "%s %s unexpectedly; the jobs it held return to the queue when their leases"
                 " expire; starting another in %.3gs",
                 child.label,
                 how,
-                delay,
+                decision.delay_s,
             )
             child.state = f"restarting after pid {child.pid} {how}"
-            with trio.move_on_after(delay):
+            with trio.move_on_after(decision.delay_s):
                 await self._stopping.wait()
 
     async def _run_one(self, child: Child) -> int:
@@ -218,7 +206,7 @@ class Fleet:
             signal.signal(signal.SIGINT, handler)
             child_end.close()
         child.process, child.pid, child.exitcode = process, process.pid, None
-        child.ports, child.reserving, child.takes_signals = {}, False, False
+        child.ports, child.reserving, child.takes_signals = Ports(), False, False
         child.signals_owed = 0
         log.info("child %d started: pid %s", child.index, child.pid)
         try:
@@ -237,22 +225,25 @@ class Fleet:
         return process.exitcode
 
     async def _listen(self, child: Child, conn: Connection) -> None:
-        """What the child says over its pipe (see `_fleet_child.SupervisorLink`)."""
+        """What the child says over its pipe (see `child.SupervisorLink`)."""
         while True:
             await trio.lowlevel.wait_readable(conn.fileno())
             try:
-                message: dict[str, Any] = conn.recv()
+                message = decode(conn.recv_bytes())
             except (EOFError, OSError):
                 return
-            if "ports" in message:
-                child.ports = dict(message["ports"])
-            if message.get("signals"):
+            except MessageError as exc:
+                log.warning("%s sent what is no message: %s", child.label, exc)
+                continue
+            if isinstance(message, Ports):
+                child.ports = message
+            elif isinstance(message, TakesSignals):
                 child.takes_signals = True
                 for _ in range(child.signals_owed):
                     self._kill(child, signal.SIGTERM)
-            if "reserving" in message:
+            elif isinstance(message, Reserving):
                 child.reserving = True
-                log.info("%s is worker %s", child.label, message["reserving"])
+                log.info("%s is worker %s", child.label, message.worker_id)
 
 
 def child_arguments(args: argparse.Namespace) -> argparse.Namespace:
