@@ -290,40 +290,6 @@ class JobContext:
         return f"{self.job_type}[{self.id}] on {self.queue} ({self.attempt}/{self.max_attempts})"
 
 
-def leased_job_context(
-    *,
-    id: str,
-    queue: str,
-    job_type: str,
-    attempt: int,
-    max_attempts: int,
-    priority: int,
-    custom: Mapping[str, CustomValue],
-    enqueued_at: datetime,
-    scheduled_at: datetime | None,
-    trace_context: TraceContext | None,
-    lease_expires_at: datetime,
-    worker_id: str | None,
-    client: object = None,
-    state: object = None,
-) -> JobContext:
-    """A JobContext for a job leased until `lease_expires_at` (by reserve, or a test)."""
-    lease = _Lease(lease_expires_at, worker_id, client, state)
-    return JobContext(
-        id,
-        queue,
-        job_type,
-        attempt,
-        max_attempts,
-        priority,
-        custom,
-        enqueued_at,
-        scheduled_at,
-        trace_context,
-        lease,
-    )
-
-
 _new = object.__new__
 _set_payload_data, _set_payload_encoding = (vars(Payload)[n].__set__ for n in ("data", "encoding"))
 
@@ -344,11 +310,13 @@ def reserved_job(
     lease_expires_at: datetime,
     worker_id: str | None,
     client: object,
+    state: object = None,
 ) -> Job:
-    """A job a reserve returned, its fields read and checked by the response's reader: what
-    `Job(Payload(data, encoding), leased_job_context(...))` makes (no payload for empty
-    `data`), without the checks a caller's Payload gets (the reader decoded valid UTF-8, and
-    a missing encoding is the default's) or keyword arguments: a drain builds one a job."""
+    """A job a reserve returned (or a test's, `sepp.testing.job_context`), its fields read and
+    checked by the caller: its Payload (none for empty `data`) without the checks a caller's
+    Payload gets (the reader decoded valid UTF-8; a missing encoding is the default's), its
+    context leased until `lease_expires_at`. Positional in the readers: a drain builds one a
+    job, and keyword arguments cost more."""
     payload: Payload | None = None
     if data:
         payload = _new(Payload)
@@ -365,7 +333,7 @@ def reserved_job(
         enqueued_at,
         scheduled_at,
         trace_context,
-        _Lease(lease_expires_at, worker_id, client, None),
+        _Lease(lease_expires_at, worker_id, client, state),
     )
     return Job(payload, ctx)
 
