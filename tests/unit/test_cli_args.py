@@ -3,6 +3,7 @@ refusal of secrets on the command line, and the isolation of `import sepp` from 
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
 import math
@@ -380,6 +381,30 @@ def test_an_option_left_out_after_the_command_keeps_the_value_given_before_it() 
         False,
     )
     assert defaults.connect_timeout == 5.0
+
+
+def _commands(
+    parser: argparse.ArgumentParser, path: str = ""
+) -> dict[str, argparse.ArgumentParser]:
+    """Every command and action the parser runs ("info", "outbox relay", ...), with its parser."""
+    found: dict[str, argparse.ArgumentParser] = {}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                found |= _commands(sub, f"{path} {name}".strip())
+    return found or {path: parser}
+
+
+def test_the_commands_that_run_until_signalled_log_at_info_and_the_help_says_which() -> None:
+    parser = build_parser()
+    commands = _commands(parser)
+    assert {"info", "queues", "dead-letters list", "outbox relay", "outbox init"} <= set(commands)
+    at_info = {n for n, p in commands.items() if p.get_default("default_log_level") == "info"}
+    assert at_info == {"worker", "scheduler", "outbox relay"}
+    (option,) = [a for a in parser._actions if "--log-level" in a.option_strings]
+    assert option.help is not None
+    named = option.help.split("default: info for ", 1)[1].split(", else warning", 1)[0]
+    assert sorted(named.replace(" and ", ", ").split(", ")) == sorted(at_info)
 
 
 def test_help_and_version_exit_0(capsys: pytest.CaptureFixture[str]) -> None:
