@@ -240,7 +240,9 @@ SCENARIOS: dict[str, Scenario] = {
 }
 STATIC_SCENARIOS = ("import", "rss")
 # Sections of their own, run after the scenarios above (and selectable the same way).
-SECTIONS = ("cores",)  # benchmarks/cores.py: --processes 2 and 3.13t threads on CPU-bound jobs
+# benchmarks/cores.py: --processes 2 and 3.13t threads on CPU-bound jobs; benchmarks/
+# memory_server.py: a user's test on the memory server and on the real one.
+SECTIONS = ("cores", "memory")
 ALL_SCENARIOS = (*SCENARIOS, *STATIC_SCENARIOS, *SECTIONS)
 # Ops sepp-rs's driver does not implement (it has no knob for them).
 RS_UNSUPPORTED: frozenset[str] = frozenset()
@@ -860,6 +862,10 @@ def render_markdown(results: dict[str, Any]) -> str:
         from . import cores
 
         tables = f"{tables}\n\n{cores.render(results['cores'])}"
+    if "memory" in results:
+        from . import memory_server
+
+        tables = f"{tables}\n\n{memory_server.render(results['memory'])}"
     return tables
 
 
@@ -1130,6 +1136,11 @@ async def amain(opts: Options) -> dict[str, Any]:
         log("every-core section (benchmarks/cores.py)")
         jobs = 100 if opts.quick else 200
         results["cores"] = await cores.measure(min(opts.rounds, 3), jobs, 30.0)
+    if "memory" in opts.scenarios:
+        from . import memory_server
+
+        log("memory-server section (benchmarks/memory_server.py)")
+        results["memory"] = await memory_server.measure(opts.rounds, 1000)
     meta["machine"]["loadavg_end"] = list(os.getloadavg())
     meta["duration_s"] = time.monotonic() - started
     meta["driver_logs"] = str(log_dir.relative_to(REPO))

@@ -1,8 +1,10 @@
 """Shared test setup: the real-server fixture, and a summary of what ran where.
 
 Tests are counted by where they run: `unit` (no sockets), `fixture` (our misbehaving h2
-server or scripted fakes), `real_server` (the real sepp binary). The summary line at the end
-of a run shows the counts, so a green run that quietly skipped the server is visible.
+server or scripted fakes), `real_server` (the real sepp binary), `memory_server` (the
+pure-Python server of sepp.testing), `differential` (both servers, answers compared). The
+summary line at the end of a run shows the counts, so a green run that quietly skipped the
+server is visible.
 """
 
 from __future__ import annotations
@@ -53,8 +55,11 @@ _CATEGORY_BY_DIR = {
     "hostile": "fixture",
     "chaos": "real_server",
     "proxies": "real_server",
+    "memory": "memory_server",
+    "differential": "differential",
 }
 _passed: Counter[str] = Counter()
+_KINDS = ("differential", "memory_server", "real_server", "fixture", "unit")
 # Which tests run where is declared in the test modules, by markers registered in pyproject.toml
 # (`--strict-markers`: a misspelt one fails the collection):
 # - `fixture`, `real_server`, `unit` say a test's kind, where its directory does not;
@@ -87,7 +92,7 @@ _ENGINES = _engines_to_run()
 
 
 def _category(item: pytest.Item) -> str:
-    for marker in ("real_server", "fixture", "unit"):
+    for marker in ("differential", "memory_server", "real_server", "fixture", "unit"):
         if item.get_closest_marker(marker) is not None:
             return marker
     rel = Path(str(item.fspath)).resolve().relative_to(_TESTS.resolve())
@@ -192,14 +197,15 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if report.when == "call" and report.passed:
-        _passed[next(m for m in ("real_server", "fixture", "unit") if m in report.keywords)] += 1
+        _passed[next(m for m in _KINDS if m in report.keywords)] += 1
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     terminalreporter.write_line(
         "sepp-trio tests passed by kind: "
         f"unit={_passed['unit']} fixture={_passed['fixture']} "
-        f"real_server={_passed['real_server']}"
+        f"real_server={_passed['real_server']} memory_server={_passed['memory_server']} "
+        f"differential={_passed['differential']}"
     )
     # scripts/test_matrix.py shows this line in its summary.
     reasons = "; ".join(f"{n} ({MISSING_TOOLS[tool]})" for tool, n in sorted(_excluded.items()))

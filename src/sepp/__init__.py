@@ -17,12 +17,15 @@ The package is built in layers, each a folder that imports only the layers below
   services, blocking for the client alone), for the client, the Worker and the Scheduler;
 - `_client/`: the operations (written once), `Client`, `SyncClient`, batching, local limits,
   retries, options;
+- `_limits/`: `Limit` and the limiters the Worker admits handlers through (in one process, or
+  across the fleet on the server's own primitives), and deferring a job without an attempt;
 - `_payloads/`: payload codecs and typed tasks;
 - the services, which never import each other: `_worker/` (`Worker`, `Router`, handlers,
   middleware, lease keeping, the monitor), `_scheduling/` (`Schedule` and `Scheduler`) and
   `_outbox/` (`Outbox`, jobs written in the application's database transaction, and
   `OutboxRelay`, which forwards them);
-- `_cli/` (the `sepp-trio` command) and `testing/` (public: a real server for tests) on top.
+- `_cli/` (the `sepp-trio` command) and `testing/` (public: servers for tests, the real one
+  and a pure-Python one in memory, `testing/_memory/`) on top.
 
 The public API is the table below, and nothing else: every name in it presents as `sepp.X`.
 """
@@ -106,6 +109,7 @@ _PUBLIC: dict[str, tuple[str, bool]] = {
     "Task": ("_payloads.task", LAZY),
     "Schedule": ("_scheduling.schedule", LAZY),
     "Scheduler": ("_scheduling.scheduler", LAZY),
+    "Limit": ("_limits.limit", LAZY),
     "CallNext": ("_worker.middleware", LAZY),
     "Middleware": ("_worker.middleware", LAZY),
     "WorkerMonitor": ("_worker.monitor", LAZY),
@@ -130,6 +134,7 @@ if TYPE_CHECKING:
     from ._client.retry import RetryPolicy as RetryPolicy
     from ._client.sync import SyncClient as SyncClient
     from ._client.sync import connect as connect
+    from ._limits.limit import Limit as Limit
     from ._model.backoff import Backoff as Backoff
     from ._model.errors import AttemptMismatchError as AttemptMismatchError
     from ._model.errors import BatchValidationError as BatchValidationError

@@ -175,3 +175,25 @@ async def test_one_port_serves_probes_and_metrics_and_a_log_config_file_is_used(
         running.send(signal.SIGTERM)
         assert await running.wait(timeout_s=20) == 0
     assert all(line.startswith("CONFIGURED ") for line in running.text("stderr").splitlines())
+
+
+async def test_worker_burst_works_the_queue_then_exits_0(
+    sepp_server: SeppServer, ops_dir: Path
+) -> None:
+    from tests.integration.test_cli_real import cli
+
+    async with sepp.open(sepp_server.address) as client:
+        for _ in range(5):
+            await client.enqueue(sepp.EnqueueRequest("burst", "ok"))
+    done = await cli(
+        sepp_server.address, "worker", "ops_app:router", "--queue", "burst", "--burst", cwd=ops_dir
+    )
+    assert done.returncode == 0, done
+    assert done.stderr.count("finished: ack") == 5, done.stderr
+    async with sepp.open(sepp_server.address) as client:
+        assert await client.reserve("burst", lease_duration=1, wait_timeout=0) is None
+    refused = await cli(
+        sepp_server.address, "worker", "ops_app:router", "--queue", "burst", "--burst",
+        "--processes", "2", cwd=ops_dir,
+    )  # fmt: skip
+    assert refused.returncode == 2 and "--burst" in refused.stderr, refused

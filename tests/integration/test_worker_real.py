@@ -12,7 +12,7 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import trio
@@ -580,3 +580,52 @@ async def test_worker_rides_out_a_server_restart_and_finishes_on_its_own() -> No
             handled_twice=sum(1 for n in handled.values() if n > 1),
             warnings=len(log.at("warning")),
         )
+
+
+async def test_burst_mode_works_every_ready_job_then_returns_by_itself() -> None:
+    async with server_and_client(config()) as (_, client):
+        ids = await enqueue(client, 40)
+        info = await client.get_server_info()
+        later = info.server_time + timedelta(hours=1)
+        await client.enqueue(sepp.EnqueueRequest(QUEUE, "task", scheduled_at=later))
+        spy = Spy(client)
+        worker = worker_for(spy, max_in_flight=8)
+        attempts: Counter[str] = Counter()
+
+        @worker.handler("task")
+        async def task(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
+            attempts[ctx.id] += 1
+            await trio.sleep(0.01)
+            if ctx.attempt == 1 and payload is not None and payload.json()["n"] % 10 == 0:
+                raise HandlerError.retry_after("once more", 0)  # comes back at once
+
+        with trio.fail_after(60):
+            await worker.run(until_idle=True)
+        assert sorted(spy.acked) == sorted(ids)  # the retried ones too, on their second try
+        assert sum(attempts.values()) == 44
+        assert worker.in_flight == 0
+        # The scheduled job was not waited for, and no long poll was sent.
+        assert len(spy.delivered) == 44
+        assert await queue_is_empty(client)
+
+
+async def test_burst_mode_on_empty_queues_returns_at_once() -> None:
+    async with server_and_client(config()) as (_, client):
+        spy = Spy(client)
+        worker = worker_for(spy)
+        reserves: list[float] = []
+        original = spy.reserve
+
+        async def reserve(*args: Any, **kwargs: Any) -> list[sepp.Job] | None:
+            reserves.append(kwargs["wait_timeout"])
+            return await original(*args, **kwargs)
+
+        spy.reserve = reserve  # type: ignore[method-assign]
+
+        @worker.handler("task")
+        async def task(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
+            pass
+
+        with trio.fail_after(60):
+            await worker.run(until_idle=True)
+        assert spy.delivered == [] and reserves == [0.0]  # one reserve, which did not wait

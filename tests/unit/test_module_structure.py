@@ -98,6 +98,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("sepp._model",),
     ("sepp._runtime",),
     ("sepp._client",),
+    ("sepp._limits",),
     ("sepp._payloads",),
     ("sepp._worker", "sepp._scheduling", "sepp._outbox"),
 )
@@ -211,7 +212,9 @@ def trio_importers(*packages: str) -> list[str]:
 
 def test_the_worker_and_the_scheduler_reach_trio_only_through_their_seam() -> None:
     assert [
-        name for name in trio_importers(*SERVICES, "sepp._probes") if name not in TRIO_SEAM
+        name
+        for name in trio_importers(*SERVICES, "sepp._probes", "sepp._limits")
+        if name not in TRIO_SEAM
     ] == []
     assert trio_importers("sepp._runtime.concurrency") == ["sepp._runtime.concurrency"]
 
@@ -219,11 +222,11 @@ def test_the_worker_and_the_scheduler_reach_trio_only_through_their_seam() -> No
 # Within the runtime layer, each library is imported by its own runtime only (and trio by the
 # services' `concurrency`, for trio's TaskStatus and TooSlowError): the protocols
 # (`protocol`), the picking of a runtime (`running`) and `shutdown_handle` import none of them,
-# so each runtime is one module beside them.
+# so each runtime is one module beside them; `wall_clock` reads whichever runs (lazily).
 RUNTIME_IMPORTERS = {
-    "trio": ["sepp._runtime.concurrency", "sepp._runtime.trio_runtime"],
+    "trio": ["sepp._runtime.concurrency", "sepp._runtime.trio_runtime", "sepp._runtime.wall_clock"],
     "anyio": ["sepp._runtime.asyncio_runtime"],  # only once a service runs under asyncio
-    "asyncio": ["sepp._runtime.asyncio_runtime"],
+    "asyncio": ["sepp._runtime.asyncio_runtime", "sepp._runtime.wall_clock"],
 }
 
 
@@ -250,7 +253,10 @@ def test_the_worker_and_the_scheduler_reach_anyio_only_through_their_seam() -> N
     importers = [
         _module_name(path)
         for path in sorted((SRC / "sepp").rglob("*.py"))
-        if any(_within(_module_name(path), p) for p in ("sepp._runtime", *SERVICES, "sepp._probes"))
+        if any(
+            _within(_module_name(path), p)
+            for p in ("sepp._runtime", *SERVICES, "sepp._probes", "sepp._limits")
+        )
         and imports_anyio(path.read_text(encoding="utf-8"))
     ]
     assert importers == ANYIO_SEAM
@@ -283,6 +289,9 @@ def test_within_wire_only_the_trio_driver_imports_trio() -> None:
 # Scheduler's seam above, and the command line and `sepp.testing`, trio applications both.
 TRIO_USERS = (
     "sepp._runtime.trio_runtime",
+    # the wall clock follows a trio run's clock (a MockClock's virtual time), only once trio
+    # is imported and a run is on
+    "sepp._runtime.wall_clock",
     *TRIO_IN_WIRE,
     *TRIO_SEAM,
     "sepp._cli",
@@ -318,6 +327,7 @@ def test_the_trio_check_sees_a_trio_import() -> None:
 # is opened, or a service run, under asyncio).
 ASYNCIO_USERS = (
     "sepp._runtime.asyncio_runtime",
+    "sepp._runtime.wall_clock",  # a clock installed for a loop; only once asyncio is imported
     "sepp.wire.drivers._asyncio",
     "sepp.wire.drivers._asyncio_scopes",
 )

@@ -44,6 +44,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # --help and --version (0), usage errors (2)
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     label = " ".join([PROG, args.command, *([args.action] if "action" in args else [])])
+    if getattr(args, "burst", False) and getattr(args, "processes", 1) > 1:
+        note(f"{label}: --burst runs one worker: it cannot be combined with --processes")
+        return EXIT_USAGE
     try:
         setup_logging(args)
     except CliError as exc:

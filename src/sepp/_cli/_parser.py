@@ -8,6 +8,7 @@ from typing import Any
 from .._version import __version__
 from . import (
     _dead_letters,
+    _dev_server,
     _enqueue,
     _enqueue_file,
     _info,
@@ -34,6 +35,7 @@ _COMMANDS = (
     _worker_command,
     _scheduler_command,
     _outbox_command,
+    _dev_server,
 )
 
 

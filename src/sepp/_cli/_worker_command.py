@@ -112,6 +112,12 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="the address to serve them on (default: every interface)",
     )
     parser.add_argument(
+        "--burst",
+        action="store_true",
+        help="work until the queues have nothing ready and no job is held, then exit 0"
+        " (sepp.Worker.run(until_idle=True): jobs scheduled for later are not waited for)",
+    )
+    parser.add_argument(
         "--processes",
         metavar="N",
         type=process_count,
@@ -229,7 +235,7 @@ async def run(args: argparse.Namespace, link: SupervisorLink | None = None) -> i
         async with cc.open_nursery() as nursery:
 
             async def run_worker(task_status: trio.TaskStatus[None]) -> None:
-                await worker.run(task_status=task_status)
+                await worker.run(until_idle=args.burst, task_status=task_status)
                 nursery.cancel_scope.cancel()  # done: nothing left to announce
 
             await nursery.start(run_worker)

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from .._model.types import EnqueueRequest, ServerInfo
 from .._runtime.protocol import EventLike, Runtime, TaskGroup
+from .._runtime.wall_clock import utc_now
 from .._util.lazy import lazy_module
 from .._util.log import Log
 
@@ -56,7 +57,7 @@ class ServerLimits:
         self.names_within: set[tuple[str, str]] = set()
 
     def server_now(self) -> datetime:
-        return self.info.server_time + (datetime.now(timezone.utc) - self.fetched_at)
+        return self.info.server_time + (utc_now() - self.fetched_at)
 
     def check(self, request: EnqueueRequest) -> rj.JobRejection | None:
         info = self.info
@@ -168,7 +169,7 @@ class LimitsCache:
 
     def update(self, info: ServerInfo) -> None:
         """Every ServerInfo the client receives refreshes the cache."""
-        self.limits = ServerLimits(info, datetime.now(timezone.utc))
+        self.limits = ServerLimits(info, utc_now())
         self._fetched_at = self._rt.current_time()
         self._stale_at = math.inf
 

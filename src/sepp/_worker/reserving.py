@@ -79,6 +79,9 @@ class ReserveLoop:
         self._queues_drained = False
         self._long_polling = False  # the pending reserve is a long poll
         self._largest_batch = 0  # the most jobs one reserve has returned
+        # Burst mode (`run(until_idle=True)`): never long-poll; once the queues are found
+        # drained with nothing held, call this (it begins the shutdown) and end.
+        self.on_idle: Callable[[], None] | None = None
 
     def stop(self) -> None:
         """The shutdown began (or, with `stop_now`, has to end now): end the loop. A reserve
@@ -124,7 +127,7 @@ class ReserveLoop:
             if self._max_jobs is not None:
                 want = min(want, self._max_jobs)
             mark_started()
-            long_poll = self._long_polling = self._queues_drained
+            long_poll = self._long_polling = self._queues_drained and self.on_idle is None
             began = self._sent_at = current_time()
             try:
                 jobs = await self._client.reserve(
@@ -171,6 +174,12 @@ class ReserveLoop:
                     self._dispatch(job, dispatched_at)
             if not self._reserving():
                 return
+            if self.on_idle is not None and not jobs:
+                if not held:
+                    self.on_idle()  # nothing ready, nothing held: the burst is done
+                    return
+                await held.wait_for_change()  # a job still held may come back (a retry)
+                continue
             if jobs and short:
                 # The next reserve will most likely long-poll, so let the handlers just
                 # spawned start first (latency): they run in the next scheduler pass, in an

@@ -8,12 +8,13 @@ import secrets
 import socket
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from typing import Literal
 
 from .._model import validate as v
 from .._model.backoff import Backoff
 from .._model.errors import ValidationError
+from .._runtime.wall_clock import utc_now
 from .._util.log import Log, LoggerLike
 from .middleware import Middleware, checked_middleware
 from .monitor import WorkerMonitor
@@ -141,7 +142,7 @@ class WorkerSettings:
             auto_extend=auto_extend,
             worker_id=worker_id,
             log=log,
-            now_utc=wall_clock or _utc_now,
+            now_utc=wall_clock or utc_now,
             own=own,
             unknown_types=unknown_types,
             monitor=monitor,
@@ -149,10 +150,6 @@ class WorkerSettings:
             handlers=handlers,
             lifespan=None if lifespan is None else lifespan_call(lifespan),
         )
-
-
-def _utc_now() -> datetime:
-    return datetime.now(timezone.utc)
 
 
 def _default_worker_id() -> str:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 from .._client import otel as _otel
 from .._client.client_kind import refuse_a_blocking_client
 from .._model.backoff import Backoff
+from .._model.errors import ValidationError
 from .._model.settlement import HandlerError as HandlerError
 from .._model.types import JobContext
 from .._runtime.concurrency import (
@@ -388,14 +389,24 @@ class Worker:
 
     # -- running ------------------------------------------------------------------------------
 
-    async def run(self, *, task_status: TaskStatus[None] = TASK_STATUS_IGNORED) -> None:
+    async def run(
+        self, *, until_idle: bool = False, task_status: TaskStatus[None] = TASK_STATUS_IGNORED
+    ) -> None:
         """Reserve and process jobs until `shutdown()`; returns once every held job is
         settled. With `nursery.start(worker.run)`, start returns once the worker is reserving.
-        A worker runs once."""
+        A worker runs once.
+
+        `until_idle=True` is burst mode (for tests and batch runs): the worker never long-polls
+        and shuts down by itself once its queues have nothing ready and it holds nothing (a
+        job retried at once is worked again; one scheduled for later is not waited for)."""
         if self._state is not _RunState.NEW:
             raise RuntimeError("Worker.run() can only be called once; create a new Worker")
+        if not isinstance(until_idle, bool):
+            raise ValidationError("until_idle", "must be a bool")
         cc = current()
         parts = self._parts = self._parts_on(cc)
+        if until_idle:
+            parts.reserver.on_idle = self._begin_shutdown
         self._state = _RunState.RUNNING
         shutdown = self._shutdown
         shutdown.run.enter(cc)

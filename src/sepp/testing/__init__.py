@@ -1,6 +1,17 @@
-"""Helpers for testing code against a real ``sepp`` server.
+"""Helpers for testing code that uses sepp: a sepp server in memory, the real server, and
+reserved jobs built by hand.
 
-Run a throw-away server on loopback from trio code::
+Run the pure-Python server in memory (no binary, virtual time under trio's ``MockClock``),
+from trio or asyncio code::
+
+    from sepp.testing import memory_server
+
+    async def test_something() -> None:
+        async with memory_server({"storage": {"dead_letter_retention_ms": 600_000}}) as server:
+            ...  # connect a client to server.address ("127.0.0.1:PORT")
+
+(or the ``memory_server`` pytest fixture; ``MemoryServer(config).start()`` from blocking
+code). Run a throw-away real server on loopback from trio code::
 
     from sepp.testing import sepp_server
 
@@ -31,6 +42,10 @@ A `def` handler takes :func:`sync_job_context` of one (its ``ctx.client`` blocks
 """
 
 from ._jobs import job_context, set_lease_expires_at, sync_job_context
+from ._memory.clock import ManualClock
+from ._memory.config import ConfigError
+from ._memory.server import MemoryServer, memory_server
+from ._memory.state import QueueDepths
 from ._server import (
     DEAD_LETTER_RETENTION_MS,
     INSTALL_COMMAND,
@@ -49,12 +64,17 @@ __all__ = [
     "DEAD_LETTER_RETENTION_MS",
     "INSTALL_COMMAND",
     "SEPP_SERVER_VERSION",
+    "ConfigError",
     "ExternalSeppServer",
+    "ManualClock",
+    "MemoryServer",
+    "QueueDepths",
     "SeppServer",
     "SeppServerNotFound",
     "SeppServerStartError",
     "find_sepp_binary",
     "job_context",
+    "memory_server",
     "sepp_cache_binary_path",
     "sepp_server",
     "set_lease_expires_at",

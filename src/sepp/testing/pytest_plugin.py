@@ -1,4 +1,5 @@
-"""pytest plugin providing a ``sepp_server`` fixture backed by a real server.
+"""pytest plugin providing a ``memory_server`` fixture (a sepp server in memory, no binary)
+and a ``sepp_server`` fixture backed by a real server.
 
 Enable it in a ``conftest.py``::
 
@@ -19,6 +20,14 @@ the config, override the ``sepp_server_config`` fixture::
     def sepp_server_config() -> dict[str, object]:
         return {**DEFAULT_TEST_CONFIG, "server": {"strict_queues": True}}
 
+The ``memory_server`` fixture is the same for a :class:`~sepp.testing.MemoryServer`, with
+its config in the ``memory_server_config`` fixture; ask for pytest-trio's
+``autojump_clock`` fixture too and its leases, schedules and retry delays elapse in the
+test's virtual time::
+
+    async def test_reminder(memory_server: MemoryServer, autojump_clock: MockClock) -> None:
+        ...
+
 If the ``SEPP_TEST_ADDR`` environment variable is set (``host:port``), no
 process is launched: the fixture yields an
 :class:`~sepp.testing.ExternalSeppServer` with that ``address``/``host``/``port``.
@@ -35,10 +44,19 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from ._memory.server import MemoryServer
+from ._memory.server import memory_server as _memory_server
 from ._server import DEAD_LETTER_RETENTION_MS, ExternalSeppServer, SeppServer
 from ._server import sepp_server as _launch_sepp_server
 
-__all__ = ["DEFAULT_TEST_CONFIG", "sepp_server", "sepp_server_config"]
+__all__ = [
+    "DEFAULT_MEMORY_SERVER_CONFIG",
+    "DEFAULT_TEST_CONFIG",
+    "memory_server",
+    "memory_server_config",
+    "sepp_server",
+    "sepp_server_config",
+]
 
 DEFAULT_TEST_CONFIG: dict[str, object] = {
     "admin": {"enabled": False},
@@ -70,4 +88,27 @@ async def sepp_server(
         yield ExternalSeppServer(external)
         return
     async with _launch_sepp_server(sepp_server_config) as server:
+        yield server
+
+
+DEFAULT_MEMORY_SERVER_CONFIG: dict[str, object] = {
+    "storage": {"dead_letter_retention_ms": DEAD_LETTER_RETENTION_MS},
+}
+"""Config used by the ``memory_server`` fixture: dead letters kept for 10 minutes (so
+DrainDeadLetters returns records; ``memory_server()`` keeps them so too unless a config says
+otherwise), everything else the real server's defaults."""
+
+
+@pytest.fixture
+def memory_server_config() -> dict[str, object]:
+    """The config the ``memory_server`` fixture starts its server with (override me)."""
+    return copy.deepcopy(DEFAULT_MEMORY_SERVER_CONFIG)
+
+
+@pytest.fixture
+async def memory_server(memory_server_config: dict[str, object]) -> AsyncIterator[MemoryServer]:
+    """A fresh :class:`~sepp.testing.MemoryServer` for one test, in the test's trio run: under
+    pytest-trio's ``autojump_clock`` (or ``mock_clock``) fixture its time is the run's
+    virtual time, and the client and the Worker in the test read the same clock."""
+    async with _memory_server(memory_server_config) as server:
         yield server
