@@ -24,8 +24,9 @@ The package is built in layers, each a folder that imports only the layers below
   middleware, lease keeping, the monitor), `_scheduling/` (`Schedule` and `Scheduler`) and
   `_outbox/` (`Outbox`, jobs written in the application's database transaction, and
   `OutboxRelay`, which forwards them);
-- `_cli/` (the `sepp-trio` command) and `testing/` (public: servers for tests, the real one
-  and a pure-Python one in memory, `testing/_memory/`) on top.
+- `_cli/` (the `sepp-trio` command), `testing/` (public: servers for tests, the real one
+  and a pure-Python one in memory, `testing/_memory/`) and `contrib/` (public: integrations
+  with other services, each behind an extra, e.g. `sepp.contrib.sentry`) on top.
 
 The public API is the table below, and nothing else: every name in it presents as `sepp.X`.
 """
@@ -111,6 +112,7 @@ _PUBLIC: dict[str, tuple[str, bool]] = {
     "Scheduler": ("_scheduling.scheduler", LAZY),
     "Limit": ("_limits.limit", LAZY),
     "CallNext": ("_worker.middleware", LAZY),
+    "DeadLetterHook": ("_worker.dead_letter_hooks", LAZY),
     "Middleware": ("_worker.middleware", LAZY),
     "WorkerMonitor": ("_worker.monitor", LAZY),
     "DuplicateHandlerError": ("_worker.router", LAZY),
@@ -196,6 +198,7 @@ if TYPE_CHECKING:
     from ._scheduling.schedule import Schedule as Schedule
     from ._scheduling.scheduler import Scheduler as Scheduler
     from ._version import __version__ as __version__
+    from ._worker.dead_letter_hooks import DeadLetterHook as DeadLetterHook
     from ._worker.middleware import CallNext as CallNext
     from ._worker.middleware import Middleware as Middleware
     from ._worker.monitor import WorkerMonitor as WorkerMonitor

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import sepp
+import sepp.contrib.sentry
 import sepp.testing
 import sepp.testing.pytest_plugin
 
@@ -22,7 +23,7 @@ from sepp_docs import attribute_doc  # noqa: E402  (docs/_ext is not a package)
 
 REFERENCE = ROOT / "docs" / "reference.md"
 ERRORS = ROOT / "docs" / "errors.md"
-PUBLIC_MODULES = (sepp, sepp.testing, sepp.testing.pytest_plugin)
+PUBLIC_MODULES = (sepp, sepp.testing, sepp.testing.pytest_plugin, sepp.contrib.sentry)
 _DIRECTIVE = re.compile(r"^\.\. auto(?:class|function|exception|data)::\s+(\S+)\s*$", re.MULTILINE)
 
 

@@ -400,7 +400,7 @@ def test_the_commands_that_run_until_signalled_log_at_info_and_the_help_says_whi
     commands = _commands(parser)
     assert {"info", "queues", "dead-letters list", "outbox relay", "outbox init"} <= set(commands)
     at_info = {n for n, p in commands.items() if p.get_default("default_log_level") == "info"}
-    assert at_info == {"worker", "scheduler", "outbox relay"}
+    assert at_info == {"worker", "scheduler", "outbox relay", "dev-server"}
     (option,) = [a for a in parser._actions if "--log-level" in a.option_strings]
     assert option.help is not None
     named = option.help.split("default: info for ", 1)[1].split(", else warning", 1)[0]

@@ -88,8 +88,9 @@ def test_sepp_modules_import_each_other_without_cycles() -> None:
 
 
 # The layers, lowest first: a module may import its own layer and the ones before it. The
-# package namespace (`sepp`), `sepp.__main__`, the command line and `sepp.testing` sit on top
-# and may import anything. docs/contributing.md ("Architecture") draws the same picture.
+# package namespace (`sepp`), `sepp.__main__`, the command line, `sepp.testing` and
+# `sepp.contrib` (integrations with other services, each behind an extra) sit on top and may
+# import anything. docs/contributing.md ("Architecture") draws the same picture.
 # `_runtime` is the one seam to trio, asyncio and anyio that the client and the services share;
 # `_probes` (the HTTP server and the Prometheus format) is at the bottom, for every service.
 LAYERS: tuple[tuple[str, ...], ...] = (
@@ -102,7 +103,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("sepp._payloads",),
     ("sepp._worker", "sepp._scheduling", "sepp._outbox"),
 )
-TOP = ("sepp", "sepp.__main__", "sepp._cli", "sepp.testing")
+TOP = ("sepp", "sepp.__main__", "sepp._cli", "sepp.testing", "sepp.contrib")
 SERVICES = ("sepp._worker", "sepp._scheduling", "sepp._outbox")
 # Within a layer, packages that never import each other: the two engines inside `wire` (and
 # only drivers import drivers), and the three services, whose shared parts are `_runtime`'s

@@ -21,6 +21,7 @@ from ._failures import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_USAGE, CliError
 from ._logging import setup_logging
 from ._output import note
 from ._parser import PROG, build_parser
+from ._signals import ignore_pause_signals
 
 if TYPE_CHECKING:
     from .fleet.child import SupervisorLink
@@ -51,8 +52,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         setup_logging(args)
     except CliError as exc:
         return report_failure(exc, label, debug=args.debug)
+    if args.command == "worker":
+        ignore_pause_signals()  # until the worker, or its supervisor, catches them
     try:
-        if getattr(args, "processes", 1) > 1:  # `worker --processes N`: a supervisor, on trio
+        # `worker --processes N` (N > 1) or `--reload`: a supervisor, on trio.
+        if getattr(args, "processes", 1) > 1 or getattr(args, "reload", False):
             from .fleet.supervisor import supervise
 
             status: int = trio.run(supervise, args, run_child)

@@ -85,8 +85,8 @@ def _add_global_options(parser: argparse.ArgumentParser, *, after_command: bool)
         "--log-level",
         metavar="LEVEL",
         choices=LOG_LEVELS,
-        help=f"{', '.join(LOG_LEVELS)} (default: info for worker, scheduler and outbox"
-        " relay, else warning); logs go to stderr",
+        help=f"{', '.join(LOG_LEVELS)} (default: info for worker, scheduler, outbox"
+        " relay and dev-server, else warning); logs go to stderr",
         **default,
     )
     output.add_argument(

@@ -18,7 +18,7 @@ from .._runtime import concurrency
 from .._worker.monitor import DEFAULT_MAX_LOOP_LAG_S
 from ._connect import retry_delay, run_connected
 from ._failures import EXIT_FAILURE, EXIT_OK, UsageError
-from ._signals import run_until_signalled
+from ._signals import on_pause_signals, run_until_signalled
 from ._targets import load_target
 from ._values import positive_int, positive_seconds, seconds
 
@@ -38,7 +38,9 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         " current directory is importable). The router's lifespan, middleware, timeouts and"
         " backoff apply. SIGINT or SIGTERM shuts down gracefully: no new"
         " jobs, running handlers get --shutdown-timeout seconds. A second signal stops at"
-        " once: running handlers are cancelled and their jobs go back to the queue. If the"
+        " once: running handlers are cancelled and their jobs go back to the queue. SIGUSR1"
+        " pauses the worker (no new jobs; running and waiting ones finish, their leases kept),"
+        " SIGUSR2 resumes it. If the"
         " server is not up yet, connecting is retried with backoff until it is. Logs go to"
         " stderr. Exit status 0 after a shutdown that settled every job.",
     )
@@ -127,6 +129,19 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         " and --health-port/--metrics-port serve the group (default: 1, no supervisor)",
     )
     parser.add_argument(
+        "--paused",
+        action="store_true",
+        help="start paused: reserve nothing until SIGUSR2 (SIGUSR1 pauses again)",
+    )
+    parser.add_argument(
+        "--reload",
+        action="store_true",
+        help="for development: run the worker under a supervisor that replaces it when a .py"
+        " file of the target's package changes (the old process stops reserving at once and"
+        " finishes its running jobs, up to --shutdown-timeout, then the new one starts; files"
+        " are polled, no extra dependency)",
+    )
+    parser.add_argument(
         "--loop",
         choices=LOOPS,
         default="trio",
@@ -191,6 +206,7 @@ async def run(args: argparse.Namespace, link: SupervisorLink | None = None) -> i
     serving = args.health_port is not None or args.metrics_port is not None
     monitor = sepp.WorkerMonitor(max_loop_lag=args.max_loop_lag) if serving else None
     workers: list[sepp.Worker] = []  # the worker, once connected
+    paused = [bool(getattr(args, "paused", False))]  # SIGUSR1/SIGUSR2's last word
     cc = concurrency.current()  # trio's, or anyio's with --loop asyncio or uvloop
     connecting = cc.cancel_scope()
 
@@ -218,6 +234,19 @@ async def run(args: argparse.Namespace, link: SupervisorLink | None = None) -> i
         )
         workers[0].shutdown(now=True)
 
+    def pause(sig: signal.Signals) -> None:
+        paused[0] = True
+        held = workers[0].in_flight if workers else 0
+        log.info("%s: pausing: no new jobs; %d held finish (SIGUSR2 resumes)", sig.name, held)
+        if workers:
+            workers[0].pause()
+
+    def resume(sig: signal.Signals) -> None:
+        paused[0] = False
+        log.info("%s: resuming", sig.name)
+        if workers:
+            workers[0].resume()
+
     async def connected(client: sepp.Client) -> None:
         worker = sepp.Worker(
             client,
@@ -231,6 +260,8 @@ async def run(args: argparse.Namespace, link: SupervisorLink | None = None) -> i
             monitor=monitor,
             loop_block_warning=args.loop_block_warning or None,
         )
+        if paused[0]:
+            worker.pause()
         workers.append(worker)
         async with cc.open_nursery() as nursery:
 
@@ -244,20 +275,22 @@ async def run(args: argparse.Namespace, link: SupervisorLink | None = None) -> i
                 link.reserving(worker.worker_id)
             handles = ", ".join(router.job_types) or "-"
             log.info(
-                "worker %s reserving from %s at %s; handles: %s%s",
+                "worker %s reserving from %s at %s; handles: %s%s%s",
                 worker.worker_id,
                 ", ".join(args.queues),
                 client.address,
                 handles,
                 " (and a catch-all)" if router.has_catch_all else "",
+                "; paused (SIGUSR2 resumes)" if worker.is_paused else "",
             )
 
     async def work() -> None:
         from .._worker.monitor import feed_of  # what the monitor is told, beside the Worker
 
-        if link is not None:
-            link.accept_signals()
         async with cc.open_nursery() as http:
+            await http.start(on_pause_signals, pause, resume)  # before the supervisor sends any
+            if link is not None:
+                link.accept_signals()
             if monitor is not None:
                 ports = await serve_monitor(http, monitor, args, link)
                 if link is not None:

@@ -157,6 +157,17 @@ def failed(error: Exception, label: str = "error") -> Outcome:
     return Outcome(Retry.DEFAULT, reason, label, reason, error)
 
 
+def given_up(error: Exception, why: str) -> Outcome:
+    """An exception the handler's failure policy does not retry (`why` says which rule): to the
+    dead letters at once, the reason naming the exception and the rule."""
+    head = f"handler raised {describe(error)}"
+    room = MAX_REASON_CHARS - len(why) - 3  # the rule is kept whole; a long message is cut
+    if len(head) > room:
+        head = head[: room - 1] + "…"
+    reason = clip_reason(f"{head} ({why})")
+    return Outcome(Retry.DEAD_LETTER, reason, "given_up", reason, error)
+
+
 def with_backoff(outcome: Outcome, retry: Retry, delay_s: float | None) -> Outcome:
     """`outcome` nacked with the backoff's `retry` instead of the queue's policy."""
     return Outcome(retry, outcome.reason, outcome.label, outcome.failure, outcome.error, delay_s)

@@ -50,8 +50,15 @@ class Log:
         else:
             self._target.warning(msg, *args)
 
-    def error(self, msg: str, *args: object, exc_info: BaseException | None = None) -> None:
-        if exc_info is not None and isinstance(self._target, logging.Logger):
-            self._target.error(msg, *args, exc_info=exc_info)
+    def error(
+        self,
+        msg: str,
+        *args: object,
+        exc_info: BaseException | None = None,
+        extra: Mapping[str, object] | None = None,
+    ) -> None:
+        """`exc_info` and `extra` reach stdlib loggers only."""
+        if isinstance(self._target, logging.Logger) and (exc_info is not None or extra is not None):
+            self._target.error(msg, *args, exc_info=exc_info, extra=extra)
         else:
             self._target.error(msg, *args)

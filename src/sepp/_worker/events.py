@@ -19,6 +19,12 @@ class WorkerEvents(Protocol):
 
     def shutting_down(self) -> None: ...
 
+    def paused(self) -> None:
+        """`pause()` took effect: no reserve is pending, none is sent until `resumed`."""
+
+    def resumed(self) -> None:
+        """`resume()`: the worker reserves again."""
+
     def stopped(self) -> None:
         """`run()` ended."""
 

@@ -16,6 +16,7 @@ class Phase(enum.Enum):
     WAITING = "waiting for a slot"
     RUNNING = "running"  # holds a slot
     SETTLING = "settling"
+    TELLING = "telling its on_dead_letter hooks"  # after settling; a forced stop cancels them
 
 
 class HeldJob:
@@ -125,7 +126,7 @@ class HeldJob:
 
     def stop(self) -> None:
         """Shutdown: cancel the handler (or the wait for a slot); the job is nacked unless the
-        handler still returns."""
+        handler still returns. After its nack, its on_dead_letter hooks are cancelled."""
         if self.phase is not Phase.SETTLING:
             self.forced = True
             if self.scope is not None:  # else it has not started: it never will

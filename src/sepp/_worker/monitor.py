@@ -47,6 +47,7 @@ class _State(enum.Enum):
     STARTING = "starting"
     WAITING = "waiting for the server"
     RESERVING = "reserving"
+    PAUSED = "paused"
     SHUTTING_DOWN = "shutting down"
     STOPPED = "stopped"
 
@@ -127,7 +128,8 @@ class WorkerMonitor:
     `/healthz` answers 200 while the worker has not stopped and its event loop has not gone
     more than `max_loop_lag` seconds without running (None: no bound; measured while `serve()`
     runs, by a heartbeat task on the loop); the body gives the lag. `/readyz` answers 200 while
-    it is also connected and reserving and not shutting down, else 503 with the reason;
+    it is also connected and reserving, not paused and not shutting down, else 503 with the
+    reason ("paused", ...);
     `/metrics` is the Prometheus text format. Metrics are labelled by queue and job type; types
     without their own handler are counted as job type "other", and so are pairs beyond the
     first 200, so a queue full of odd job types cannot grow the output without bound."""
@@ -152,7 +154,7 @@ class WorkerMonitor:
     @property
     def ready(self) -> bool:
         """Whether the worker is live and reserving, its last reserve worked, and it is not
-        shutting down."""
+        paused nor shutting down."""
         return self._health().ready
 
     @property
@@ -206,6 +208,7 @@ class WorkerMonitor:
                 feed.reserves_failed,
             )
             reserve_duration = feed.reserve_duration.copy()
+            paused = feed.state is _State.PAUSED
         Family = prometheus.Family
         families: list[prometheus.Family] = []
         for name, help_text in _JOB_COUNTERS:
@@ -244,6 +247,12 @@ class WorkerMonitor:
             "1 while the worker is connected, reserving and not shutting down.",
         )
         ready_gauge.add(int(ready))
+        paused_gauge = Family(
+            "sepp_worker_paused",
+            "gauge",
+            "1 while the worker is paused: it reserves nothing, and what it holds runs.",
+        )
+        paused_gauge.add(int(paused))
         lag_gauge = Family(
             "sepp_worker_event_loop_lag_seconds",
             "gauge",
@@ -252,7 +261,7 @@ class WorkerMonitor:
         if lag is not None:
             lag_gauge.add(lag)
         families += [unknown, duration, in_flight_gauge, reserves, reserve_time]
-        families += [ready_gauge, lag_gauge]
+        families += [ready_gauge, paused_gauge, lag_gauge]
         return prometheus.write(families)
 
     # -- serving --------------------------------------------------------------------------------
@@ -381,6 +390,16 @@ class MonitorFeed:
     def reserving(self) -> None:
         with self.lock:
             if self.state in (_State.STARTING, _State.WAITING):
+                self.state = _State.RESERVING
+
+    def paused(self) -> None:
+        with self.lock:
+            if self.state is _State.RESERVING:
+                self.state = _State.PAUSED
+
+    def resumed(self) -> None:
+        with self.lock:
+            if self.state is _State.PAUSED:
                 self.state = _State.RESERVING
 
     def shutting_down(self) -> None:

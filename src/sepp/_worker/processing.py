@@ -19,6 +19,8 @@ from .._model import settlement as outcomes
 from .._model.backoff import Backoff
 from .._model.types import Job, JobContext, Retry, set_handler_context
 from .._runtime.concurrency import CancelScope, ServiceRuntime, Spawner, TooSlowError
+from .dead_letter_hooks import HookCall
+from .failure_policy import FailurePolicy
 from .held_job import HeldJob, HeldJobs, Phase
 from .job_steps import JobCoroutine, drive, leave_runner_scope
 from .middleware import run_chain
@@ -56,9 +58,11 @@ def _with_timeout(fn: Handler, timeout_s: float, cc: ServiceRuntime) -> Handler:
 
 class Route:
     """A handler as the Worker runs it: the function (within its timeout), its middleware
-    chain, and the backoff its failures retry with."""
+    chain, the backoff its failures retry with, its failure policy (None: every failure
+    retries) and the hooks its dead-lettered jobs are told to. What a failure or a dead letter
+    needs is made here, once, so that a job that succeeds pays nothing for them."""
 
-    __slots__ = ("backoff", "fn", "middleware")
+    __slots__ = ("backoff", "dead_letter_hooks", "fn", "middleware", "policy")
 
     def __init__(self, fn: Handler, settings: RouteSettings, cc: ServiceRuntime) -> None:
         timeout_s = settings.timeout_s
@@ -66,6 +70,11 @@ class Route:
         self.middleware = settings.middleware
         assert settings.backoff is not None  # the Worker's own settings always have one
         self.backoff: BackoffSetting = settings.backoff
+        retry_on, give_up_on = settings.retry_on, settings.give_up_on
+        self.policy = (
+            None if retry_on is None and not give_up_on else FailurePolicy(retry_on, give_up_on)
+        )
+        self.dead_letter_hooks = settings.on_dead_letter
 
 
 RUNNER_NAME = "sepp job runner"
@@ -132,6 +141,7 @@ class JobProcessor:
         self._routes: dict[str, Route] = {}
         self._catch_all: Route | None = None
         self._handled: tuple[str, ...] = ()  # the job types with a handler of their own
+        self._unknown_type_hooks: tuple[HookCall, ...] = ()  # the Worker's own
         self.nursery: Spawner | None = None  # the jobs' tasks', while the Worker runs
         self.lifespan_state: Any = None  # every handler's ctx.state
         self._reserving_ended = False
@@ -148,6 +158,7 @@ class JobProcessor:
             else:
                 routes[entry.job_type] = route
         self._routes, self._catch_all, self._handled = routes, catch_all, tuple(routes)
+        self._unknown_type_hooks = own.on_dead_letter
 
     def reserving_ended(self) -> None:
         """No job can arrive any more: the idle job runners end, and lease keeping stops once
@@ -303,6 +314,12 @@ class JobProcessor:
                 if self._events is not None:
                     self._events.job_settled(ctx, label, dead_lettered)
                 self._report.finished(ctx, label, dead_lettered, held.run_s, held.wait_s)
+                if outcome is not None and dead_lettered:
+                    hooks = self._unknown_type_hooks if route is None else route.dead_letter_hooks
+                    if hooks:
+                        error = outcome.error  # the handler's: an Exception, if any
+                        error = error if isinstance(error, Exception) else None
+                        await self._after_dead_letter(held, hooks, error)
                 if outcome is not None and outcome.retry is not None:
                     await self._report.nacked(ctx, outcome, dead_lettered)
         finally:
@@ -394,6 +411,9 @@ class JobProcessor:
         outcome = outcomes.requested(error)
         if outcome is None:
             label = "timeout" if isinstance(error, HandlerTimeoutError) else "error"
+            why = None if route.policy is None else route.policy.gives_up(error)
+            if why is not None:
+                return outcomes.given_up(error, why)
             outcome = outcomes.failed(error, label)
         if outcome.retry is not Retry.DEFAULT or route.backoff is Retry.DEFAULT:
             return outcome
@@ -409,6 +429,26 @@ class JobProcessor:
             return run_chain(job, route.middleware, route.fn, held)
         held.started_at = now()
         return route.fn(job.payload, job.ctx)
+
+    async def _after_dead_letter(
+        self, held: HeldJob, hooks: tuple[HookCall, ...], error: Exception | None
+    ) -> None:
+        """Tell `hooks` that the nack dead-lettered the job, one after the other, each one's
+        failure logged and its own: the job's outcome is settled already. The job stays held
+        meanwhile (a shutdown waits for its hooks, as for a handler), in a cancel scope of its
+        own that a forced stop cancels."""
+        ctx = held.job.ctx
+        held.scope = scope = self._cc.cancel_scope()
+        held.phase = Phase.TELLING
+        with scope:
+            for hook in hooks:
+                try:
+                    await hook.call(ctx, error)
+                except Exception as exc:  # a hook's failure is logged, never the loop's
+                    self._report.hook_failed(hook.name, ctx, exc)
+        held.phase = Phase.SETTLING
+        if scope.cancelled_caught:
+            self._report.hooks_cancelled(ctx)
 
     async def _after_earlier_run(self, held: HeldJob, earlier: HeldJob) -> None:
         assert earlier.ended is not None

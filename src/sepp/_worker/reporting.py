@@ -24,6 +24,9 @@ UNKNOWN_TYPE_LOG_INTERVAL_S = 60.0
 UNKNOWN_TYPES_REMEMBERED = 1000  # the types whose last log time is kept (bounds the dict)
 # How long the first dead letter's log waits for the server's retention setting.
 SERVER_INFO_TIMEOUT_S = 5.0
+# On the record of the ERROR line of a job this worker dead-lettered: what an error reporter
+# reading the log (sepp.contrib.sentry) knows it by, once its on_dead_letter hook reported it.
+DEAD_LETTER_EXTRA = {"sepp_dead_lettered": True}
 
 
 class WorkerReport:
@@ -215,6 +218,8 @@ class WorkerReport:
         if dead_lettered:
             if label == "permanent":
                 why = f"the handler gave up on it: {outcome.reason}"
+            elif label == "given_up":
+                why = f"its failure policy does not retry it: {outcome.reason}"
             elif label == "unknown_type":
                 why = "no handler for its type"
             elif label == "shutdown":
@@ -227,6 +232,7 @@ class WorkerReport:
                 why,
                 await self._dead_letter_note(),
                 exc_info=outcomes.logged_traceback(outcome),
+                extra=DEAD_LETTER_EXTRA,
             )
             return
         if label in ("shutdown", "unknown_type"):
@@ -249,6 +255,21 @@ class WorkerReport:
             exc_info=outcomes.logged_traceback(outcome),
         )
 
+    def hook_failed(self, name: str, ctx: JobContext, exc: Exception) -> None:
+        """An on_dead_letter hook raised: logged, with its traceback; the job stays settled."""
+        self._log.error(
+            "sepp: the on_dead_letter hook %s raised for %s (dead-lettered): %s",
+            name,
+            ctx,
+            outcomes.describe(exc),
+            exc_info=exc,
+        )
+
+    def hooks_cancelled(self, ctx: JobContext) -> None:
+        self._log.warning(
+            "sepp: the on_dead_letter hooks of %s were cancelled by a forced shutdown", ctx
+        )
+
     async def _dead_letter_note(self) -> str:
         """Says so when the server keeps no dead letters (asked once, on the first)."""
         async with self._server_info_lock:
@@ -266,6 +287,19 @@ class WorkerReport:
                 " is gone)"
             )
         return ""
+
+    # -- pausing -----------------------------------------------------------------------------
+
+    def paused(self, held: int) -> None:
+        self._log.info(
+            "sepp: worker %s paused: reserving no more jobs; the %d it holds run and settle"
+            " (their leases kept)",
+            self._worker_id,
+            held,
+        )
+
+    def resumed(self) -> None:
+        self._log.info("sepp: worker %s resumed: reserving again", self._worker_id)
 
     # -- shutdown ----------------------------------------------------------------------------
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from .._model.backoff import backoff_delay
-from .._runtime.concurrency import ServiceRuntime
+from .._runtime.concurrency import CancelScope, ServiceRuntime
 
 if TYPE_CHECKING:
     from .._client.otel import WorkerMetrics
@@ -40,7 +40,8 @@ class ReserveLoop:
     answers at once is never cancelled: one that does not wait (`wait_timeout` 0), sent
     first and after each reserve that found more work. Only after one found the queues
     drained does the loop long-poll, and `stop` cancels that one (once an answer already on
-    its way has been read)."""
+    its way has been read). A pause (`pause_wanted`, then `pause_changed`) stops it the same
+    way, parked instead of ended, until the pause is lifted."""
 
     def __init__(
         self,
@@ -54,6 +55,7 @@ class ReserveLoop:
         events: WorkerEvents | None,
         metrics: WorkerMetrics,
         cc: ServiceRuntime,
+        pause_wanted: Callable[[], bool] = lambda: False,
     ) -> None:
         self._client = client
         self._queues = list(settings.queues)  # as the client is given them, every time
@@ -73,6 +75,13 @@ class ReserveLoop:
         self._cc = cc
         self.scope = cc.cancel_scope()
         self._stopping = cc.event()  # set by stop() while a long poll is pending
+        # Pausing: asked for from any thread (read at each decision); the loop parks in
+        # `_unpaused` while paused, and a long poll pending when the pause came is cancelled
+        # in `_poll_scope`, by a task woken through `_pausing`.
+        self._pause_wanted = pause_wanted
+        self._unpaused = cc.parking_lot()
+        self._pausing = cc.parking_lot()
+        self._poll_scope: CancelScope | None = None
         self._sent_at: float | None = None  # while a reserve is pending
         # The last reserve found the queues drained: the next one long-polls. Not known yet
         # (the first one, or after a failure): it does not wait.
@@ -96,11 +105,59 @@ class ReserveLoop:
         else:  # answered at once, unless the server or the network hangs: the grace bounds it
             self.scope.deadline = shutdown.began_at + shutdown.timeout_s
 
+    def pause_changed(self) -> None:
+        """In the run, after `pause_wanted` changed: a paused loop wakes to reserve again; a
+        long poll pending as the pause came is cancelled once an answer already on its way
+        has been read (as at shutdown), and a reserve answered at once is let finish (its jobs
+        run). The loop sends no reserve while paused."""
+        if self._pause_wanted():
+            if self._poll_scope is not None:
+                self._pausing.unpark_all()
+            self._held.changed()  # a loop waiting for a free slot pauses now
+        else:
+            self._unpaused.unpark_all()
+
     async def run(self, mark_started: Callable[[], None]) -> None:
         async with self._cc.open_nursery() as nursery:
             nursery.start_soon(self._cancel_long_poll_when_stopping)
+            nursery.start_soon(self._cancel_long_poll_when_pausing)
             await self._reserve_until_stopped(mark_started)
             nursery.cancel_scope.cancel()
+
+    async def _cancel_long_poll_when_pausing(self) -> None:
+        while True:
+            await self._pausing.park()
+            for _ in range(READ_PASSES):
+                await self._cc.checkpoint()
+            if self._pause_wanted() and self._poll_scope is not None:
+                self._poll_scope.cancel()
+
+    async def _sit_out_pause(self) -> None:
+        """Paused, with no reserve pending: park until resumed (a shutdown cancels it)."""
+        if self._events is not None:
+            self._events.paused()
+        self._report.paused(len(self._held))
+        while self._pause_wanted():
+            await self._unpaused.park()
+        if self._events is not None:
+            self._events.resumed()
+        self._report.resumed()
+
+    async def _long_poll(self, want: int) -> list[Job] | None:
+        """A reserve that waits; a pause cancels it (None, as an empty answer)."""
+        scope = self._poll_scope = self._cc.cancel_scope()
+        try:
+            with scope:
+                return await self._client.reserve(
+                    self._queues,
+                    lease_duration=self._lease_s,
+                    wait_timeout=self._wait_s,
+                    max_jobs=want,
+                    worker_id=self._worker_id,
+                )
+            return None
+        finally:
+            self._poll_scope = None
 
     async def _cancel_long_poll_when_stopping(self) -> None:
         await self._stopping.wait()
@@ -114,10 +171,18 @@ class ReserveLoop:
         failures = 0
         early_empty_s = min(EARLY_EMPTY_THRESHOLD_S, self._wait_s / 2)
         held = self._held
+        pause_wanted = self._pause_wanted
         while self._reserving():
+            if pause_wanted():
+                mark_started()  # the run has started: paused, not reserving
+                await self._sit_out_pause()
+                continue
             # An over-generous server can leave us holding more than max_in_flight.
-            while len(held) >= self._max_in_flight:
-                await held.wait_for_change()
+            if len(held) >= self._max_in_flight:
+                while len(held) >= self._max_in_flight and not pause_wanted():
+                    await held.wait_for_change()
+                if pause_wanted():
+                    continue  # paused as it waited for a free slot
             if not self._reserving():
                 # The shutdown began as a slot freed, before this task ran again: its cancel
                 # found no reserve pending, and under asyncio it lands only once the next one
@@ -130,13 +195,16 @@ class ReserveLoop:
             long_poll = self._long_polling = self._queues_drained and self.on_idle is None
             began = self._sent_at = current_time()
             try:
-                jobs = await self._client.reserve(
-                    self._queues,
-                    lease_duration=self._lease_s,
-                    wait_timeout=self._wait_s if long_poll else 0.0,
-                    max_jobs=want,
-                    worker_id=self._worker_id,
-                )
+                if long_poll:
+                    jobs = await self._long_poll(want)
+                else:
+                    jobs = await self._client.reserve(
+                        self._queues,
+                        lease_duration=self._lease_s,
+                        wait_timeout=0.0,
+                        max_jobs=want,
+                        worker_id=self._worker_id,
+                    )
             except Exception as exc:  # the loop must outlive every reserve failure
                 self._sent_at = None
                 if self._events is not None:
@@ -188,7 +256,14 @@ class ReserveLoop:
                 # meanwhile.
                 await cc.checkpoint()
                 await cc.checkpoint()
-            if long_poll and not jobs and current_time() - began < early_empty_s:
+            if (
+                long_poll
+                and not jobs
+                and current_time() - began < early_empty_s
+                and not (
+                    pause_wanted()  # cut short by the pause
+                )
+            ):
                 await cc.sleep(EARLY_EMPTY_PAUSE_S)
 
     def _reserving(self) -> bool:

@@ -15,6 +15,8 @@ from .._model.backoff import Backoff
 from .._model.errors import SeppError, ValidationError
 from .._model.settlement import OnInvalid, check_on_invalid
 from .._model.types import JobContext, Payload, Retry
+from .dead_letter_hooks import DeadLetterHook, HookCall, checked_hook
+from .failure_policy import ExceptionTypes, checked_exception_types
 from .middleware import Middleware, checked_middleware
 from .thread_handlers import SyncHandler, SyncJobContext, is_sync_function, run_in_thread
 
@@ -122,11 +124,16 @@ BackoffSetting = Backoff | Retry
 class RouteSettings(NamedTuple):
     """How a handler runs, beyond the function: the middleware of the routers it came through
     and of its own registration (outermost first; the Worker adds its own in front); its
-    timeout and backoff, None where inherited from an enclosing router or the Worker."""
+    timeout, backoff and failure policy (`retry_on`, `give_up_on`), None where inherited from
+    an enclosing router or the Worker; and the `on_dead_letter` hooks of the routers it came
+    through (the Worker's first, then from the outermost router in, as for middleware)."""
 
     middleware: tuple[Middleware, ...] = ()
     timeout_s: float | None = None
     backoff: BackoffSetting | None = None
+    retry_on: ExceptionTypes | None = None
+    give_up_on: ExceptionTypes | None = None
+    on_dead_letter: tuple[HookCall, ...] = ()
 
     def inside(self, outer: RouteSettings) -> RouteSettings:
         """These settings as seen through a router with settings `outer`."""
@@ -134,6 +141,9 @@ class RouteSettings(NamedTuple):
             outer.middleware + self.middleware,
             self.timeout_s if self.timeout_s is not None else outer.timeout_s,
             self.backoff if self.backoff is not None else outer.backoff,
+            self.retry_on if self.retry_on is not None else outer.retry_on,
+            self.give_up_on if self.give_up_on is not None else outer.give_up_on,
+            outer.on_dead_letter + self.on_dead_letter,
         )
 
 
@@ -165,8 +175,11 @@ class Router:
 
     `middleware` (see `sepp.Middleware`) wraps this router's handlers, also after another
     router includes it, and a registration's own `middleware=` its handler alone, inside;
-    `timeout` and `backoff` are defaults for its handlers (a handler's own registration, else
-    the nearest router's, else the Worker's). `lifespan` (see
+    `timeout`, `backoff`, `retry_on` and `give_up_on` are defaults for its handlers (a
+    handler's own registration, else the nearest router's, else the Worker's; see
+    `sepp.Worker` for what the last two mean). `on_dead_letter` (see `sepp.DeadLetterHook`) is
+    called for each job of its handlers that the worker's nack dead-lettered, after the
+    Worker's own and those of the routers that include this one. `lifespan` (see
     `sepp.Worker`) is the Worker's when this router is handed to it, e.g. by
     `sepp-trio worker`; a router with a lifespan cannot be included in another.
     """
@@ -189,6 +202,9 @@ class Router:
         backoff: BackoffSetting | None = None,
         lifespan: Lifespan | None = None,
         on_invalid: OnInvalid = "dead_letter",
+        retry_on: type[Exception] | tuple[type[Exception], ...] | None = None,
+        give_up_on: type[Exception] | tuple[type[Exception], ...] | None = None,
+        on_dead_letter: DeadLetterHook | None = None,
     ) -> None:
         self._handlers: dict[str, Handler] = {}
         self._on_invalid = check_on_invalid(on_invalid)
@@ -199,6 +215,9 @@ class Router:
             checked_middleware("middleware", middleware),
             optional_timeout(timeout),
             checked_backoff("backoff", backoff),
+            checked_exception_types("retry_on", retry_on),
+            checked_exception_types("give_up_on", give_up_on),
+            checked_hook("on_dead_letter", on_dead_letter),
         )
         if lifespan is not None:
             lifespan_call(lifespan)  # refused now, not when a Worker runs it
@@ -212,14 +231,19 @@ class Router:
         timeout: float | timedelta | None = None,
         backoff: BackoffSetting | None = None,
         middleware: Iterable[Middleware] = (),
+        retry_on: type[Exception] | tuple[type[Exception], ...] | None = None,
+        give_up_on: type[Exception] | tuple[type[Exception], ...] | None = None,
     ) -> Router:
         """Register `fn` for `job_type`; returns the router so calls chain. `timeout` (seconds
         or timedelta) cancels a handler running longer and nacks its job with the backoff;
-        `backoff` paces the retries of its failed jobs. None inherits the router's, then the
-        Worker's. `middleware` wraps this handler alone, inside the router's and the Worker's
-        (first in the list = outermost)."""
+        `backoff` paces the retries of its failed jobs; `give_up_on` (exception classes)
+        dead-letters a job at once when the handler raises one of them, and `retry_on`, when
+        given, retries only those (the rest dead-letter at once). None inherits the router's,
+        then the Worker's. `middleware` wraps this handler alone, inside the router's and the
+        Worker's (first in the list = outermost)."""
         v.utf8_text("job_type", job_type)
-        self._register(job_type, fn, own_settings(timeout, backoff, middleware))
+        settings = own_settings(timeout, backoff, middleware, retry_on, give_up_on)
+        self._register(job_type, fn, settings)
         return self
 
     def _register(self, job_type: str, fn: Any, settings: RouteSettings) -> None:
@@ -241,17 +265,20 @@ class Router:
         timeout: float | timedelta | None = None,
         backoff: BackoffSetting | None = None,
         middleware: Iterable[Middleware] = (),
+        retry_on: type[Exception] | tuple[type[Exception], ...] | None = None,
+        give_up_on: type[Exception] | tuple[type[Exception], ...] | None = None,
     ) -> TaskDecorator[T]:
         """Decorator: register the handler of `task`'s job type; it gets the payload decoded
         into the task's type: `@router.task(send_welcome)` on
         `async def handle(job: Welcome, ctx: sepp.JobContext)`, or on a `def` handler, which
-        runs in a worker thread. `timeout`, `backoff` and `middleware` as for `handle`."""
+        runs in a worker thread. `timeout`, `backoff`, `middleware`, `retry_on` and
+        `give_up_on` as for `handle`."""
         from .._payloads.task import Task
         from .typed_handler import prepare_for_task
 
         if not isinstance(task, Task):
             raise ValidationError("task", f"must be a sepp.Task, got {type(task).__name__}")
-        settings = own_settings(timeout, backoff, middleware)
+        settings = own_settings(timeout, backoff, middleware, retry_on, give_up_on)
 
         def register(fn: TaskHandler[T]) -> TaskHandler[T]:
             self._add(task.job_type, _checked_handler(prepare_for_task(fn, task)), settings)
@@ -266,10 +293,13 @@ class Router:
         timeout: float | timedelta | None = None,
         backoff: BackoffSetting | None = None,
         middleware: Iterable[Middleware] = (),
+        retry_on: type[Exception] | tuple[type[Exception], ...] | None = None,
+        give_up_on: type[Exception] | tuple[type[Exception], ...] | None = None,
     ) -> Callable[[H], H]:
         """Decorator form of `handle`."""
         v.utf8_text("job_type", job_type)
-        settings = own_settings(timeout, backoff, middleware)  # refused now, not when applied
+        # Refused now, not when applied.
+        settings = own_settings(timeout, backoff, middleware, retry_on, give_up_on)
 
         def register(fn: H) -> H:
             self._register(job_type, fn, settings)
@@ -288,8 +318,8 @@ class Router:
 
     def include(self, other: Router) -> Router:
         """Copy `other`'s handlers (and catch-all) into this router; returns this router.
-        They keep `other`'s middleware, timeout and backoff. Later registrations on `other`
-        are not seen. On a clash nothing is copied."""
+        They keep `other`'s middleware, timeout, backoff, failure policy and `on_dead_letter`
+        hook. Later registrations on `other` are not seen. On a clash nothing is copied."""
         if not isinstance(other, Router):
             raise ValidationError("other", f"must be a sepp.Router, got {type(other).__name__}")
         if other.lifespan is not None:
@@ -366,13 +396,19 @@ def copy_handlers(into: Router, other: Router) -> None:
 
 
 def own_settings(
-    timeout: float | timedelta | None, backoff: object, middleware: object
+    timeout: float | timedelta | None,
+    backoff: object,
+    middleware: object,
+    retry_on: object = None,
+    give_up_on: object = None,
 ) -> RouteSettings:
     """One registration's own settings, checked (ValidationError)."""
     return RouteSettings(
         checked_middleware("middleware", middleware),
         optional_timeout(timeout),
         checked_backoff("backoff", backoff),
+        checked_exception_types("retry_on", retry_on),
+        checked_exception_types("give_up_on", give_up_on),
     )
 
 

@@ -16,6 +16,8 @@ from .._model.backoff import Backoff
 from .._model.errors import ValidationError
 from .._runtime.wall_clock import utc_now
 from .._util.log import Log, LoggerLike
+from .dead_letter_hooks import checked_hook
+from .failure_policy import checked_exception_types
 from .middleware import Middleware, checked_middleware
 from .monitor import WorkerMonitor
 from .router import (
@@ -50,7 +52,8 @@ class WorkerSettings:
     worker_id: str
     log: Log
     now_utc: Callable[[], datetime]
-    own: RouteSettings  # the worker's middleware, timeout and backoff (always one)
+    # The worker's middleware, timeout, backoff (always one), failure policy and hook.
+    own: RouteSettings
     unknown_types: UnknownTypes
     monitor: WorkerMonitor | None
     loop_block_warning_s: float | None  # warn when a handler's step holds the loop this long
@@ -76,7 +79,10 @@ class WorkerSettings:
         middleware: Iterable[Middleware],
         timeout: float | timedelta | None,
         backoff: BackoffSetting,
+        retry_on: object,
+        give_up_on: object,
         unknown_types: UnknownTypes,
+        on_dead_letter: object,
         monitor: WorkerMonitor | None,
         loop_block_warning: float | timedelta | None,
         wall_clock: Callable[[], datetime] | None,
@@ -105,7 +111,12 @@ class WorkerSettings:
         if own_backoff is None:
             raise ValidationError("backoff", "must be a sepp.Backoff or sepp.Retry.DEFAULT")
         own = RouteSettings(
-            checked_middleware("middleware", middleware), optional_timeout(timeout), own_backoff
+            checked_middleware("middleware", middleware),
+            optional_timeout(timeout),
+            own_backoff,
+            checked_exception_types("retry_on", retry_on),
+            checked_exception_types("give_up_on", give_up_on),
+            checked_hook("on_dead_letter", on_dead_letter),
         )
         if unknown_types != "dead_letter" and not isinstance(unknown_types, Backoff):
             raise ValidationError(

@@ -31,6 +31,7 @@ from .._runtime.concurrency import (
 from .._runtime.shutdown_handle import ShutdownHandle as ShutdownHandle
 from .._util.log import LoggerLike
 from .client_calls import WorkerClient
+from .dead_letter_hooks import DeadLetterHook
 from .events import WorkerEvents
 from .held_job import HeldJobs
 from .lease_keeper import LeaseKeeper
@@ -115,7 +116,19 @@ class Worker:
     `sepp.Middleware`) wraps every handler call, outside the routers' own. A failed job (any
     exception, a `HandlerError.retry`, a `timeout`) is nacked for a retry after `backoff`'s delay
     (`sepp.Retry.DEFAULT`: the queue's policy); `timeout` (None: no limit) is the handlers'
-    default time limit. An `async def` handler that holds the event loop (runs without
+    default time limit.
+
+    The failure policy, by exception class (subclasses match, and any leaf of an exception
+    group): an exception in `give_up_on` dead-letters its job at once; with `retry_on` given,
+    only those exceptions retry and every other one dead-letters at once (`retry_on=()`:
+    nothing retries). A `HandlerError` keeps its meaning whatever they say, and a handler's or
+    router's own `retry_on` and `give_up_on` win over the worker's. They see what the chain of
+    middleware and handler raised; a `timeout` is a `trio.TooSlowError` to them (on asyncio
+    too). `on_dead_letter` (see `sepp.DeadLetterHook`) is called once for each job this
+    worker's nack dead-lettered (a permanent error, a failure on its final attempt, the
+    failure policy, an unknown type, a payload that does not decode), its failure logged.
+
+    An `async def` handler that holds the event loop (runs without
     awaiting) for more than `loop_block_warning` seconds is logged at WARNING with its job's
     type and id, at most once a minute (None: never; a thread of the run's watches). A job type
     without a handler goes back to the queue after
@@ -142,7 +155,10 @@ class Worker:
         middleware: Iterable[Middleware] = (),
         timeout: float | timedelta | None = None,
         backoff: BackoffSetting = DEFAULT_BACKOFF,
+        retry_on: type[Exception] | tuple[type[Exception], ...] | None = None,
+        give_up_on: type[Exception] | tuple[type[Exception], ...] | None = None,
         unknown_types: Backoff | Literal["dead_letter"] = DEFAULT_UNKNOWN_TYPE_BACKOFF,
+        on_dead_letter: DeadLetterHook | None = None,
         monitor: WorkerMonitor | None = None,
         loop_block_warning: float | timedelta | None = 1.0,
         _wall_clock: Callable[[], datetime] | None = None,
@@ -163,7 +179,10 @@ class Worker:
             middleware=middleware,
             timeout=timeout,
             backoff=backoff,
+            retry_on=retry_on,
+            give_up_on=give_up_on,
             unknown_types=unknown_types,
+            on_dead_letter=on_dead_letter,
             monitor=monitor,
             loop_block_warning=loop_block_warning,
             wall_clock=_wall_clock,
@@ -182,6 +201,7 @@ class Worker:
         self._state = _RunState.NEW
         self._reserving = False  # run() has sent its first reserve (or has ended)
         self._reserving_event: Event | None = None  # made by the first wait_until_reserving()
+        self._pause_wanted = False  # set by pause() and resume() from anywhere; read in the run
         self._shutdown = WorkerShutdown(settings.shutdown_timeout_s)
         self._metrics = _otel.WorkerMetrics()
         self._loop_watch = (
@@ -229,6 +249,7 @@ class Worker:
             events=events,
             metrics=self._metrics,
             cc=cc,
+            pause_wanted=lambda: self._pause_wanted,
         )
         return _Parts(cc, held, leases, report, jobs, reserver)
 
@@ -249,12 +270,22 @@ class Worker:
         timeout: float | timedelta | None = None,
         backoff: BackoffSetting | None = None,
         middleware: Iterable[Middleware] = (),
+        retry_on: type[Exception] | tuple[type[Exception], ...] | None = None,
+        give_up_on: type[Exception] | tuple[type[Exception], ...] | None = None,
     ) -> Worker:
         """Register `fn` for `job_type`; returns the worker so calls chain. A second
-        registration for the same type raises DuplicateHandlerError. `timeout` and `backoff`
-        override the worker's for this handler; `middleware` wraps it alone, inside the
-        worker's."""
-        self._router.handle(job_type, fn, timeout=timeout, backoff=backoff, middleware=middleware)
+        registration for the same type raises DuplicateHandlerError. `timeout`, `backoff`,
+        `retry_on` and `give_up_on` override the worker's for this handler; `middleware` wraps
+        it alone, inside the worker's."""
+        self._router.handle(
+            job_type,
+            fn,
+            timeout=timeout,
+            backoff=backoff,
+            middleware=middleware,
+            retry_on=retry_on,
+            give_up_on=give_up_on,
+        )
         self._build_routes()
         return self
 
@@ -265,10 +296,17 @@ class Worker:
         timeout: float | timedelta | None = None,
         backoff: BackoffSetting | None = None,
         middleware: Iterable[Middleware] = (),
+        retry_on: type[Exception] | tuple[type[Exception], ...] | None = None,
+        give_up_on: type[Exception] | tuple[type[Exception], ...] | None = None,
     ) -> Callable[[H], H]:
         """Decorator form of `handle`."""
         register = self._router.handler(
-            job_type, timeout=timeout, backoff=backoff, middleware=middleware
+            job_type,
+            timeout=timeout,
+            backoff=backoff,
+            middleware=middleware,
+            retry_on=retry_on,
+            give_up_on=give_up_on,
         )
 
         def register_here(fn: H) -> H:
@@ -285,9 +323,18 @@ class Worker:
         timeout: float | timedelta | None = None,
         backoff: BackoffSetting | None = None,
         middleware: Iterable[Middleware] = (),
+        retry_on: type[Exception] | tuple[type[Exception], ...] | None = None,
+        give_up_on: type[Exception] | tuple[type[Exception], ...] | None = None,
     ) -> TaskDecorator[T]:
         """Decorator: register the handler of `task` (see `Router.task`)."""
-        register = self._router.task(task, timeout=timeout, backoff=backoff, middleware=middleware)
+        register = self._router.task(
+            task,
+            timeout=timeout,
+            backoff=backoff,
+            middleware=middleware,
+            retry_on=retry_on,
+            give_up_on=give_up_on,
+        )
 
         def register_here(fn: TaskHandler[T]) -> TaskHandler[T]:
             register(fn)
@@ -343,6 +390,36 @@ class Worker:
         self._reserving = True
         if self._reserving_event is not None:
             self._reserving_event.set()
+
+    # -- pausing ------------------------------------------------------------------------------
+
+    def pause(self) -> None:
+        """Stop reserving, and keep the rest going: the jobs the worker holds run (those
+        waiting for a slot too), their leases kept, and are acked or nacked as ever; nothing
+        more is reserved until `resume()`. A long poll pending is cancelled (once an answer
+        already on its way has been read: its jobs run); a reserve the server answers at once
+        is let finish. The monitor says "paused" once no reserve is pending (`/readyz` answers
+        503 then, `sepp_worker_paused` is 1). Idempotent; before `run()` too (it starts
+        paused); a shutdown ends a pause. Call it from any task or thread, or a signal
+        handler."""
+        self._pause_wanted = True
+        self._shutdown.run.call(self._pause_changed, from_task=False)
+
+    def resume(self) -> None:
+        """Reserve again after `pause()` (idempotent; from anywhere, as `pause`)."""
+        self._pause_wanted = False
+        self._shutdown.run.call(self._pause_changed, from_task=False)
+
+    @property
+    def is_paused(self) -> bool:
+        """Whether `pause()` was called and `resume()` has not been since."""
+        return self._pause_wanted
+
+    def _pause_changed(self) -> None:
+        # In the run, soon after the flag changed (the reserve loop reads it itself too).
+        parts = self._parts
+        if parts is not None and self._state is _RunState.RUNNING:
+            parts.reserver.pause_changed()
 
     # -- shutdown -----------------------------------------------------------------------------
 

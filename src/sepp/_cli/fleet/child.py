@@ -21,6 +21,7 @@ from multiprocessing.connection import Connection
 from ..._probes.http1 import Route
 from ..._runtime import concurrency
 from ..._worker.monitor import WorkerMonitor, health_of
+from .._signals import ignore_pause_signals
 from .messages import HEALTH_CONTENT_TYPE, HEALTH_PATH, Message, Ports, Reserving, TakesSignals
 from .messages import encode as encode_message
 
@@ -38,6 +39,7 @@ def child_main(run: ChildRun, args: argparse.Namespace, index: int, conn: Connec
     # to the old group cannot kill it half-started.
     os.setpgid(0, 0)
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    ignore_pause_signals()  # the supervisor's handlers were reset by exec: ignored until caught
     sys.exit(run(args, SupervisorLink(index, conn)))
 
 

@@ -11,6 +11,12 @@ same on every platform), so handlers use every core. The supervisor runs on trio
   `policy`);
 - serves the group's `/healthz`, `/readyz` and `/metrics` (`group_http`), asking each child
   on the ports it reports over its pipe (`child`, `messages`);
+- passes SIGUSR1 (pause) and SIGUSR2 (resume) on to every child, and starts a replaced one as
+  the group is (paused or not);
+- with `--reload` (even for one process), replaces every child when a source file of the
+  target changes (`reload`): the old process stops gracefully (it settles every job it
+  holds), the new one starts at once; one that exits before reserving (the code does not
+  load) waits for the next change rather than a crash loop;
 - exits 0 only when the last process of every child exited 0 (it settled every job it held).
 """
 
@@ -23,14 +29,16 @@ import multiprocessing
 import os
 import signal
 from multiprocessing.connection import Connection
+from pathlib import Path
 
 import trio
 
 from .._failures import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
-from .._signals import run_until_signalled
+from .._signals import PAUSE_SIGNAL, RESUME_SIGNAL, on_pause_signals, run_until_signalled
 from .child import ChildRun, child_main
 from .messages import MessageError, Ports, Reserving, TakesSignals, decode
 from .policy import CrashLoop, NeverReady, Restart, RestartPolicy, UsageExit
+from .reload import POLL_S, changed, scan, watched_roots
 
 log = logging.getLogger("sepp.cli")
 
@@ -58,6 +66,8 @@ class Child:
         self.ports = Ports()  # the child's own, on 127.0.0.1
         self.reserving = False  # it said so since it started
         self.takes_signals = False
+        self.started_paused = False  # its command line said --paused
+        self.reloading = False  # told to stop for new code: started again at once
         self.signals_owed = 0  # stop signals to pass on once it takes them
         self.restarts = 0
         self.state = "starting"  # what the group's probes say while it is not running
@@ -86,6 +96,11 @@ class Fleet:
         self.failure: str | None = None  # why the group stopped by itself
         self.exit_status = EXIT_FAILURE  # then
         self._policy = RestartPolicy()
+        self.paused = bool(getattr(args, "paused", False))  # the group's, for new children too
+        self._reload = bool(getattr(args, "reload", False))
+        self._roots = watched_roots(args.target) if self._reload else []  # UsageError now
+        # Set when the group stops, and (with --reload) when the source changes: replaced then.
+        self._woken = trio.Event()
 
     @property
     def stopping(self) -> bool:
@@ -96,6 +111,9 @@ class Fleet:
 
         async with trio.open_nursery() as nursery:
             await nursery.start(serve_group, self, self.args)
+            await nursery.start(on_pause_signals, self.pause, self.resume)
+            if self._reload:
+                nursery.start_soon(self._watch, self._roots)
             async with trio.open_nursery() as keepers:
                 for child in self.children:
                     keepers.start_soon(self._keep, child)
@@ -121,8 +139,36 @@ class Fleet:
             self.signals = 1
             self._stop()
 
+    def pause(self, sig: signal.Signals) -> None:
+        """SIGUSR1: every child pauses (and a child started later starts paused)."""
+        self._pass_pause_on(sig, paused=True)
+
+    def resume(self, sig: signal.Signals) -> None:
+        """SIGUSR2: every child resumes."""
+        self._pass_pause_on(sig, paused=False)
+
+    def _pass_pause_on(self, sig: signal.Signals, *, paused: bool) -> None:
+        self.paused = paused
+        ready = [child for child in self.children if child.running and child.takes_signals]
+        log.info(
+            "%s: %s; passing it on to %d worker process(es)",
+            sig.name,
+            "pausing" if paused else "resuming",
+            len(ready),
+        )
+        for child in ready:
+            self._kill(child, sig)
+
+    def _pause_signal_owed(self, child: Child) -> None:
+        """A child that now takes signals, started otherwise than the group is now."""
+        if child.started_paused != self.paused:
+            sig = PAUSE_SIGNAL if self.paused else RESUME_SIGNAL
+            if sig is not None:
+                self._kill(child, sig)
+
     def _stop(self) -> None:
         self._stopping.set()
+        self._woken.set()
         for child in self.children:
             if not child.running:
                 continue
@@ -142,6 +188,43 @@ class Fleet:
             except ProcessLookupError:
                 pass
 
+    # -- reloading ------------------------------------------------------------------------------
+
+    async def _watch(self, roots: list[Path]) -> None:
+        """`--reload`: scan the source every `POLL_S` seconds (in a thread: the stat calls
+        block); on a change, replace every child."""
+        before = await trio.to_thread.run_sync(scan, roots)
+        log.info(
+            "watching %d .py file(s) under %s for changes",
+            len(before),
+            ", ".join(map(str, roots)),
+        )
+        while True:
+            await trio.sleep(POLL_S)
+            after = await trio.to_thread.run_sync(scan, roots)
+            paths = changed(before, after)
+            before = after
+            if paths and not self._stopping.is_set():
+                self._replace_children(paths)
+
+    def _replace_children(self, paths: list[str]) -> None:
+        more = f" (and {len(paths) - 1} more)" if len(paths) > 1 else ""
+        running = [child for child in self.children if child.running]
+        log.info(
+            "%s changed%s: replacing %d worker process(es); each settles what it holds first",
+            paths[0],
+            more,
+            len(running),
+        )
+        for child in running:
+            if not child.reloading:
+                child.reloading = True
+                child.state = "reloading"
+                if child.takes_signals:
+                    self._kill(child, signal.SIGTERM)  # else once it takes them (_listen)
+        woken, self._woken = self._woken, trio.Event()
+        woken.set()  # the children waiting for a change (or sitting out a restart delay)
+
     # -- one slot -------------------------------------------------------------------------------
 
     async def _keep(self, child: Child) -> None:
@@ -153,8 +236,27 @@ class Fleet:
                 if exitcode != 0:
                     log.error("%s %s", child.label, describe_exit(exitcode))
                 return
-            child.restarts += 1
             how = describe_exit(exitcode)
+            if child.reloading:
+                child.reloading = False
+                log.log(
+                    logging.INFO if exitcode == 0 else logging.WARNING,
+                    "%s %s; starting it again with the changed source",
+                    child.label,
+                    how,
+                )
+                continue
+            if self._reload and not child.reserving:
+                log.error(
+                    "%s %s before reserving (see its log); waiting for a change to the source"
+                    " to start it again",
+                    child.label,
+                    how,
+                )
+                child.state = f"waiting for a change to the source (pid {child.pid} {how})"
+                await self._woken.wait()
+                continue
+            child.restarts += 1
             decision = self._policy.exited(
                 child.index, exitcode, reserved=child.reserving, now=trio.current_time()
             )
@@ -187,14 +289,16 @@ class Fleet:
             )
             child.state = f"restarting after pid {child.pid} {how}"
             with trio.move_on_after(decision.delay_s):
-                await self._stopping.wait()
+                await (self._woken if self._reload else self._stopping).wait()
 
     async def _run_one(self, child: Child) -> int:
         """Start a process in `child`'s slot and return its exit code once it ends."""
         parent_end, child_end = self._context.Pipe()
+        child_args = copy.copy(self._child_args)
+        child_args.paused = self.paused
         process = self._context.Process(
             target=child_main,
-            args=(self._child_run, self._child_args, child.index, child_end),
+            args=(self._child_run, child_args, child.index, child_end),
             name=f"sepp-worker-{child.index}",
         )
         # Ignored, SIGINT stays ignored across exec: the child starts immune to a Ctrl-C sent
@@ -207,7 +311,7 @@ class Fleet:
             child_end.close()
         child.process, child.pid, child.exitcode = process, process.pid, None
         child.ports, child.reserving, child.takes_signals = Ports(), False, False
-        child.signals_owed = 0
+        child.signals_owed, child.started_paused = 0, self.paused
         log.info("child %d started: pid %s", child.index, child.pid)
         try:
             async with trio.open_nursery() as nursery:
@@ -241,6 +345,9 @@ class Fleet:
                 child.takes_signals = True
                 for _ in range(child.signals_owed):
                     self._kill(child, signal.SIGTERM)
+                if child.reloading and not child.signals_owed:
+                    self._kill(child, signal.SIGTERM)  # the source changed as it started
+                self._pause_signal_owed(child)
             elif isinstance(message, Reserving):
                 child.reserving = True
                 log.info("%s is worker %s", child.label, message.worker_id)
@@ -251,6 +358,7 @@ def child_arguments(args: argparse.Namespace) -> argparse.Namespace:
     them) on ports of its own on the loopback interface, for the supervisor alone."""
     child = copy.copy(args)
     child.processes = 1
+    child.reload = False
     child.health_port = 0 if args.health_port is not None else None
     child.metrics_port = 0 if args.metrics_port is not None else None
     child.http_host = "127.0.0.1"
@@ -261,7 +369,13 @@ async def supervise(args: argparse.Namespace, child_run: ChildRun) -> int:
     """Run `args.processes` children, each `child_run(its args)`, until signalled; returns
     the exit status."""
     fleet = Fleet(args, args.processes, child_run)
-    log.info("starting %d worker processes of %s", args.processes, args.target)
+    log.info(
+        "starting %d worker process%s of %s%s",
+        args.processes,
+        "" if args.processes == 1 else "es",
+        args.target,
+        "; replacing each when its source changes (--reload)" if args.reload else "",
+    )
     hard_stopped = await run_until_signalled(fleet.run, [fleet.forward] * 3)
     if hard_stopped:
         log.error(
