@@ -56,12 +56,16 @@ _PUBLIC: dict[str, tuple[str, bool]] = {
     "ClientError": ("_model.errors", EAGER),
     "ConnectError": ("_model.errors", EAGER),
     "InvalidRequestError": ("_model.errors", EAGER),
+    "JobFailedError": ("_model.errors", EAGER),
     "JobNotFoundError": ("_model.errors", EAGER),
     "JobRejectedError": ("_model.errors", EAGER),
     "LeaseError": ("_model.errors", EAGER),
     "MalformedResponseError": ("_model.errors", EAGER),
     "MessageTooLargeError": ("_model.errors", EAGER),
     "OverloadedError": ("_model.errors", EAGER),
+    "ResultError": ("_model.errors", EAGER),
+    "ResultTimeoutError": ("_model.errors", EAGER),
+    "ResultUnavailableError": ("_model.errors", EAGER),
     "SeppError": ("_model.errors", EAGER),
     "ServerInternalError": ("_model.errors", EAGER),
     "TransportError": ("_model.errors", EAGER),
@@ -108,6 +112,13 @@ _PUBLIC: dict[str, tuple[str, bool]] = {
     "PayloadDecodeError": ("_payloads.codecs", LAZY),
     "PydanticCodec": ("_payloads.codecs", LAZY),
     "Task": ("_payloads.task", LAZY),
+    "TaskJob": ("_payloads.task", LAZY),
+    "Chain": ("_payloads.pipelines", LAZY),
+    "Group": ("_payloads.pipelines", LAZY),
+    "chain": ("_payloads.pipelines", LAZY),
+    "group": ("_payloads.pipelines", LAZY),
+    "ResultHandle": ("_payloads.handles", LAZY),
+    "SyncResultHandle": ("_payloads.handles", LAZY),
     "Schedule": ("_scheduling.schedule", LAZY),
     "Scheduler": ("_scheduling.scheduler", LAZY),
     "Limit": ("_limits.limit", LAZY),
@@ -143,12 +154,16 @@ if TYPE_CHECKING:
     from ._model.errors import ClientError as ClientError
     from ._model.errors import ConnectError as ConnectError
     from ._model.errors import InvalidRequestError as InvalidRequestError
+    from ._model.errors import JobFailedError as JobFailedError
     from ._model.errors import JobNotFoundError as JobNotFoundError
     from ._model.errors import JobRejectedError as JobRejectedError
     from ._model.errors import LeaseError as LeaseError
     from ._model.errors import MalformedResponseError as MalformedResponseError
     from ._model.errors import MessageTooLargeError as MessageTooLargeError
     from ._model.errors import OverloadedError as OverloadedError
+    from ._model.errors import ResultError as ResultError
+    from ._model.errors import ResultTimeoutError as ResultTimeoutError
+    from ._model.errors import ResultUnavailableError as ResultUnavailableError
     from ._model.errors import SeppError as SeppError
     from ._model.errors import ServerInternalError as ServerInternalError
     from ._model.errors import TransportError as TransportError
@@ -193,7 +208,14 @@ if TYPE_CHECKING:
     from ._payloads.codecs import PayloadCodec as PayloadCodec
     from ._payloads.codecs import PayloadDecodeError as PayloadDecodeError
     from ._payloads.codecs import PydanticCodec as PydanticCodec
+    from ._payloads.handles import ResultHandle as ResultHandle
+    from ._payloads.handles import SyncResultHandle as SyncResultHandle
+    from ._payloads.pipelines import Chain as Chain
+    from ._payloads.pipelines import Group as Group
+    from ._payloads.pipelines import chain as chain
+    from ._payloads.pipelines import group as group
     from ._payloads.task import Task as Task
+    from ._payloads.task import TaskJob as TaskJob
     from ._runtime.shutdown_handle import ShutdownHandle as ShutdownHandle
     from ._scheduling.schedule import Schedule as Schedule
     from ._scheduling.scheduler import Scheduler as Scheduler

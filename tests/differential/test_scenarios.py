@@ -203,6 +203,24 @@ async def test_extend_moves_the_lease_and_is_clamped() -> None:
     await compare(scenario, config)
 
 
+async def test_an_extend_of_an_attempt_no_job_has_probes_a_lease_and_changes_nothing() -> None:
+    """What a result's beacon probe relies on (sepp._client.replies): FAILED_PRECONDITION
+    while the job is leased, NOT_FOUND once it is not (lapsed, back in its queue; acked)."""
+    never = 2**32 - 1
+
+    async def scenario(side: Side) -> None:
+        await side.call("EnqueueBatch", batch(job("q"), job("q")))
+        await side.call("Reserve", reserve("q", lease_s=0.3, max_jobs=2))
+        await side.call("Extend", extend(side, "j0", never, 0.001))  # leased: mismatch
+        await side.call("Ack", ack(side, "j1", 1))
+        await side.call("Extend", extend(side, "j1", never, 0.001))  # acked: not found
+        await trio.sleep(1.6)  # j0's lease lapsed (and the real server swept it)
+        await side.call("Extend", extend(side, "j0", never, 0.001))  # ready again: not found
+        await side.call("Reserve", reserve("q"))  # the probe left it as it was: attempt 2
+
+    await compare(scenario)
+
+
 async def test_nack_immediate_delayed_and_to_the_dead_letters() -> None:
     async def scenario(side: Side) -> None:
         await side.call("EnqueueBatch", batch(job("q", "a"), job("q", "b"), job("q", "c")))

@@ -9,12 +9,13 @@ import ssl
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import datetime, timedelta
-from typing import overload
+from typing import TYPE_CHECKING, overload
 
 from .._model import message_codec
 from .._model import validate as v
 from .._model.errors import (
     BatchValidationError,
+    ClientError,
     JobRejectedError,
     OtherRunError,
     SeppError,
@@ -52,6 +53,9 @@ from .opening import Opening
 from .options import DEFAULT_MAX_RECEIVE_MESSAGE_BYTES as DEFAULT_MAX_RECEIVE_MESSAGE_BYTES
 from .options import ConnectOptions
 from .retry import RetryPolicy, call_with_retry
+
+if TYPE_CHECKING:
+    from .replies import Replies  # loaded when a first result is awaited
 
 # The results of a batch the server took whole: no rejection to look at.
 _ACK_TYPE = {EnqueueAck}
@@ -100,6 +104,8 @@ class Client:
         self._nursery = nursery
         self._validate_locally = validate_locally
         self._limits = LimitsCache(self._fetch_server_info, log, runtime)
+        # The reply queue and its listener, made when a first result is awaited.
+        self._replies: Replies | None = None
         self._durations = DurationGuard(log)
         self._opened_in = fork.here()
         # The run that opened the client: its tasks serve only callers in that run.
@@ -121,6 +127,8 @@ class Client:
 
     async def _close(self) -> None:
         """Fail every call not yet done; new calls fail as the client is closed."""
+        if self._replies is not None:
+            await self._replies.close(self)
         if self._batcher is not None:
             self._batcher.close()
         await self._channel.aclose()
@@ -498,6 +506,38 @@ class Client:
         info = ops.read_server_info(await self._send(ops.SERVER_INFO_CALL, timeout))
         self._limits.update(info)
         return info
+
+    # -- results ----------------------------------------------------------------------------
+
+    async def _awaiting_results(self) -> Replies:
+        """The reply queue results awaited through this client come to, its listener running
+        in the client's own task group: made by the first caller, which the others wait for."""
+        while True:
+            replies = self._replies
+            if replies is None:
+                break
+            if replies.ready.is_set():
+                if replies.closed is not None:
+                    raise replies.closed
+                return replies
+            await self._rt.wait_event(replies.ready, math.inf)
+        if self._nursery is None:
+            raise ClientError(
+                "results are awaited through a client opened with `async with sepp.open(...)`"
+                " (or a sepp.SyncClient)"
+            )
+        from .replies import Replies
+
+        replies = self._replies = Replies(self._rt, self._log)
+        try:
+            await replies.register(self)
+        except BaseException:
+            self._replies = None
+            raise
+        finally:
+            replies.ready.set()
+        self._nursery.start_soon(replies.run, self, name=f"sepp replies {replies.queue}")
+        return replies
 
     # -- plumbing ---------------------------------------------------------------------------
 

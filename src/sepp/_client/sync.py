@@ -22,25 +22,27 @@ import os
 import ssl
 import threading
 import weakref
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from contextlib import contextmanager
-from datetime import timedelta
+from datetime import datetime, timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypedDict, TypeVar
 
 import outcome
 
 from .._model.errors import ClientError, OtherRunError
+from .._model.types import EnqueueAck, EnqueueRequest, Job, JobContext
 from .._runtime.blocking_runtime import BLOCKING, run_blocking
 from .._runtime.protocol import CancelScope, EventLike, Runtime, TaskGroup
 from .._runtime.trio_runtime import TRIO
-from .._util.log import LoggerLike
+from .._util.log import Log, LoggerLike
 from ..wire._engine import WireEngine
 from . import fork
 from .batching import Batching
 from .client import Client, client_for
 from .client import open as open_client
 from .options import ConnectOptions
+from .replies import Replies
 from .retry import RetryPolicy
 
 if TYPE_CHECKING:
@@ -107,6 +109,9 @@ class SyncClient:
         self._lock = threading.Lock()
         self._current: _Direct | _Portal | RunCalls | None = None
         self._closed = False
+        self._replies: Replies | None = None  # made when a first result is awaited
+        self._replies_lock = threading.Lock()
+        self._results_refused: str | None = None
         _LIVE.add(self)
 
     @classmethod
@@ -119,6 +124,14 @@ class SyncClient:
         client._lock = threading.Lock()
         client._current = calls
         client._closed = False
+        client._replies = None
+        client._replies_lock = threading.Lock()
+        client._results_refused = (
+            "a `def` handler's ctx.client does not await results: a handler that waits for"
+            " another job holds its worker's slot meanwhile (and every slot so held can"
+            " deadlock the worker); chain the jobs (sepp.chain) or enqueue follow-ups"
+            " (ctx.then) instead"
+        )
         return client
 
     def __repr__(self) -> str:
@@ -136,6 +149,10 @@ class SyncClient:
 
     def close(self) -> None:
         """Close the connection; calls in flight fail, later calls raise ClientError."""
+        with self._replies_lock:
+            replies, self._replies = self._replies, None
+        if replies is not None:
+            run_blocking(replies.close(_BlockingReplyCalls(self)))
         with self._lock:
             self._closed = True
             engine, self._current = self._current, None
@@ -163,6 +180,37 @@ class SyncClient:
     drain_dead_letters = _blocking(Client.drain_dead_letters)
     get_server_info = _blocking(Client.get_server_info)
 
+    def _awaiting_results(self) -> Replies:
+        """The reply queue results awaited through this client come to, made by the first
+        caller (the others wait for it), its listener a daemon thread making this client's
+        calls."""
+        if self._results_refused is not None:
+            raise ClientError(self._results_refused)
+        with self._replies_lock:
+            replies = self._replies
+            if replies is not None:
+                if replies.closed is not None:
+                    raise replies.closed
+                return replies
+            if self._closed:
+                raise ClientError(f"this sepp.SyncClient ({self._address}) is closed")
+            replies = Replies(BLOCKING, self._log())
+            calls = _BlockingReplyCalls(self)
+            run_blocking(replies.register(calls))
+            replies.ready.set()
+            self._replies = replies
+        threading.Thread(
+            target=run_blocking,
+            args=(replies.run(calls),),
+            name=f"sepp.SyncClient {self._address} replies",
+            daemon=True,
+        ).start()
+        return replies
+
+    def _log(self) -> Log:
+        options = getattr(self, "_options", None)
+        return options.log if options is not None else Log(None)
+
     def _engine(self) -> _Direct | _Portal | RunCalls:
         engine = self._current
         if engine is not None:
@@ -185,6 +233,8 @@ class SyncClient:
         """In a fork() child: the connection (and a portal's thread) are the parent's; keep
         them out of reach (never closed here) and connect anew on the next call."""
         self._lock = threading.Lock()  # another thread may have held it at the fork
+        self._replies_lock = threading.Lock()
+        self._replies = None  # the parent's, its listener a thread the child does not have
         if self._current is not None:
             _INHERITED.append(self._current)
             self._current = None
@@ -468,6 +518,43 @@ class _Portal:
         self.stop_soon()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join()
+
+
+class _BlockingReplyCalls:
+    """A `SyncClient` as the reply listener calls a client: each call completes before its
+    await does, so the listener's loop runs under `run_blocking`."""
+
+    def __init__(self, client: SyncClient) -> None:
+        self._client = client
+
+    async def enqueue(self, request: EnqueueRequest, /) -> EnqueueAck:
+        return self._client.enqueue(request)
+
+    async def reserve(
+        self,
+        queues: Sequence[str] | str,
+        *,
+        lease_duration: float | timedelta = 30.0,
+        wait_timeout: float | timedelta = 20.0,
+        max_jobs: int | None = None,
+    ) -> list[Job] | None:
+        return self._client.reserve(
+            queues, lease_duration=lease_duration, wait_timeout=wait_timeout, max_jobs=max_jobs
+        )
+
+    async def enqueue_atomic(self, jobs: Sequence[EnqueueRequest]) -> list[EnqueueAck]:
+        return self._client.enqueue_atomic(jobs)
+
+    async def ack(self, ctx: JobContext, *, timeout: float | timedelta | None = None) -> None:
+        self._client.ack(ctx, timeout=timeout)
+
+    async def extend(self, ctx: JobContext, lease_duration: float | timedelta) -> datetime:
+        return self._client.extend(ctx, lease_duration)
+
+
+def blocking_calls(client: SyncClient) -> _BlockingReplyCalls:
+    """`client`'s calls as coroutines that complete before their await does."""
+    return _BlockingReplyCalls(client)
 
 
 _LIVE: weakref.WeakSet[SyncClient] = weakref.WeakSet()

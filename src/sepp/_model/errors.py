@@ -142,6 +142,49 @@ class UnknownQueuesError(SeppError):
         self.details = details
 
 
+class ResultError(SeppError):
+    """A result handle gives no result: `JobFailedError`, `ResultTimeoutError` or
+    `ResultUnavailableError`."""
+
+
+class JobFailedError(ResultError):
+    """The awaited job, or a step of its chain, was dead-lettered: no result will come.
+    `job_id`, `queue`, `job_type` and `reason` (the dead letter's `last_reason`) name the job
+    that failed; `chain_id`, `step` and `steps` its place in a chain (None outside one)."""
+
+    def __init__(
+        self,
+        *,
+        job_id: str,
+        queue: str,
+        job_type: str,
+        reason: str,
+        chain_id: str | None = None,
+        step: int | None = None,
+        steps: int | None = None,
+    ) -> None:
+        where = "" if chain_id is None else f" (step {step} of {steps} of chain {chain_id})"
+        super().__init__(f"{job_type}[{job_id}] on {queue}{where} was dead-lettered: {reason}")
+        self.job_id = job_id
+        self.queue = queue
+        self.job_type = job_type
+        self.reason = reason
+        self.chain_id = chain_id
+        self.step = step
+        self.steps = steps
+
+
+class ResultTimeoutError(ResultError, TimeoutError):
+    """No result within the `timeout` given to `result()`: the job may still succeed, and
+    `result()` may be called again (until the handle's `result_ttl` has passed)."""
+
+
+class ResultUnavailableError(ResultError):
+    """No result will come to this handle: its `result_ttl` passed (a worker sends none after
+    it), the enqueue was deduplicated (the result goes to whoever enqueued the job first), or
+    the client closed or lost its reply queue."""
+
+
 CallKind = Literal["generic", "lease", "reserve"]
 
 _BY_CODE: dict[StatusCode, type[ClientError]] = {

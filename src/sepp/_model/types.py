@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta
 from types import MappingProxyType
-from typing import Any, ClassVar, Literal, overload
+from typing import Any, ClassVar, Literal, Protocol, overload
 
 from . import validate as v
 from .errors import ValidationError
@@ -221,7 +221,7 @@ class _Lease:
     """The part of a JobContext that is not the job's own: the expiry an extend was granted
     (the one thing that changes), and the client and worker state a handler is given."""
 
-    __slots__ = ("client", "expires_at", "state", "worker_id")
+    __slots__ = ("client", "expires_at", "follow_ups", "state", "worker_id")
 
     def __init__(
         self, expires_at: datetime, worker_id: str | None, client: object, state: object
@@ -230,6 +230,8 @@ class _Lease:
         self.worker_id = worker_id
         self.client = client
         self.state = state
+        # What the handler asked to enqueue when it succeeds (`JobContext.then`); None: nothing.
+        self.follow_ups: list[EnqueueRequest] | None = None
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -286,8 +288,56 @@ class JobContext:
         """Whether this is the last attempt: a nack now sends the job to the dead letters."""
         return self.attempt >= self.max_attempts
 
+    def then(self, *jobs: EnqueueRequest | Enqueueable) -> None:
+        """Enqueue `jobs` once this job's handler has succeeded, before the job is acked:
+        `sepp.EnqueueRequest`s, `task.job(payload)`s, a `sepp.chain(...)` (its first step) or
+        a `sepp.group(...)` (every member). The Worker sends them all in one atomic enqueue,
+        each under an idempotency key made from this job's id and the follow-up's place
+        (a request's own key is kept), so a redelivery of this job (its ack was lost, its
+        worker killed) does not enqueue them twice within the server's dedup window. A handler
+        that fails (or is cancelled) enqueues none. Checked now: TypeError for anything else.
+        """
+        requests = _follow_up_requests(jobs)
+        lease = self._lease
+        if lease.follow_ups is None:
+            lease.follow_ups = requests
+        else:
+            lease.follow_ups.extend(requests)
+
     def __str__(self) -> str:
         return f"{self.job_type}[{self.id}] on {self.queue} ({self.attempt}/{self.max_attempts})"
+
+
+class Enqueueable(Protocol):
+    """A job (or jobs) to enqueue, not yet sent: a `sepp.TaskJob`, a `sepp.Chain` (its first
+    step) or a `sepp.Group` (every member); `JobContext.then` takes them, as it takes
+    EnqueueRequests."""
+
+    def _enqueue_requests(self) -> list[EnqueueRequest]:
+        """The requests to send, checked and in order (a chain's first step carries its
+        chain's entries, made anew at each call)."""
+        ...
+
+
+def _follow_up_requests(jobs: tuple[object, ...]) -> list[EnqueueRequest]:
+    requests: list[EnqueueRequest] = []
+    for job in jobs:
+        if isinstance(job, EnqueueRequest):
+            requests.append(job)
+            continue
+        make = getattr(job, "_enqueue_requests", None)
+        if make is None:
+            raise TypeError(
+                "ctx.then() takes sepp.EnqueueRequest, sepp.TaskJob (task.job(payload)),"
+                f" sepp.Chain or sepp.Group objects, not {type(job).__name__}"
+            )
+        requests.extend(make())
+    return requests
+
+
+def follow_ups(ctx: JobContext) -> list[EnqueueRequest]:
+    """What the handler of `ctx` asked to enqueue with `ctx.then`, in order."""
+    return list(ctx._lease.follow_ups or ())
 
 
 _new = object.__new__

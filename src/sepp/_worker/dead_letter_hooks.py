@@ -76,6 +76,6 @@ def _in_a_thread(hook: Callable[..., object], name: str) -> HookFn:
             return hook(sync_ctx, error)  # an awaitable returned is refused there, loudly
 
         call.__qualname__ = name
-        await run_in_thread(call)(None, ctx)  # type: ignore[arg-type]
+        await run_in_thread(call)(None, ctx)
 
     return in_thread

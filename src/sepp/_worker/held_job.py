@@ -37,6 +37,7 @@ class HeldJob:
         "lease_context",
         "lease_lost",
         "phase",
+        "returned",  # see __init__
         "run_s",
         "scope",
         "started_at",
@@ -74,6 +75,9 @@ class HeldJob:
         # its handler function itself started (after the slot and the middleware before it).
         self.dispatched_at = 0.0
         self.started_at: float | None = None
+        # `returned` (what the handler returned, behind middleware) is set when it returns;
+        # unset before, and read only for a job that asked for follow-ups or a result.
+        self.returned: object
         self.run_s: float | None = None  # from the handler's start to the chain's end
         self.wait_s = 0.0  # from the dispatch to the handler's start (or the end, if never)
 

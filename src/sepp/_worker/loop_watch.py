@@ -56,7 +56,7 @@ class LoopWatch:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def stepping(self, ctx: JobContext, call: Awaitable[None]) -> Awaitable[None]:
+    def stepping(self, ctx: JobContext, call: Awaitable[object]) -> Awaitable[object]:
         """`call` (the handler's, with its middleware), awaited with each step stamped."""
         return _stepping(self, ctx, call)
 
@@ -122,7 +122,9 @@ class LoopWatch:
 
 
 @types.coroutine
-def _stepping(watch: LoopWatch, ctx: JobContext, call: Awaitable[None]) -> Generator[Any, Any, Any]:
+def _stepping(
+    watch: LoopWatch, ctx: JobContext, call: Awaitable[object]
+) -> Generator[Any, Any, Any]:
     """Awaits `call`, stamping `watch.current` before each step of it and clearing it after:
     what the event loop drives (each send, each exception thrown in) goes through here.
 

@@ -34,7 +34,7 @@ outermost including router in, then the handler's own router's, then the handler
 registration's (`middleware=` of `handle`, `handler` or `task`).
 """
 
-HandlerFn = Callable[[Payload | None, JobContext], Awaitable[None]]
+HandlerFn = Callable[[Payload | None, JobContext], Awaitable[object]]
 
 
 def checked_middleware(field: str, middleware: object) -> tuple[Middleware, ...]:
@@ -66,7 +66,10 @@ def _plain_function(fn: object) -> bool:
 
 
 class HandlerStart(Protocol):
-    """Told when the handler function itself starts (the Worker's held job)."""
+    """Told when the handler function itself starts (the Worker's held job), and given what
+    it returned (its result)."""
+
+    returned: object
 
     def handler_started(self) -> None: ...
 
@@ -88,7 +91,7 @@ async def _run_from(
 ) -> None:
     if index == len(middleware):
         start.handler_started()
-        await handler(job.payload, job.ctx)
+        start.returned = await handler(job.payload, job.ctx)
         return
     inner: CoroutineType[Any, Any, None] | None = None  # what call_next() returned
 

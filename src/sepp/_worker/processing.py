@@ -17,10 +17,12 @@ from typing import TYPE_CHECKING, Any
 from .._client import otel as _otel
 from .._model import settlement as outcomes
 from .._model.backoff import Backoff
+from .._model.pipelines import REPLY_QUEUE, wants_more
 from .._model.types import Job, JobContext, Retry, set_handler_context
 from .._runtime.concurrency import CancelScope, ServiceRuntime, Spawner, TooSlowError
 from .dead_letter_hooks import HookCall
 from .failure_policy import FailurePolicy
+from .followups import EncodeResult, FollowUps, default_encode_result
 from .held_job import HeldJob, HeldJobs, Phase
 from .job_steps import JobCoroutine, drive, leave_runner_scope
 from .middleware import run_chain
@@ -47,11 +49,13 @@ class HandlerTimeoutError(TooSlowError):
 def _with_timeout(fn: Handler, timeout_s: float, cc: ServiceRuntime) -> Handler:
     move_on_after = cc.move_on_after
 
-    async def timed(payload: Any, ctx: JobContext) -> None:
+    async def timed(payload: Any, ctx: JobContext) -> object:
+        returned: object = None
         with move_on_after(timeout_s) as limit:
-            await fn(payload, ctx)
+            returned = await fn(payload, ctx)
         if limit.cancelled_caught:
             raise HandlerTimeoutError(timeout_s)
+        return returned
 
     return timed
 
@@ -59,12 +63,14 @@ def _with_timeout(fn: Handler, timeout_s: float, cc: ServiceRuntime) -> Handler:
 class Route:
     """A handler as the Worker runs it: the function (within its timeout), its middleware
     chain, the backoff its failures retry with, its failure policy (None: every failure
-    retries) and the hooks its dead-lettered jobs are told to. What a failure or a dead letter
-    needs is made here, once, so that a job that succeeds pays nothing for them."""
+    retries), the hooks its dead-lettered jobs are told to, and how its result is encoded (a
+    task's codec, or JSON) for a chain's next step or an awaiting client. What a failure or a
+    dead letter needs is made here, once, so that a job that succeeds pays nothing for them."""
 
-    __slots__ = ("backoff", "dead_letter_hooks", "fn", "middleware", "policy")
+    __slots__ = ("backoff", "dead_letter_hooks", "encode_result", "fn", "middleware", "policy")
 
     def __init__(self, fn: Handler, settings: RouteSettings, cc: ServiceRuntime) -> None:
+        self.encode_result: EncodeResult = getattr(fn, "sepp_encode_result", default_encode_result)
         timeout_s = settings.timeout_s
         self.fn = fn if timeout_s is None else _with_timeout(fn, timeout_s, cc)
         self.middleware = settings.middleware
@@ -137,6 +143,7 @@ class JobProcessor:
         self._events = events
         self._metrics = metrics
         self._loop_watch = loop_watch
+        self._follow_ups = FollowUps(client, report.log)
         # The handlers as they run, rebuilt at each registration (rare): a job's costs one get.
         self._routes: dict[str, Route] = {}
         self._catch_all: Route | None = None
@@ -311,6 +318,8 @@ class JobProcessor:
                             dead_lettered = None
                     else:
                         dead_lettered = await self._settle(ctx, outcome, attributes)
+                        if dead_lettered and ctx.custom and REPLY_QUEUE in ctx.custom:
+                            await self._follow_ups.dead_lettered(ctx, outcome)  # awaited job
                 if self._events is not None:
                     self._events.job_settled(ctx, label, dead_lettered)
                 self._report.finished(ctx, label, dead_lettered, held.run_s, held.wait_s)
@@ -363,7 +372,10 @@ class JobProcessor:
                         metrics.add("in_flight", 1, attributes)
                     call = self._call(held, route, now)
                     watch = self._loop_watch
-                    await (call if watch is None else watch.stepping(ctx, call))
+                    value = await (call if watch is None else watch.stepping(ctx, call))
+                    custom = ctx.custom
+                    if ctx._lease.follow_ups is not None or (custom and wants_more(custom)):
+                        await self._send_follow_ups(held, route, value)
                     returned = True
             elif not held.forced and held.lease_lost is None:  # else it never starts
                 # Each step is stamped for the loop watch by the runner (job_steps.drive).
@@ -372,11 +384,15 @@ class JobProcessor:
                     events.job_started(ctx)
                 if attributes is not None:
                     metrics.add("in_flight", 1, attributes)
-                if route.middleware:  # it says when the handler itself starts
+                value = None
+                if route.middleware:  # it says when the handler starts, and what it returned
                     await run_chain(job, route.middleware, route.fn, held)
                 else:
                     held.started_at = at
-                    await route.fn(job.payload, ctx)
+                    value = await route.fn(job.payload, ctx)
+                custom = ctx.custom
+                if ctx._lease.follow_ups is not None or (custom and wants_more(custom)):
+                    await self._send_follow_ups(held, route, value)
                 returned = True
         except Exception as exc:  # the handler's failure is the job's outcome, not ours
             error = exc
@@ -421,8 +437,15 @@ class JobProcessor:
         delay_s = route.backoff.delay(ctx.attempt)
         return outcomes.with_backoff(outcome, Retry.after(delay_s), delay_s)
 
+    async def _send_follow_ups(self, held: HeldJob, route: Route, value: object) -> None:
+        """The handler returned `value`: its follow-ups, its chain's next step or its result,
+        before the ack."""
+        if route.middleware:  # unset if a middleware skipped the handler
+            value = getattr(held, "returned", None)
+        await self._follow_ups.succeeded(held.job.ctx, value, route.encode_result)
+
     @staticmethod
-    def _call(held: HeldJob, route: Route, now: Callable[[], float]) -> Awaitable[None]:
+    def _call(held: HeldJob, route: Route, now: Callable[[], float]) -> Awaitable[object]:
         """The handler's call, inside its middleware (which says when the handler starts)."""
         job = held.job
         if route.middleware:

@@ -61,6 +61,10 @@ class WorkerReport:
         self._cc = cc
         self._server_info_lock = cc.lock()
 
+    @property
+    def log(self) -> Log:
+        return self._log
+
     # -- reserving ---------------------------------------------------------------------------
 
     def reserve_failed(self, exc: Exception, failures: int, delay: float) -> None:

@@ -23,31 +23,33 @@ from .thread_handlers import SyncHandler, SyncJobContext, is_sync_function, run_
 if TYPE_CHECKING:
     from .._payloads.task import Task
 
-Handler = Callable[[Payload | None, JobContext], Awaitable[None]]
-"""An async function `(payload, ctx) -> None` that processes one job. A plain `def` function
+Handler = Callable[[Payload | None, JobContext], Awaitable[object]]
+"""An async function `(payload, ctx)` that processes one job (what it returns is the job's
+result, for a chain's next step or an awaiting client; None for most). A plain `def` function
 is accepted too: it runs in a worker thread, its `ctx` a `sepp.SyncJobContext` whose client
 blocks (see "Synchronous code" in the docs)."""
 
-H = TypeVar("H", bound=Callable[[Any, JobContext], Awaitable[None]] | SyncHandler)
+H = TypeVar("H", bound=Callable[[Any, JobContext], Awaitable[object]] | SyncHandler)
 T = TypeVar("T")
+R = TypeVar("R")
 
 # A task's handler: `async def` or `def` (run in a worker thread, with a SyncJobContext),
-# taking the decoded payload.
-TaskHandler = Callable[[T, JobContext], Awaitable[None]] | Callable[[T, SyncJobContext], None]
+# taking the decoded payload and returning the task's result.
+TaskHandler = Callable[[T, JobContext], Awaitable[R]] | Callable[[T, SyncJobContext], R]
 
 
-class TaskDecorator(Protocol[T]):
+class TaskDecorator(Protocol[T, R]):
     """What `Router.task(...)` returns: a decorator that keeps the handler as it is."""
 
     @overload
     def __call__(
-        self, fn: Callable[[T, JobContext], Awaitable[None]], /
-    ) -> Callable[[T, JobContext], Awaitable[None]]: ...
+        self, fn: Callable[[T, JobContext], Awaitable[R]], /
+    ) -> Callable[[T, JobContext], Awaitable[R]]: ...
 
     @overload
     def __call__(
-        self, fn: Callable[[T, SyncJobContext], None], /
-    ) -> Callable[[T, SyncJobContext], None]: ...
+        self, fn: Callable[[T, SyncJobContext], R], /
+    ) -> Callable[[T, SyncJobContext], R]: ...
 
 
 # Takes the sepp.Worker, or nothing (typed Any: router cannot import worker).
@@ -226,7 +228,7 @@ class Router:
     def handle(
         self,
         job_type: str,
-        fn: Callable[[Any, JobContext], Awaitable[None]] | SyncHandler,
+        fn: Callable[[Any, JobContext], Awaitable[object]] | SyncHandler,
         *,
         timeout: float | timedelta | None = None,
         backoff: BackoffSetting | None = None,
@@ -260,14 +262,14 @@ class Router:
 
     def task(
         self,
-        task: Task[T],
+        task: Task[T, R],
         *,
         timeout: float | timedelta | None = None,
         backoff: BackoffSetting | None = None,
         middleware: Iterable[Middleware] = (),
         retry_on: type[Exception] | tuple[type[Exception], ...] | None = None,
         give_up_on: type[Exception] | tuple[type[Exception], ...] | None = None,
-    ) -> TaskDecorator[T]:
+    ) -> TaskDecorator[T, R]:
         """Decorator: register the handler of `task`'s job type; it gets the payload decoded
         into the task's type: `@router.task(send_welcome)` on
         `async def handle(job: Welcome, ctx: sepp.JobContext)`, or on a `def` handler, which
@@ -280,7 +282,7 @@ class Router:
             raise ValidationError("task", f"must be a sepp.Task, got {type(task).__name__}")
         settings = own_settings(timeout, backoff, middleware, retry_on, give_up_on)
 
-        def register(fn: TaskHandler[T]) -> TaskHandler[T]:
+        def register(fn: TaskHandler[T, R]) -> TaskHandler[T, R]:
             self._add(task.job_type, _checked_handler(prepare_for_task(fn, task)), settings)
             return fn
 
@@ -427,7 +429,7 @@ def _checked_handler(fn: Handler | SyncHandler) -> Handler:
     worker thread. (Other callables, e.g. partials or objects with an async __call__, are
     trusted to be async.)"""
     if is_sync_function(fn):
-        return run_in_thread(fn)  # type: ignore[arg-type]
+        return run_in_thread(fn)
     if not callable(fn):
         raise ValidationError("handler", f"must be a function, got {type(fn).__name__}")
     return fn  # type: ignore[return-value]

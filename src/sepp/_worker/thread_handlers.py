@@ -62,7 +62,9 @@ def sync_job_context(ctx: JobContext, client: SyncClient | None) -> SyncJobConte
 
 
 SyncHandler = Callable[[Payload | None, SyncJobContext], None]
-"""A plain function `(payload, ctx) -> None` that processes one job in a worker thread."""
+"""A plain function `(payload, ctx) -> None` that processes one job in a worker thread (typed
+to return None, so that an async function taking a SyncJobContext is refused; what one
+registered for a task returns is the task's result)."""
 
 _GIVEN_UP = (
     "the worker gave this job's handler up (its timeout passed, its lease was lost, or the"
@@ -86,7 +88,9 @@ def is_sync_function(fn: object) -> bool:
     )
 
 
-def run_in_thread(fn: SyncHandler) -> Callable[[Payload | None, JobContext], Awaitable[None]]:
+def run_in_thread(
+    fn: Callable[[Payload | None, SyncJobContext], object],
+) -> Callable[[Payload | None, JobContext], Awaitable[object]]:
     """The async handler that runs `fn` in a worker thread, with a `SyncJobContext`.
 
     A thread cannot be cancelled: when the worker cancels the handler (its lease was lost, or a
@@ -96,19 +100,22 @@ def run_in_thread(fn: SyncHandler) -> Callable[[Payload | None, JobContext], Awa
     """
 
     @functools.wraps(fn)
-    async def in_thread(payload: Payload | None, ctx: JobContext) -> None:
+    async def in_thread(payload: Payload | None, ctx: JobContext) -> object:
         # A Router's handlers are written before any Worker runs them: the runtime is the
         # running one's (the Worker's), which its client's calls run on too.
         runtime = concurrency.current()
         worker_client = ctx._lease.client
         failure: BaseException | None = None
+        returned: object = None
         async with runtime.open_task_group() as tasks:
             calls = blocking = None
             if worker_client is not None:
                 calls = RunCalls(runtime, worker_client, tasks, closed=_ENDED, cancelled=_CANCELLED)
                 blocking = SyncClient._over(calls, getattr(worker_client, "address", "?"))
             try:
-                await runtime.run_sync_in_thread(_in_handler_thread, fn, payload, ctx, blocking)
+                returned = await runtime.run_sync_in_thread(
+                    _in_handler_thread, fn, payload, ctx, blocking
+                )
             except BaseException as exc:  # raised below, not wrapped in an exception group
                 failure = exc
             finally:
@@ -121,13 +128,14 @@ def run_in_thread(fn: SyncHandler) -> Callable[[Payload | None, JobContext], Awa
                 raise failure
             finally:
                 failure = None
+        return returned
 
     return in_thread
 
 
 def _in_handler_thread(
     fn: Callable[..., object], payload: Payload | None, ctx: JobContext, client: SyncClient | None
-) -> None:
+) -> object:
     HANDLER_THREAD.active = True  # the async client's calls refuse this thread
     try:
         result = fn(payload, sync_job_context(ctx, client))
@@ -142,3 +150,4 @@ def _in_handler_thread(
             " it ran in a worker thread as a plain function. An async handler behind a plain"
             " `def` wrapper (a decorator) must be wrapped by an `async def` that awaits it"
         )
+    return result

@@ -118,12 +118,12 @@ def _adapter(
     call = type(fn).__call__ if not inspect.isroutine(fn) else None  # an object: its method
     if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(call):
 
-        async def decoded(payload: Payload | None, ctx: JobContext) -> None:
+        async def decoded(payload: Payload | None, ctx: JobContext) -> Any:
             try:
                 value: Any = decode(payload, into)  # type: ignore[arg-type]
             except PayloadDecodeError as exc:
                 raise poison(exc) from None
-            await fn(value, ctx)
+            return await fn(value, ctx)
 
     else:
 
@@ -176,7 +176,11 @@ def prepare_for_task(fn: Callable[..., Any], task: Task[Any]) -> Callable[..., A
                 f" task's payloads are {type_name(task.payload_type)}"
             )
     _probe(task.codec, task.payload_type, where)
-    return _adapter(fn, task.payload_type, task.codec, f"task {task.job_type!r}", task.on_invalid)
+    adapter = _adapter(
+        fn, task.payload_type, task.codec, f"task {task.job_type!r}", task.on_invalid
+    )
+    adapter.sepp_encode_result = task.encode_result  # type: ignore[attr-defined]  # (Route's)
+    return adapter
 
 
 def _names_the_type(annotation: str, payload_type: object) -> bool:

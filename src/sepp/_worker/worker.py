@@ -62,6 +62,7 @@ if TYPE_CHECKING:
     from .._payloads.task import Task
 
 T = TypeVar("T")
+R = TypeVar("R")
 
 
 class _RunState(enum.Enum):
@@ -265,7 +266,7 @@ class Worker:
     def handle(
         self,
         job_type: str,
-        fn: Callable[[Any, JobContext], Awaitable[None]] | SyncHandler,
+        fn: Callable[[Any, JobContext], Awaitable[object]] | SyncHandler,
         *,
         timeout: float | timedelta | None = None,
         backoff: BackoffSetting | None = None,
@@ -318,14 +319,14 @@ class Worker:
 
     def task(
         self,
-        task: Task[T],
+        task: Task[T, R],
         *,
         timeout: float | timedelta | None = None,
         backoff: BackoffSetting | None = None,
         middleware: Iterable[Middleware] = (),
         retry_on: type[Exception] | tuple[type[Exception], ...] | None = None,
         give_up_on: type[Exception] | tuple[type[Exception], ...] | None = None,
-    ) -> TaskDecorator[T]:
+    ) -> TaskDecorator[T, R]:
         """Decorator: register the handler of `task` (see `Router.task`)."""
         register = self._router.task(
             task,
@@ -336,7 +337,7 @@ class Worker:
             give_up_on=give_up_on,
         )
 
-        def register_here(fn: TaskHandler[T]) -> TaskHandler[T]:
+        def register_here(fn: TaskHandler[T, R]) -> TaskHandler[T, R]:
             register(fn)
             self._build_routes()
             return fn

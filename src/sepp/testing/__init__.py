@@ -39,9 +39,10 @@ Unit-test a handler without a server by calling it with a context built by
         await send_welcome(sepp.Payload.json({"user": 42}), job_context("send_welcome"))
 
 A `def` handler takes :func:`sync_job_context` of one (its ``ctx.client`` blocks).
+:func:`follow_ups` lists what a handler asked to enqueue with ``ctx.then``.
 """
 
-from ._jobs import job_context, set_lease_expires_at, sync_job_context
+from ._jobs import follow_ups, job_context, set_lease_expires_at, sync_job_context
 from ._memory.clock import ManualClock
 from ._memory.config import ConfigError
 from ._memory.server import MemoryServer, memory_server
@@ -73,6 +74,7 @@ __all__ = [
     "SeppServerNotFound",
     "SeppServerStartError",
     "find_sepp_binary",
+    "follow_ups",
     "job_context",
     "memory_server",
     "sepp_cache_binary_path",

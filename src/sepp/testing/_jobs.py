@@ -11,11 +11,13 @@ from .._model import validate as v
 from .._model.errors import ValidationError
 from .._model.types import (
     CustomValue,
+    EnqueueRequest,
     JobContext,
     TraceContext,
     record_lease_expiry,
     reserved_job,
 )
+from .._model.types import follow_ups as recorded_follow_ups
 
 if TYPE_CHECKING:
     from .._worker.thread_handlers import SyncJobContext
@@ -95,3 +97,12 @@ def set_lease_expires_at(ctx: JobContext, expires_at: datetime) -> None:
     if not isinstance(ctx, JobContext):
         raise ValidationError("ctx", "must be a sepp.JobContext")
     record_lease_expiry(ctx, v.aware_datetime("expires_at", expires_at))
+
+
+def follow_ups(ctx: JobContext) -> list[EnqueueRequest]:
+    """What a handler given `ctx` asked to enqueue with `ctx.then(...)`, in order, as the
+    requests the Worker would send (before it adds the idempotency keys it derives): to check
+    a handler's follow-ups in a unit test, `assert follow_ups(ctx)[0].job_type == "ship"`."""
+    if not isinstance(ctx, JobContext):
+        raise ValidationError("ctx", "must be a sepp.JobContext")
+    return recorded_follow_ups(ctx)
