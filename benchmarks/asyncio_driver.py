@@ -1,6 +1,6 @@
 """JSON-lines benchmark driver for sepp-trio's asyncio front end: the twin of trio_driver.py
-(same protocol, same `bench_enqueue` and `bench_drain_raw` semantics), on asyncio's default
-loop or on uvloop.
+(same protocol, same `bench_enqueue`, `bench_drain_raw` and `bench_drain_worker` semantics),
+on asyncio's default loop or on uvloop.
 
     python benchmarks/asyncio_driver.py [--loop asyncio|uvloop] [--no-otel] [--src DIR]
 """
@@ -32,6 +32,7 @@ LOOP = _ARGS[_ARGS.index("--loop") + 1] if "--loop" in _ARGS else "asyncio"
 
 import asyncio  # noqa: E402
 import contextlib  # noqa: E402
+import cProfile  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
 import os  # noqa: E402
@@ -55,13 +56,23 @@ def _payload(size: int) -> sepp.Payload | None:
 
 
 @contextlib.contextmanager
-def _measure(out: Result) -> Any:
+def _measure(out: Result, req: Request | None = None) -> Any:
+    """Time the block: wall and this process's CPU; with the request's `profile_out`, under
+    cProfile, written there (as the trio driver does)."""
+    profile_out = req.get("profile_out") if req is not None else None
+    prof = cProfile.Profile() if profile_out else None
     c0, t0 = time.process_time(), time.perf_counter()
+    if prof is not None:
+        prof.enable()
     try:
         yield
     finally:
+        if prof is not None:
+            prof.disable()
         out["elapsed_s"] = time.perf_counter() - t0
         out["cpu_s"] = time.process_time() - c0
+        if prof is not None:
+            prof.dump_stats(str(profile_out))
 
 
 class Driver:
@@ -120,7 +131,7 @@ class Driver:
                 await client.enqueue(queue, job_type, payload=payload)
 
         out: Result = {"n": n}
-        with _measure(out):
+        with _measure(out, req):
             await asyncio.gather(*(producer() for _ in range(min(concurrency, max(n, 1)))))
         return out
 
@@ -152,7 +163,7 @@ class Driver:
         reserved = 0
         out: Result = {}
         deadline = time.perf_counter() + timeout_s
-        with _measure(out):
+        with _measure(out, req):
             while reserved < n and not failures:
                 while free <= 0:
                     await slot_freed.wait()
@@ -176,6 +187,40 @@ class Driver:
         if failures:
             raise failures[0]
         out["n"] = reserved
+        return out
+
+    async def op_bench_drain_worker(self, req: Request) -> Result:
+        """sepp.Worker with a catch-all handler that just returns, shut down after the n-th
+        handler; run() then settles the in-flight acks (the trio driver's, on asyncio)."""
+        client = self.need_client()
+        queue, n = req["queue"], int(req["n"])
+        kwargs: dict[str, Any] = {}
+        if req.get("auto_extend") is not None:
+            kwargs["auto_extend"] = bool(req["auto_extend"])
+        worker = sepp.Worker(
+            client,
+            queues=[queue],
+            lease_duration=float(req.get("lease_s", 30)),
+            max_in_flight=int(req.get("max_in_flight", 16)),
+            wait_timeout=float(req.get("wait_s", 5)),
+            **kwargs,
+        )
+        done = 0
+
+        async def handler(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
+            nonlocal done
+            done += 1
+            if done >= n:
+                worker.shutdown()
+
+        worker.catch_all(handler)
+        out: Result = {}
+        with _measure(out, req):
+            try:
+                await asyncio.wait_for(worker.run(), float(req.get("timeout_s", 300)))
+            except asyncio.TimeoutError:
+                raise DriverError(f"bench_drain_worker timed out after {done}/{n} jobs") from None
+        out["n"] = done
         return out
 
     async def op_bench_latency(self, req: Request) -> Result:

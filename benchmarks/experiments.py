@@ -24,6 +24,13 @@ shows what the change would buy, not how to make it.
   copying a big payload saves (``enqueue_64k``, ``enqueue_1m``).
 - ``no_loop_watch``: Workers made without the loop watch (``loop_block_warning=None``), whose
   stamping of each handler step is on every job's path: what it costs (``drain_worker``).
+- ``log_info``: logging configured as the command line's default does it for ``worker``
+  (INFO, text format, the command's filter), to /dev/null: what the per-job line costs when it
+  is written (``python -m benchmarks.hot_path``; the library alone logs nothing at INFO).
+- ``w_no_log``, ``w_no_otel``, ``w_no_lease_watch``: the Worker without, in turn, its per-job
+  log call, its OpenTelemetry guards (the process span and the metrics' ``enabled``), and the
+  lease keeper's watch and release: ablations that size each part of its per-job work
+  (``python -m benchmarks.hot_path --cases worker worker+w_no_log ...``); unsafe.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 PATCHES: dict[str, Callable[[], None]] = {}
+_H2_PATCHES = ("h2", "no_frame_repr", "quiet_hpack_log", "no_open_stream_scan", "hpack_cache")
 # Options for sepp.open() that an experiment needs (read by the driver's connect op).
 OPEN_OPTIONS: dict[str, Any] = {}
 
@@ -171,12 +179,48 @@ def no_loop_watch() -> None:
     sepp.Worker.__init__ = without_watch  # type: ignore[method-assign]
 
 
+@_patch
+def log_info() -> None:
+    import logging
+    import os
+
+    from sepp._cli._logging import TEXT_FORMAT, NotHandledOnTheWay
+
+    handler = logging.StreamHandler(open(os.devnull, "w"))
+    handler.setFormatter(logging.Formatter(TEXT_FORMAT))
+    handler.addFilter(NotHandledOnTheWay())
+    logging.basicConfig(level=logging.INFO, handlers=[handler])
+
+
+@_patch
+def w_no_log() -> None:
+    from sepp._worker import reporting
+
+    reporting.WorkerReport.finished = lambda self, *args: None  # type: ignore[method-assign]
+
+
+@_patch
+def w_no_otel() -> None:
+    from sepp._client import otel
+    from sepp._worker import processing
+
+    processing._otel.process_span = lambda job, worker_id: otel.NOOP_SPAN  # type: ignore[assignment]
+    otel.WorkerMetrics.enabled = False  # type: ignore[assignment,misc]
+
+
+@_patch
+def w_no_lease_watch() -> None:
+    from sepp._worker import lease_keeper
+
+    lease_keeper.LeaseKeeper.watch = lambda self, *args: None  # type: ignore[method-assign]
+    lease_keeper.LeaseKeeper.release = lambda self, *args: None  # type: ignore[method-assign]
+
+
 def apply(names: str) -> list[str]:
-    """Apply the comma-separated patches (``all``: every one but ``no_timeout`` and
-    ``no_loop_watch``, on h2)."""
+    """Apply the comma-separated patches (``all``: the h2 engine's)."""
     chosen = [n for n in names.split(",") if n]
     if chosen == ["all"]:
-        chosen = [n for n in PATCHES if n not in ("no_timeout", "no_loop_watch")]
+        chosen = [n for n in PATCHES if n in _H2_PATCHES]
     for name in chosen:
         if name not in PATCHES:
             raise SystemExit(f"unknown experiment {name!r}; choose from {sorted(PATCHES)}")

@@ -12,23 +12,22 @@ round, in an order rotated every round; the table gives medians over the rounds.
 
 trio: `benchmarks/trio_driver.py` (this checkout's src, or `--baseline-src`'s); sepp-py:
 `tests/peers/seppy_driver.py` in its virtualenv (scripts/ensure-seppy-venv.sh); asyncio and
-uvloop: `--child` below, the same loop on sepp-trio's asyncio client.
+uvloop: `benchmarks/asyncio_driver.py` (`--loop`), the same op on sepp-trio's asyncio client.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 TRIO_DRIVER = REPO / "benchmarks" / "trio_driver.py"
+ASYNCIO_DRIVER = REPO / "benchmarks" / "asyncio_driver.py"
 SEPPY_DRIVER = REPO / "tests" / "peers" / "seppy_driver.py"
 MAX_IN_FLIGHT = 64
 LEASE_S = 30.0
@@ -85,55 +84,9 @@ def run_seppy(python: str, address: str, queue: str, n: int) -> dict[str, Any]:
     return drive_json_lines(argv, [connect, drain_request(queue, n)])[1]
 
 
-def run_asyncio_child(loop: str, src: Path, address: str, queue: str, n: int) -> dict[str, Any]:
-    argv = [sys.executable, str(Path(__file__)), "--child", loop, "--src", str(src)]
-    argv += ["--address", address, "--queue", queue, "--n", str(n)]
-    done = subprocess.run(argv, capture_output=True, text=True, env=_env(), timeout=600)
-    if done.returncode:
-        raise RuntimeError(f"{loop} child failed: {done.stderr}")
-    result: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
-    return result
-
-
-async def child_drain(address: str, queue: str, n: int) -> dict[str, Any]:
-    """The trio driver's bench_drain_worker, under asyncio."""
-    import sepp
-
-    async with sepp.open(address) as client:
-        worker = sepp.Worker(
-            client,
-            [queue],
-            lease_duration=LEASE_S,
-            max_in_flight=MAX_IN_FLIGHT,
-            wait_timeout=WAIT_S,
-            auto_extend=False,
-        )
-        done = 0
-
-        async def handler(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
-            nonlocal done
-            done += 1
-            if done >= n:
-                worker.shutdown()
-
-        worker.catch_all(handler)
-        c0, t0 = time.process_time(), time.perf_counter()
-        await asyncio.wait_for(worker.run(), 300)
-        t1, c1 = time.perf_counter(), time.process_time()
-    return {"elapsed_s": t1 - t0, "cpu_s": c1 - c0, "n": done}
-
-
-def child_main(a: argparse.Namespace) -> int:
-    sys.path.insert(0, a.src)
-    main = child_drain(a.address, a.queue, a.n)
-    if a.child == "uvloop":
-        import uvloop
-
-        result = uvloop.run(main)
-    else:
-        result = asyncio.run(main)
-    print(json.dumps(result))
-    return 0
+def run_asyncio(loop: str, src: Path, address: str, queue: str, n: int) -> dict[str, Any]:
+    argv = [sys.executable, str(ASYNCIO_DRIVER), "--loop", loop, "--no-otel", "--src", str(src)]
+    return drive_json_lines(argv, [{"op": "connect", "addr": address}, drain_request(queue, n)])[1]
 
 
 async def fill(address: str, queue: str, n: int) -> None:
@@ -155,12 +108,8 @@ def harness(a: argparse.Namespace) -> int:
 
     clients: dict[str, Any] = {
         "sepp-trio (trio)": lambda addr, q: run_trio(REPO / "src", addr, q, a.n),
-        "sepp-trio (asyncio)": lambda addr, q: run_asyncio_child(
-            "asyncio", REPO / "src", addr, q, a.n
-        ),
-        "sepp-trio (uvloop)": lambda addr, q: run_asyncio_child(
-            "uvloop", REPO / "src", addr, q, a.n
-        ),
+        "sepp-trio (asyncio)": lambda addr, q: run_asyncio("asyncio", REPO / "src", addr, q, a.n),
+        "sepp-trio (uvloop)": lambda addr, q: run_asyncio("uvloop", REPO / "src", addr, q, a.n),
     }
     if a.baseline_src:
         src = Path(a.baseline_src)
@@ -208,12 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--only", nargs="+", metavar="WORD", help="only the clients whose names hold a WORD"
     )
-    p.add_argument("--child", choices=["asyncio", "uvloop"], help=argparse.SUPPRESS)
-    p.add_argument("--src", default=str(REPO / "src"), help=argparse.SUPPRESS)
-    p.add_argument("--address", help=argparse.SUPPRESS)
-    p.add_argument("--queue", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
-    return child_main(a) if a.child else harness(a)
+    return harness(a)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 import sepp
 from sepp._model import convert as cv
+from sepp._model.types import reserved_job
 from sepp._pb import queue_pb2 as pb
 
 UTC = timezone.utc
@@ -84,6 +85,59 @@ def test_enqueue_request_survives_the_wire_as_a_job(
     }
     assert job.ctx.scheduled_at == scheduled_at
     assert (job.ctx.queue, job.ctx.job_type) == (queue, job_type)
+
+
+@settings(max_examples=examples(100))
+@given(
+    data=st.none() | st.binary(max_size=40) | st.binary(min_size=1, max_size=40).map(bytearray),
+    encoding=st.sampled_from(["", "application/json", "text/plain; charset=é"]),
+    custom=st.dictionaries(texts, custom_values, max_size=3),
+    scheduled_at=st.none() | datetimes,
+    trace=st.none() | st.builds(sepp.TraceContext, texts, st.none() | texts),
+    enqueued_at=datetimes,
+    expires_at=datetimes,
+)
+def test_a_reserved_job_is_what_the_public_constructors_make_of_its_fields(
+    data: bytes | bytearray | None,
+    encoding: str,
+    custom: dict[str, sepp.CustomValue],
+    scheduled_at: datetime | None,
+    trace: sepp.TraceContext | None,
+    enqueued_at: datetime,
+    expires_at: datetime,
+) -> None:
+    # What both readers build a reserved job with, skipping the checks the reader has made.
+    fields = ("job-1", "q", "t", 2, 5, 7, custom, enqueued_at, scheduled_at, trace)
+    made = reserved_job(data, encoding, *fields, expires_at, "w1", "the client")
+    payload = sepp.Payload(bytes(data), encoding or "application/octet-stream") if data else None
+    assert made.payload == payload
+    assert made.payload is None or type(made.payload.data) is bytes
+    assert tuple(getattr(made.ctx, name) for name in CONTEXT_FIELDS) == fields
+    lease = ("lease_expires_at", "worker_id", "client", "state")
+    assert [getattr(made.ctx, n) for n in lease] == [expires_at, "w1", "the client", None]
+
+
+CONTEXT_FIELDS = (
+    "id",
+    "queue",
+    "job_type",
+    "attempt",
+    "max_attempts",
+    "priority",
+    "custom",
+    "enqueued_at",
+    "scheduled_at",
+    "trace_context",
+)
+
+
+def test_a_reserve_s_jobs_share_one_expiry_and_other_times_are_read_anew() -> None:
+    first = cv.expiry_from_parts(1_800_000_000, 5_000)
+    assert cv.expiry_from_parts(1_800_000_000, 5_000) is first
+    assert first == cv.timestamp_from_parts(1_800_000_000, 5_000)
+    later = cv.expiry_from_parts(1_800_000_000, 6_000)
+    assert later == datetime(2027, 1, 15, 8, 0, tzinfo=UTC) + timedelta(microseconds=6)
+    assert cv.expiry_from_parts(1_800_000_000, 5_000) == first
 
 
 def test_missing_custom_value_and_bad_priority_are_malformed() -> None:

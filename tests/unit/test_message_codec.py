@@ -181,6 +181,21 @@ def test_lease_calls_encode_as_protobuf_does(
         assert getattr(wire_requests, name)(*args) == getattr(protobuf_codec, name)(*args), name
 
 
+@pytest.mark.parametrize("length", [1, 26, 36, 127, 128, 300])
+@pytest.mark.parametrize("attempt", [0, 1, 127, 128, 2**32 - 1])
+def test_server_like_leases_encode_as_protobuf_does_at_the_one_byte_edges(
+    length: int, attempt: int
+) -> None:
+    # Ids of the server's kind (ASCII) and attempts each side of a one-byte length and varint.
+    for job_id in ("0123456789abcdef" * 20)[:length], ("é" * length):
+        for worker_id in (None, "w-1", "w" * 200):
+            args = (job_id, attempt, worker_id)
+            assert wire_requests.ack(*args) == protobuf_codec.ack(*args)
+            assert wire_requests.extend(job_id, attempt, 30.0, worker_id) == protobuf_codec.extend(
+                job_id, attempt, 30.0, worker_id
+            )
+
+
 @given(st.none() | names, st.integers(1, 2**32 - 1))
 def test_drains_encode_as_protobuf_does(queue: str | None, max: int) -> None:
     assert wire_requests.drain_dead_letters(queue, max) == protobuf_codec.drain_dead_letters(

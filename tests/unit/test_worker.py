@@ -25,7 +25,7 @@ from sepp import HandlerError, Retry, StatusCode
 from sepp._runtime.trio_runtime import TRIO
 from sepp._util.log import Log
 from sepp._worker import lease_keeper
-from sepp._worker.held_job import HeldJob, Phase
+from sepp._worker.held_job import HeldJob, HeldJobs, Phase
 
 pytestmark = pytest.mark.fixture  # a scripted FakeClient
 
@@ -389,15 +389,28 @@ class StepCounter(trio.abc.Instrument):
 async def test_a_handler_with_a_free_slot_starts_in_its_tasks_first_step(
     autojump_clock: MockClock,
 ) -> None:
-    # No scheduler round trip between a reserve's answer and the handlers it starts.
+    # No scheduler round trip between a reserve's answer and the handlers it starts: each
+    # starts in the first step its task takes after the answer (a task started for it, or a
+    # job runner that ran earlier jobs and waited for the next one).
     fake = FakeClient()
     worker = make_worker(fake, max_in_flight=4)
     counter = StepCounter()
+    steps_at_answer: collections.Counter[trio.lowlevel.Task] = collections.Counter()
     steps_at_start: list[int] = []
+    reserve = fake.reserve
+
+    async def reserve_and_count(*args: Any, **kwargs: Any) -> list[sepp.Job] | None:
+        jobs = await reserve(*args, **kwargs)
+        steps_at_answer.clear()
+        steps_at_answer.update(counter.steps)
+        return jobs
+
+    fake.reserve = reserve_and_count  # type: ignore[method-assign]
 
     @worker.handler("work")
     async def work(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
-        steps_at_start.append(counter.steps[trio.lowlevel.current_task()])
+        task = trio.lowlevel.current_task()
+        steps_at_start.append(counter.steps[task] - steps_at_answer[task])
 
     for _ in range(6):
         fake.add()
@@ -754,6 +767,64 @@ async def test_extends_follow_the_granted_lease_when_the_server_clamps_it(
     assert [(c.at, c.error) for c in fake.acks] == [(7, None)]
 
 
+async def test_a_handler_that_returns_without_waiting_is_never_watched(
+    autojump_clock: MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Nothing else runs while it does, so its lease needs no keeping; one that waits is kept.
+    fake = FakeClient()
+    worker = make_worker(fake, lease_duration=3)
+    watched: list[str] = []
+    watch = lease_keeper.LeaseKeeper.watch
+
+    def recording(keeper: lease_keeper.LeaseKeeper, held: HeldJob, *args: Any) -> None:
+        watched.append(held.job.ctx.job_type)
+        watch(keeper, held, *args)
+
+    monkeypatch.setattr(lease_keeper.LeaseKeeper, "watch", recording)
+
+    @worker.handler("quick")
+    async def quick(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
+        pass
+
+    @worker.handler("slow")
+    async def slow(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
+        await trio.sleep(2.5)
+
+    for job_type in ("quick", "slow", "quick"):
+        fake.add(job_type)
+    async with running(worker):
+        await trio.sleep(5)
+    assert watched == ["slow"]
+    assert [c.at for c in fake.extends] == [1, 2]  # a third of each 3 s lease
+    assert len(fake.acks) == 3
+
+
+async def test_a_job_due_before_the_keeper_would_wake_is_extended_in_time(
+    autojump_clock: MockClock,
+) -> None:
+    # The keeper sleeps until the first job's extend (10 s in); a job granted a shorter lease
+    # later (the queue's maximum was lowered) falls due before that, and must wake it.
+    fake = FakeClient()
+    worker = make_worker(fake, lease_duration=30)
+    ran: dict[str, float] = {}
+
+    @worker.handler("work")
+    async def work(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
+        await trio.sleep(5)
+        ran[ctx.id] = trio.current_time()
+
+    first = fake.add()
+    async with running(worker):
+        await trio.sleep(1)
+        fake.max_lease_s = 3
+        second = fake.add()
+        await trio.sleep(9)
+    assert ran == {first: 5, second: 6}
+    # Every third of the granted 3 s from its start at 1 s (the first job needed none).
+    assert [(c.job_id, c.at) for c in fake.extends][:4] == [(second, t) for t in (2, 3, 4, 5)]
+    assert [c.job_id for c in fake.acks if c.error is None] == [first, second]
+
+
 async def test_jobs_waiting_for_a_slot_keep_their_leases(autojump_clock: MockClock) -> None:
     fake = FakeClient()
     fake.over_deliver = 1
@@ -953,6 +1024,33 @@ async def test_the_lease_keeper_lets_go_of_settled_jobs(autojump_clock: MockCloc
         assert keeper._watched == {}
         assert len(keeper._due) <= lease_keeper.REBUILD_SLACK
     assert fake.extends == []
+
+
+async def test_a_change_wakes_every_waiter_still_parked_when_one_was_cancelled() -> None:
+    # The held set counts its waiters instead of asking its parking lot: a waiter cancelled
+    # while parked must leave the count right for the others, before and after a wake-up.
+    held = HeldJobs(TRIO)
+    woken: list[str] = []
+
+    async def wait(name: str, scope: trio.CancelScope) -> None:
+        with scope:
+            await held.wait_for_change()
+            woken.append(name)
+
+    scopes = {name: trio.CancelScope() for name in ("a", "b", "c")}
+    async with trio.open_nursery() as nursery:
+        for name, scope in scopes.items():
+            nursery.start_soon(wait, name, scope)
+        await trio.testing.wait_all_tasks_blocked()
+        scopes["a"].cancel()
+        await trio.testing.wait_all_tasks_blocked()
+        held.changed()
+        await trio.testing.wait_all_tasks_blocked()
+        assert sorted(woken) == ["b", "c"]
+        nursery.start_soon(wait, "d", trio.CancelScope())
+        await trio.testing.wait_all_tasks_blocked()
+        held.changed()
+    assert sorted(woken) == ["b", "c", "d"]
 
 
 async def test_a_keeper_for_a_job_that_settled_before_it_started_does_not_extend(

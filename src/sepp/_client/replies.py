@@ -53,7 +53,7 @@ from .._model.types import (
     Job,
     JobContext,
     Payload,
-    leased_job_context,
+    reserved_job,
 )
 from .._model.validate import UINT32_MAX
 from .._runtime.protocol import EventLike, Runtime
@@ -126,7 +126,9 @@ async def probe_beacon(calls: ReplyCalls, beacon_id: str) -> bool | None:
     """Whether the client owning beacon `beacon_id` is alive (its beacon in flight): an extend
     for an attempt no job ever has is refused FAILED_PRECONDITION then, NOT_FOUND once it is
     not, and changes nothing either way. None: the server could not tell (a failed call)."""
-    probe = leased_job_context(
+    probe = reserved_job(
+        None,
+        "",
         id=beacon_id,
         queue=DIRECTORY,
         job_type=BEACON_TYPE,
@@ -139,7 +141,8 @@ async def probe_beacon(calls: ReplyCalls, beacon_id: str) -> bool | None:
         trace_context=None,
         lease_expires_at=now_utc(),
         worker_id=None,
-    )
+        client=None,
+    ).ctx
     try:
         await calls.extend(probe, 0.001)
     except AttemptMismatchError:

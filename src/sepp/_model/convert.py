@@ -17,7 +17,7 @@ from .types import (
     Payload,
     ServerInfo,
     TraceContext,
-    leased_job_context,
+    reserved_job,
 )
 
 if TYPE_CHECKING:
@@ -49,9 +49,25 @@ def timestamp_from_pb(ts: timestamp_pb2.Timestamp) -> datetime:
 
 def timestamp_from_parts(seconds: int, nanos: int) -> datetime:
     try:
-        return _EPOCH + timedelta(seconds=seconds, microseconds=nanos // 1000)
+        return _EPOCH + timedelta(0, seconds, nanos // 1000)  # positional: 2k instructions less
     except OverflowError:
         raise Malformed(f"timestamp out of range: {seconds}s") from None
+
+
+# The last lease expiry read: a reserve's jobs share theirs, so each after the first is one
+# comparison (and the same datetime, which the lease keeper converts once).
+_last_expiry: tuple[int, int, datetime] = (0, -1, _EPOCH)
+
+
+def expiry_from_parts(seconds: int, nanos: int) -> datetime:
+    """`timestamp_from_parts`, for a reserved job's lease expiry."""
+    global _last_expiry
+    last = _last_expiry
+    if last[0] == seconds and last[1] == nanos:
+        return last[2]
+    when = timestamp_from_parts(seconds, nanos)
+    _last_expiry = (seconds, nanos, when)
+    return when
 
 
 def timestamp_parts(when: datetime) -> tuple[int, int]:
@@ -261,22 +277,32 @@ def job_from_pb(msg: pb.Job, worker_id: str | None, client: object = None) -> Jo
     if not has("enqueued_at") or not has("lease_expires_at"):
         raise Malformed(f"job {job_id} lacks enqueued_at or lease_expires_at")
     custom = msg.custom
-    ctx = leased_job_context(
-        id=job_id,
-        queue=msg.queue,
-        job_type=job_type,
-        attempt=attempt,
-        max_attempts=msg.max_attempts,
-        priority=priority,
-        custom=_custom_from_pb(custom) if custom else {},
-        enqueued_at=timestamp_from_pb(msg.enqueued_at),
-        scheduled_at=timestamp_from_pb(msg.scheduled_at) if has("scheduled_at") else None,
-        trace_context=_trace_from_pb(msg),
-        lease_expires_at=timestamp_from_pb(msg.lease_expires_at),
-        worker_id=worker_id,
-        client=client,
+    data: bytes | None = None
+    encoding = ""
+    if has("payload"):
+        payload = msg.payload
+        data = payload.data
+        if data:
+            encoding = payload.encoding
+    enqueued_at = msg.enqueued_at
+    expiry = msg.lease_expires_at
+    return reserved_job(
+        data,
+        encoding,
+        job_id,
+        msg.queue,
+        job_type,
+        attempt,
+        msg.max_attempts,
+        priority,
+        _custom_from_pb(custom) if custom else {},
+        timestamp_from_parts(enqueued_at.seconds, enqueued_at.nanos),
+        timestamp_from_pb(msg.scheduled_at) if has("scheduled_at") else None,
+        _trace_from_pb(msg) if has("trace_context") else None,
+        expiry_from_parts(expiry.seconds, expiry.nanos),
+        worker_id,
+        client,
     )
-    return Job(_payload_from_pb(msg), ctx)
 
 
 def dead_letter_from_pb(msg: pb.DeadLetterRecord) -> DeadLetterRecord:

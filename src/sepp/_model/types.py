@@ -340,8 +340,13 @@ def follow_ups(ctx: JobContext) -> list[EnqueueRequest]:
     return list(ctx._lease.follow_ups or ())
 
 
-def leased_job_context(
-    *,
+_new = object.__new__
+_set_payload_data, _set_payload_encoding = (vars(Payload)[n].__set__ for n in ("data", "encoding"))
+
+
+def reserved_job(
+    data: builtins.bytes | None,
+    encoding: str,
     id: str,
     queue: str,
     job_type: str,
@@ -354,12 +359,20 @@ def leased_job_context(
     trace_context: TraceContext | None,
     lease_expires_at: datetime,
     worker_id: str | None,
-    client: object = None,
+    client: object,
     state: object = None,
-) -> JobContext:
-    """A JobContext for a job leased until `lease_expires_at` (by reserve, or a test)."""
-    lease = _Lease(lease_expires_at, worker_id, client, state)
-    return JobContext(
+) -> Job:
+    """A job a reserve returned (or a test's, `sepp.testing.job_context`), its fields read and
+    checked by the caller: its Payload (none for empty `data`) without the checks a caller's
+    Payload gets (the reader decoded valid UTF-8; a missing encoding is the default's), its
+    context leased until `lease_expires_at`. Positional in the readers: a drain builds one a
+    job, and keyword arguments cost more."""
+    payload: Payload | None = None
+    if data:
+        payload = _new(Payload)
+        _set_payload_data(payload, data if type(data) is builtins.bytes else builtins.bytes(data))
+        _set_payload_encoding(payload, encoding or BYTES_ENCODING)
+    ctx = JobContext(
         id,
         queue,
         job_type,
@@ -370,8 +383,9 @@ def leased_job_context(
         enqueued_at,
         scheduled_at,
         trace_context,
-        lease,
+        _Lease(lease_expires_at, worker_id, client, state),
     )
+    return Job(payload, ctx)
 
 
 def set_handler_context(ctx: JobContext, client: object, state: object) -> None:

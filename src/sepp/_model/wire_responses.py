@@ -25,7 +25,7 @@ from .types import (
     Payload,
     ServerInfo,
     TraceContext,
-    leased_job_context,
+    reserved_job,
 )
 from .wire_format import (
     BOOL,
@@ -462,22 +462,28 @@ def job(fields: Fields, worker_id: str | None, client: object = None) -> Job:
         raise Malformed(f"job {job_id} lacks enqueued_at or lease_expires_at")
     custom = fields.get("custom")
     scheduled_at = fields.get("scheduled_at")
-    ctx = leased_job_context(
-        id=job_id,
-        queue=fields.get("queue", ""),
-        job_type=job_type,
-        attempt=attempt,
-        max_attempts=fields.get("max_attempts", 0),
-        priority=priority,
-        custom=_custom(custom) if custom else {},
-        enqueued_at=_timestamp(enqueued_at),
-        scheduled_at=_timestamp(scheduled_at) if scheduled_at is not None else None,
-        trace_context=_trace(fields),
-        lease_expires_at=_timestamp(lease_expires_at),
-        worker_id=worker_id,
-        client=client,
+    payload = fields.get("payload")
+    data = encoding = None
+    if payload is not None:
+        data = payload.get("data")
+        encoding = payload.get("encoding")
+    return reserved_job(
+        data,
+        encoding or "",
+        job_id,
+        fields.get("queue", ""),
+        job_type,
+        attempt,
+        fields.get("max_attempts", 0),
+        priority,
+        _custom(custom) if custom else {},
+        _timestamp(enqueued_at),
+        _timestamp(scheduled_at) if scheduled_at is not None else None,
+        _trace(fields),
+        cv.expiry_from_parts(lease_expires_at.get("seconds", 0), lease_expires_at.get("nanos", 0)),
+        worker_id,
+        client,
     )
-    return Job(_payload(fields), ctx)
 
 
 def ack_response(body: bytes) -> None:

@@ -306,6 +306,9 @@ class AsyncioRuntime:
             _load_anyio_members(self)
         return self
 
+    def clock(self) -> Callable[[], float]:
+        return asyncio.get_running_loop().time
+
     def move_on_at(self, deadline: float) -> MoveOnAt:
         return MoveOnAt(deadline)
 

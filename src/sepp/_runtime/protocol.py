@@ -280,6 +280,10 @@ class ServiceRuntime(Runtime, Protocol):
     name: str
 
     # -- time ------------------------------------------------------------------------------
+    def clock(self) -> Callable[[], float]:
+        """In a run: its clock's own reading function, what `current_time` reads (one call a
+        reading, where `current_time` looks the run up each time: a job reads it twice)."""
+
     def sleep_until(self, deadline: float) -> Awaitable[None]: ...
 
     def checkpoint(self) -> Awaitable[None]:

@@ -91,6 +91,9 @@ class TrioRuntime:
     def __repr__(self) -> str:
         return "<sepp runtime on trio>"
 
+    def clock(self) -> Callable[[], float]:
+        return trio.lowlevel.current_clock().current_time
+
     async def bounded(self, work: Callable[[float | None], Awaitable[None]], until: float) -> None:
         with trio.move_on_at(until):
             await work(None)

@@ -28,6 +28,12 @@ class Log:
         if fn is not None:
             fn(msg, *args)
 
+    def info_enabled(self) -> bool:
+        """Whether an `info` line would be logged (a stdlib logger below INFO says not): a
+        caller with a line to build for each of many events asks first."""
+        target = self._target
+        return not isinstance(target, logging.Logger) or target.isEnabledFor(logging.INFO)
+
     def info(self, msg: str, *args: object, extra: Mapping[str, object] | None = None) -> None:
         """`extra` (fields for structured formatters) reaches stdlib loggers only."""
         if extra is not None and isinstance(self._target, logging.Logger):

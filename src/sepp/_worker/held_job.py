@@ -3,6 +3,7 @@ the set of those it holds."""
 
 from __future__ import annotations
 
+import contextvars
 import enum
 from collections.abc import Callable
 from datetime import datetime
@@ -26,12 +27,14 @@ class HeldJob:
         "_seen_expiry",
         "_slot_granted",
         "cc",
+        "context",
         "dispatched_at",
         "earlier",
         "ended",
         "forced",
         "job",
         "keeper_scope",
+        "lease_context",
         "lease_lost",
         "phase",
         "returned",  # see __init__
@@ -48,11 +51,18 @@ class HeldJob:
         self.phase = Phase.WAITING
         # Made only if the job has to wait for its slot: most get one at once.
         self._slot_granted: Event | None = None
-        # Covers the wait for a slot and the handler; lease loss and shutdown cancel it.
-        self.scope = cc.cancel_scope()
+        # Covers the handler (and, in a task of the job's own, the wait for a slot); lease
+        # loss and shutdown cancel it. A job runner's, while the runner runs this job's
+        # handler; a scope of the job's own, made when the job gets a task of its own.
+        self.scope: CancelScope | None = None
+        # The job's own context, when a job runner runs it (a task of its own has its own).
+        self.context: contextvars.Context | None = None
         self.lease_lost: str | None = None
         # The lease keeper's task scope, once one runs (most jobs settle before).
         self.keeper_scope: CancelScope | None = None
+        # The job's context as its handler starts, for the keeper's extends (a runner's job:
+        # its lease is kept only once its handler waits).
+        self.lease_context: contextvars.Context | None = None
         self.watch_key = -1  # the LeaseKeeper's key while it watches this job
         self.forced = False
         # A run of the same job id still going in this worker (its lease ran out): this
@@ -108,16 +118,23 @@ class HeldJob:
         """Convert the granted expiry with a wall-clock reading `wall` taken at time `wall_at`
         (≤ `now`, so one reading can serve many jobs); returns `lease_deadline`."""
         expiry = self.job.ctx.lease_expires_at
-        self._deadline = min(wall_at + (expiry - wall).total_seconds(), now + cap_s)
+        return self.remember_lease(
+            expiry, min(wall_at + (expiry - wall).total_seconds(), now + cap_s)
+        )
+
+    def remember_lease(self, expiry: datetime, deadline: float) -> float:
+        """`expiry` (the granted one) converted is `deadline`, until extend moves it."""
+        self._deadline = deadline
         self._seen_expiry = expiry
-        return self._deadline
+        return deadline
 
     def stop(self) -> None:
         """Shutdown: cancel the handler (or the wait for a slot); the job is nacked unless the
         handler still returns. After its nack, its on_dead_letter hooks are cancelled."""
         if self.phase is not Phase.SETTLING:
             self.forced = True
-            self.scope.cancel()
+            if self.scope is not None:  # else it has not started: it never will
+                self.scope.cancel()
 
 
 class HeldJobs:
@@ -125,11 +142,13 @@ class HeldJobs:
     redelivery waits for the earlier run); and a wake-up for whoever waits for the set to
     shrink (the reserve loop when it is full, the shutdown while it drains)."""
 
-    __slots__ = ("_by_delivery", "_latest", "_shrunk", "cc")
+    __slots__ = ("_by_delivery", "_latest", "_parked", "_shrunk", "_wakes", "cc")
 
     def __init__(self, cc: ServiceRuntime) -> None:
-        self._by_delivery: dict[int, HeldJob] = {}
+        self._by_delivery: dict[HeldJob, None] = {}  # by identity, in arrival order
         self._latest: dict[str, HeldJob] = {}
+        self._parked = 0  # tasks in wait_for_change() since the last wake-up
+        self._wakes = 0
         self.cc = cc
         self._shrunk = cc.parking_lot()
 
@@ -138,7 +157,7 @@ class HeldJobs:
 
     def add(self, held: HeldJob) -> HeldJob | None:
         """Hold `held`; returns the earlier delivery of its job still held here, if any."""
-        self._by_delivery[id(held)] = held
+        self._by_delivery[held] = None
         job_id = held.job.ctx.id
         earlier = self._latest.get(job_id)
         self._latest[job_id] = held
@@ -146,7 +165,7 @@ class HeldJobs:
 
     def remove(self, held: HeldJob) -> None:
         """`held` has settled: let a redelivery waiting for it start, and wake the waiters."""
-        del self._by_delivery[id(held)]
+        del self._by_delivery[held]
         job_id = held.job.ctx.id
         if self._latest.get(job_id) is held:
             del self._latest[job_id]
@@ -155,15 +174,24 @@ class HeldJobs:
         self.changed()
 
     def changed(self) -> None:
-        if self._shrunk:  # anyone parked: mostly nobody, or the reserve loop alone
+        if self._parked:  # mostly nobody, or the reserve loop alone (a count: no call)
+            self._parked = 0
+            self._wakes += 1
             self._shrunk.unpark_all()
 
     async def wait_for_change(self) -> None:
-        await self._shrunk.park()
+        wakes = self._wakes
+        self._parked += 1
+        try:
+            await self._shrunk.park()
+        except BaseException:
+            if self._wakes == wakes:  # cancelled while still parked: still counted
+                self._parked -= 1
+            raise
 
     def stop(self, *, waiting_only: bool) -> None:
         """Shutdown: cancel the jobs waiting for a slot (and with `waiting_only` False, the
         running ones too: they are nacked unless their handlers still return)."""
-        for held in list(self._by_delivery.values()):
+        for held in list(self._by_delivery):
             if not waiting_only or held.phase is Phase.WAITING:
                 held.stop()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextvars
 import heapq
 import itertools
+import math
 from collections.abc import Callable
 from datetime import datetime
 
@@ -57,36 +58,70 @@ class LeaseKeeper:
         # or the heap is rebuilt, so releasing is O(1); the job itself is in `_watched` only,
         # so a settled job (and its payload) is not kept alive by its stale entry.
         self._due: list[tuple[float, int]] = []
+        # Entries not in the heap yet: watching appends (cheaper than a push), and run()
+        # pushes those still watched when it wakes. None is due before run() wakes by
+        # itself (`_sleeping_until`): one due earlier wakes it.
+        self._new: list[tuple[float, int]] = []
         self._watched: dict[int, tuple[float, HeldJob, contextvars.Context]] = {}
         self._keys = itertools.count()
         self._wall: datetime | None = None  # a wall-clock reading, taken at time _wall_at
         self._wall_at = 0.0
+        # The last expiry converted with that reading, and the deadline it converted to.
+        self._expiry: datetime | None = None
+        self._expiry_at = 0.0
+        # When run() wakes by itself: a job due earlier wakes it (-inf: awake, or not
+        # waiting yet, so it looks at the heap anyway).
+        self._sleeping_until = -math.inf
         self._cc = cc
         self._due_changed = cc.event()
         self._scope = cc.cancel_scope()
 
-    def watch(self, held: HeldJob) -> None:
-        """Keep `held`'s lease from its first extend on, until `release(held)`; call from the
-        job's own task."""
-        # The context is the job's (its process span is current), so the keeper's extend
-        # spans nest under sepp.process like the handler's.
-        key = held.watch_key = next(self._keys)
-        now = self._cc.current_time()
+    def watch(
+        self, held: HeldJob, now: float | None = None, context: contextvars.Context | None = None
+    ) -> None:
+        """Keep `held`'s lease from its first extend on, until `release(held)`, `now` being
+        `current_time()`; call from the job's own task, or give the job's `context` as it was
+        when its handler started (a runner's job, watched once its handler waits)."""
+        if now is None:
+            now = self._cc.current_time()
+        expiry = held.job.ctx.lease_expires_at
         if self._wall is None or now - self._wall_at >= WALL_READING_MAX_AGE_S:
             self._wall, self._wall_at = self._now_utc(), now
-        left_s = held.convert_lease(self._wall, self._wall_at, now, self._lease_s) - now
-        if self._extend:
-            due = now + max(left_s / 3, min(EXTEND_MIN_WAIT_S, left_s), 0.0)
+            self._expiry = None
+        if expiry != self._expiry:  # a reserve's jobs share theirs: converted once
+            self._expiry = expiry
+            self._expiry_at = self._wall_at + (expiry - self._wall).total_seconds()
+        # What held.convert_lease would say (an earlier `now` caps it lower: never later).
+        # Comparisons, not min() and max(): a call of those costs more than this whole line.
+        deadline = self._expiry_at
+        if deadline > now + self._lease_s:
+            deadline = now + self._lease_s
+        held.remember_lease(expiry, deadline)
+        if deadline <= now:
+            due = now
+        elif self._extend:  # a third of what is left, at least the floor
+            left_s = deadline - now
+            wait_s = left_s / 3
+            if wait_s < EXTEND_MIN_WAIT_S:
+                wait_s = EXTEND_MIN_WAIT_S if EXTEND_MIN_WAIT_S < left_s else left_s
+            due = now + wait_s
         else:
-            due = now + max(left_s, 0.0)
-        self._watch_until(key, due, held, contextvars.copy_context())
+            due = deadline
+        # The context as it is now, the job's (its process span is current, and no span the
+        # handler opens later), so the keeper's extend spans nest under sepp.process like the
+        # handler's.
+        key = held.watch_key = next(self._keys)
+        self._watched[key] = (due, held, contextvars.copy_context() if context is None else context)
+        self._new.append((due, key))
+        if due < self._sleeping_until:
+            self._wake()
 
     def _watch_until(
         self, key: int, due: float, held: HeldJob, context: contextvars.Context
     ) -> None:
         self._watched[key] = (due, held, context)
-        heapq.heappush(self._due, (due, key))
-        if self._due[0][1] == key:
+        self._new.append((due, key))
+        if due < self._sleeping_until:
             self._wake()
 
     def release(self, held: HeldJob) -> None:
@@ -95,10 +130,12 @@ class LeaseKeeper:
             held.keeper_scope.cancel()
         if self._watched.pop(held.watch_key, None) is None:
             return
-        if len(self._due) > 2 * len(self._watched) + REBUILD_SLACK:
+        if len(self._due) + len(self._new) > 2 * len(self._watched) + REBUILD_SLACK:
+            # No wake-up: the head can only move later, and the run finds that out when it
+            # wakes for the earlier one.
             self._due = [(due, key) for key, (due, _, _) in self._watched.items()]
             heapq.heapify(self._due)
-            self._wake()
+            self._new = []
 
     def stop(self) -> None:
         """End `run()`; keepers already started end with their jobs."""
@@ -106,6 +143,7 @@ class LeaseKeeper:
 
     def _wake(self) -> None:
         changed, self._due_changed = self._due_changed, self._cc.event()
+        self._sleeping_until = -math.inf  # awake: it reads the heap before it sleeps again
         changed.set()
 
     async def run(self, nursery: Nursery) -> None:
@@ -115,16 +153,26 @@ class LeaseKeeper:
         with self._scope:
             while True:
                 changed = self._due_changed
+                if self._new:  # watched since it last looked: most have settled already
+                    watched = self._watched
+                    for entry in self._new:
+                        if entry[1] in watched:
+                            heapq.heappush(self._due, entry)
+                    self._new = []
                 if not self._due:
+                    self._sleeping_until = math.inf
                     await changed.wait()
+                    self._sleeping_until = -math.inf
                     continue
                 due, key = self._due[0]
                 if key not in self._watched:
                     heapq.heappop(self._due)  # released
                     continue
                 if cc.current_time() < due:
+                    self._sleeping_until = due
                     with cc.cancel_scope(deadline=due):
                         await changed.wait()
+                    self._sleeping_until = -math.inf
                     continue
                 heapq.heappop(self._due)
                 _, held, context = self._watched.pop(key)
@@ -191,7 +239,8 @@ class LeaseKeeper:
         if held.phase is Phase.SETTLING or held.lease_lost is not None:
             return
         held.lease_lost = why
-        held.scope.cancel()
+        if held.scope is not None:  # else its handler has not started: it never will
+            held.scope.cancel()
         self._log.error(
             "sepp: lost the lease of %s: %s; cancelling its handler; it is neither acked nor"
             " nacked (the server redelivers it)",

@@ -1,9 +1,17 @@
 """Running and settling the jobs a Worker reserved: each one's handler in a slot, within its
-lease and timeout, then its ack or nack."""
+lease and timeout, then its ack or nack.
+
+A job that gets a slot as it arrives (almost every one) is run by a job runner: a task that
+runs one such job after another, waiting for the next one in between, inside a cancel scope it
+renews only after a run was cancelled; each job runs in a context of its own (`job_steps`).
+Spawning a task and entering a cancel scope for every job cost about what the rest of the
+job's work in the Worker does. Any other job (no slot free yet, a redelivery of a job still
+running here, a type without a handler) gets a task and a scope of its own, as before."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
+import contextvars
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from .._client import otel as _otel
@@ -11,11 +19,12 @@ from .._model import settlement as outcomes
 from .._model.backoff import Backoff
 from .._model.pipelines import REPLY_QUEUE, wants_more
 from .._model.types import Job, JobContext, Retry, set_handler_context
-from .._runtime.concurrency import ServiceRuntime, Spawner, TooSlowError
+from .._runtime.concurrency import CancelScope, ServiceRuntime, Spawner, TooSlowError
 from .dead_letter_hooks import HookCall
 from .failure_policy import FailurePolicy
 from .followups import EncodeResult, FollowUps, default_encode_result
 from .held_job import HeldJob, HeldJobs, Phase
+from .job_steps import JobCoroutine, drive, leave_runner_scope
 from .middleware import run_chain
 from .router import BackoffSetting, Handler, Router, RouteSettings, registered_handlers
 
@@ -74,6 +83,33 @@ class Route:
         self.dead_letter_hooks = settings.on_dead_letter
 
 
+RUNNER_NAME = "sepp job runner"
+
+
+class _Runner:
+    """A job runner waiting for its next job: `held` and `route` are set when it is woken
+    (`held` None: no job will come, the runner ends)."""
+
+    __slots__ = ("_jobs", "held", "route", "waiter")
+
+    def __init__(self, jobs: JobProcessor) -> None:
+        self._jobs = jobs
+        self.held: HeldJob | None = None
+        self.route: Route | None = None
+        self.waiter: Any = None
+
+    def wake(self, held: HeldJob | None, route: Route | None) -> None:
+        self.held, self.route = held, route
+        self._jobs._cc.unpark(self.waiter)
+
+    def abort(self, raise_cancel: object) -> object:
+        """Cancelled while it waited: no job may be given to it any more."""
+        idle = self._jobs._idle
+        if self in idle:
+            idle.remove(self)
+        return self._jobs._cc.park_aborted
+
+
 class JobProcessor:
     """Takes each job a reserve returned (`dispatch`) and sees it through in a task of its own,
     in `nursery`: waits for a slot (or for an earlier run of the same job), runs the handler
@@ -116,6 +152,7 @@ class JobProcessor:
         self.nursery: Spawner | None = None  # the jobs' tasks', while the Worker runs
         self.lifespan_state: Any = None  # every handler's ctx.state
         self._reserving_ended = False
+        self._idle: list[_Runner] = []  # job runners waiting for a job, the latest last
 
     def use_routes(self, router: Router, own: RouteSettings) -> None:
         """Run `router`'s handlers, with the Worker's settings `own` around theirs."""
@@ -131,8 +168,12 @@ class JobProcessor:
         self._unknown_type_hooks = own.on_dead_letter
 
     def reserving_ended(self) -> None:
-        """No job can arrive any more: lease keeping stops once the last one settles."""
+        """No job can arrive any more: the idle job runners end, and lease keeping stops once
+        the last job settles."""
         self._reserving_ended = True
+        idle, self._idle = self._idle, []
+        for runner in idle:
+            runner.wake(None, None)
 
     def stop_lease_keeping_if_idle(self) -> None:
         if self._reserving_ended and not self._held:
@@ -148,10 +189,19 @@ class JobProcessor:
         ctx = job.ctx
         set_handler_context(ctx, self._client, self.lifespan_state)
         held = HeldJob(job, self._cc)
+        held.dispatched_at = dispatched_at
         earlier = self._held.add(held)
         route = self._routes.get(ctx.job_type, self._catch_all)
+        if route is not None and earlier is None and self._slots.take(held):
+            # A job runner's, in a context of its own as a task of its own would have.
+            held.context = contextvars.copy_context()
+            if self._idle:
+                self._idle.pop().wake(held, route)
+            else:
+                nursery.start_soon(self._run_jobs, held, route, name=RUNNER_NAME)
+            return
+        held.scope = self._cc.cancel_scope()
         if route is not None:
-            held.dispatched_at = dispatched_at
             if earlier is None:
                 self._slots.queue(held)
             else:
@@ -160,7 +210,7 @@ class JobProcessor:
                 held.stop()
         # Type and id name the task well enough, and cost less than str(ctx).
         name = f"sepp job {ctx.job_type}[{ctx.id}]"
-        nursery.start_soon(self._process, held, route, name=name)
+        nursery.start_soon(self._process, held, route, None, name=name)
 
     def _wait_for_earlier_run(self, held: HeldJob, earlier: HeldJob) -> None:
         """A redelivery of a job this worker still runs (its lease ran out, the handler has
@@ -172,52 +222,119 @@ class JobProcessor:
 
     # -- one job --------------------------------------------------------------------------------
 
-    async def _process(self, held: HeldJob, route: Route | None) -> None:
+    async def _run_jobs(self, held: HeldJob | None, route: Route | None) -> None:
+        """A job runner: runs `held`, then each job it is given, until none will come. Its
+        cancel scope is the running job's (`held.scope`); once a run was cancelled, the job
+        settles in the next scope, and the next jobs run there."""
+        cc = self._cc
+        watch = self._loop_watch
+        leases = self._leases
+        now = cc.clock()  # this run's clock, read directly
+        runner = _Runner(self)
+        cancelled: HeldJob | None = None
+        rest: JobCoroutine | None = None
+        while True:
+            with cc.cancel_scope() as scope:
+                if cancelled is not None and rest is not None:
+                    await drive(cancelled, rest, watch, None)
+                    cancelled = rest = None
+                while True:
+                    if held is None:  # wait for the next job, or for the end
+                        if self._reserving_ended:
+                            return
+                        runner.waiter = cc.waiter()
+                        self._idle.append(runner)
+                        await cc.park(runner.abort)
+                        held, route = runner.held, runner.route
+                        if held is None:
+                            return
+                        runner.held = runner.route = None
+                    held.scope = scope
+                    rest = await drive(held, self._process(held, route, scope, now), watch, leases)
+                    if rest is not None:  # cancelled: it settles outside this scope
+                        cancelled, held = held, None
+                        break
+                    held = None
+
+    async def _process(
+        self,
+        held: HeldJob,
+        route: Route | None,
+        runner_scope: CancelScope | None,
+        now: Callable[[], float] | None = None,
+    ) -> None:
+        """One job, from its slot to its settling: in a task of its own (`runner_scope`
+        None), or in a job runner's, whose scope is `runner_scope` (and `now` its clock)."""
+        if now is None:
+            now = self._cc.current_time
         ctx = held.job.ctx
         try:
             # The lease keeper, the handler and the ack/nack all run inside this span, so
             # their own spans nest under it (tasks inherit the spawner's context).
             with _otel.process_span(held.job, self._worker_id) as span:
+                traced = span is not _otel.NOOP_SPAN
+                # Whether metrics are on, once a job: their attributes, or None.
+                attributes = _job_attributes(ctx) if self._metrics.enabled else None
                 if route is None:
                     held.phase = Phase.SETTLING
                     outcome: outcomes.Outcome | None = self._unknown_type(ctx)
                 else:
-                    self._leases.watch(held)
+                    started = now()
+                    if runner_scope is None:
+                        self._leases.watch(held, started)
+                    else:
+                        # Its lease is kept once the handler first waits (job_steps.drive):
+                        # nothing can act on it before. What the keeper's extends run in.
+                        held.lease_context = contextvars.copy_context()
                     try:
-                        outcome = await self._run_handler(held, route)
-                    finally:
-                        self._leases.release(held)
-                if outcome is None:
-                    span.set("sepp.outcome", "lease_lost")
-                    span.fail(held.lease_lost or "lease lost")
-                    self._finished(held, None, None)
-                else:
-                    span.set("sepp.outcome", outcome.label)
-                    if outcome.failure is not None:
-                        span.fail(outcome.failure)
-                    dead_lettered = await self._settle(ctx, outcome)
-                    if dead_lettered and ctx.custom and REPLY_QUEUE in ctx.custom:
-                        await self._follow_ups.dead_lettered(ctx, outcome)  # an awaited job
-                    self._finished(held, outcome.label, dead_lettered)
-                    if dead_lettered:
-                        hooks = (
-                            self._unknown_type_hooks if route is None else route.dead_letter_hooks
+                        outcome = await self._run_handler(
+                            held, route, runner_scope, now, started, attributes
                         )
-                        if hooks:
-                            error = outcome.error  # the handler's: an Exception, if any
-                            error = error if isinstance(error, Exception) else None
-                            await self._after_dead_letter(held, hooks, error)
-                    if outcome.retry is not None:
-                        await self._report.nacked(ctx, outcome, dead_lettered)
+                    finally:
+                        if held.watch_key >= 0:
+                            self._leases.release(held)
+                    if runner_scope is not None and (held.forced or held.lease_lost is not None):
+                        await leave_runner_scope()  # nothing can be awaited in it now
+                if outcome is None:
+                    label: str | None = None
+                    dead_lettered: bool | None = None
+                    if traced:
+                        span.set("sepp.outcome", "lease_lost")
+                        span.fail(held.lease_lost or "lease lost")
+                else:
+                    label = outcome.label
+                    if traced:
+                        span.set("sepp.outcome", label)
+                        if outcome.failure is not None:
+                            span.fail(outcome.failure)
+                    if outcome is outcomes.ACK:
+                        try:
+                            await self._client.ack(ctx)
+                            dead_lettered = False
+                            if attributes is not None:
+                                self._metrics.add("processed", 1, attributes)
+                        except Exception as exc:
+                            self._report.settle_failed("ack", ctx, exc)
+                            dead_lettered = None
+                    else:
+                        dead_lettered = await self._settle(ctx, outcome, attributes)
+                        if dead_lettered and ctx.custom and REPLY_QUEUE in ctx.custom:
+                            await self._follow_ups.dead_lettered(ctx, outcome)  # awaited job
+                if self._events is not None:
+                    self._events.job_settled(ctx, label, dead_lettered)
+                self._report.finished(ctx, label, dead_lettered, held.run_s, held.wait_s)
+                if outcome is not None and dead_lettered:
+                    hooks = self._unknown_type_hooks if route is None else route.dead_letter_hooks
+                    if hooks:
+                        error = outcome.error  # the handler's: an Exception, if any
+                        error = error if isinstance(error, Exception) else None
+                        await self._after_dead_letter(held, hooks, error)
+                if outcome is not None and outcome.retry is not None:
+                    await self._report.nacked(ctx, outcome, dead_lettered)
         finally:
             self._held.remove(held)
-            self.stop_lease_keeping_if_idle()
-
-    def _finished(self, held: HeldJob, label: str | None, dead_lettered: bool | None) -> None:
-        ctx = held.job.ctx
-        if self._events is not None:
-            self._events.job_settled(ctx, label, dead_lettered)
-        self._report.finished(ctx, label, dead_lettered, held.run_s, held.wait_s)
+            if self._reserving_ended and not self._held:
+                self._leases.stop()
 
     def _unknown_type(self, ctx: JobContext) -> outcomes.Outcome:
         policy = self._unknown_types
@@ -225,45 +342,69 @@ class JobProcessor:
         self._report.unknown_type(ctx, delay_s, self._handled)
         return outcomes.unknown_type(ctx, delay_s)
 
-    async def _run_handler(self, held: HeldJob, route: Route) -> outcomes.Outcome | None:
-        ctx = held.job.ctx
+    async def _run_handler(
+        self,
+        held: HeldJob,
+        route: Route,
+        runner_scope: CancelScope | None,
+        now: Callable[[], float],
+        at: float,
+        attributes: dict[str, str] | None,
+    ) -> outcomes.Outcome | None:
+        job = held.job
+        ctx = job.ctx
         returned = False
         error: Exception | None = None
         metrics = self._metrics
-        attributes = _job_attributes(ctx) if metrics.enabled else None
         events = self._events
         slotted = False
         try:
-            with held.scope:
-                if held.earlier is not None:
-                    await self._after_earlier_run(held, held.earlier)
-                await held.wait_for_slot()
+            if runner_scope is None:
+                assert held.scope is not None
+                with held.scope:
+                    if held.earlier is not None:
+                        await self._after_earlier_run(held, held.earlier)
+                    await held.wait_for_slot()
+                    slotted = True
+                    if events is not None:
+                        events.job_started(ctx)
+                    if attributes is not None:
+                        metrics.add("in_flight", 1, attributes)
+                    call = self._call(held, route, now)
+                    watch = self._loop_watch
+                    value = await (call if watch is None else watch.stepping(ctx, call))
+                    custom = ctx.custom
+                    if ctx._lease.follow_ups is not None or (custom and wants_more(custom)):
+                        await self._send_follow_ups(held, route, value)
+                    returned = True
+            elif not held.forced and held.lease_lost is None:  # else it never starts
+                # Each step is stamped for the loop watch by the runner (job_steps.drive).
                 slotted = True
                 if events is not None:
                     events.job_started(ctx)
                 if attributes is not None:
                     metrics.add("in_flight", 1, attributes)
-                call: Awaitable[object]
-                if route.middleware:  # it says when the handler itself starts, and returns
-                    call = run_chain(held.job, route.middleware, route.fn, held)
+                value = None
+                if route.middleware:  # it says when the handler starts, and what it returned
+                    await run_chain(job, route.middleware, route.fn, held)
                 else:
-                    held.started_at = self._cc.current_time()
-                    call = route.fn(held.job.payload, ctx)
-                value = await (
-                    call if self._loop_watch is None else self._loop_watch.stepping(ctx, call)
-                )
+                    held.started_at = at
+                    value = await route.fn(job.payload, ctx)
                 custom = ctx.custom
                 if ctx._lease.follow_ups is not None or (custom and wants_more(custom)):
-                    if route.middleware:  # unset if a middleware skipped the handler
-                        value = getattr(held, "returned", None)
-                    await self._follow_ups.succeeded(ctx, value, route.encode_result)
+                    await self._send_follow_ups(held, route, value)
                 returned = True
         except Exception as exc:  # the handler's failure is the job's outcome, not ours
             error = exc
+        except BaseException as exc:
+            # The runner's scope was cancelled for this job (its own scope swallows it);
+            # anything else goes on out.
+            if runner_scope is None or not held.cancelled or not self._cc.is_cancellation(exc):
+                raise
         finally:
             self._slots.release(held)
             held.phase = Phase.SETTLING
-            ended = self._cc.current_time()
+            ended = now()
             started = held.started_at
             if started is None:  # never started (a middleware skipped it, or it was stopped)
                 held.wait_s = ended - held.dispatched_at
@@ -296,6 +437,22 @@ class JobProcessor:
         delay_s = route.backoff.delay(ctx.attempt)
         return outcomes.with_backoff(outcome, Retry.after(delay_s), delay_s)
 
+    async def _send_follow_ups(self, held: HeldJob, route: Route, value: object) -> None:
+        """The handler returned `value`: its follow-ups, its chain's next step or its result,
+        before the ack."""
+        if route.middleware:  # unset if a middleware skipped the handler
+            value = getattr(held, "returned", None)
+        await self._follow_ups.succeeded(held.job.ctx, value, route.encode_result)
+
+    @staticmethod
+    def _call(held: HeldJob, route: Route, now: Callable[[], float]) -> Awaitable[object]:
+        """The handler's call, inside its middleware (which says when the handler starts)."""
+        job = held.job
+        if route.middleware:
+            return run_chain(job, route.middleware, route.fn, held)
+        held.started_at = now()
+        return route.fn(job.payload, job.ctx)
+
     async def _after_dead_letter(
         self, held: HeldJob, hooks: tuple[HookCall, ...], error: Exception | None
     ) -> None:
@@ -322,18 +479,20 @@ class JobProcessor:
         held.earlier = None  # let the earlier one go
         self._slots.queue(held)
 
-    async def _settle(self, ctx: JobContext, outcome: outcomes.Outcome) -> bool | None:
-        """Ack or nack; returns whether a nack dead-lettered the job (None: it failed)."""
+    async def _settle(
+        self, ctx: JobContext, outcome: outcomes.Outcome, attributes: dict[str, str] | None
+    ) -> bool | None:
+        """Ack or nack (a plain ack is `_process`'s own); returns whether a nack
+        dead-lettered the job (None: it failed)."""
         try:
             if outcome.retry is None:
                 await self._client.ack(ctx)
-                if self._metrics.enabled:
-                    self._metrics.add("processed", 1, _job_attributes(ctx))
+                if attributes is not None:
+                    self._metrics.add("processed", 1, attributes)
                 return False
             dead_lettered = await self._client.nack(ctx, reason=outcome.reason, retry=outcome.retry)
-            if self._metrics.enabled:
-                attributes = {**_job_attributes(ctx), "sepp.outcome": outcome.label}
-                self._metrics.add("nacked", 1, attributes)
+            if attributes is not None:
+                self._metrics.add("nacked", 1, {**attributes, "sepp.outcome": outcome.label})
             return bool(dead_lettered)
         except Exception as exc:
             self._report.settle_failed("ack" if outcome.retry is None else "nack", ctx, exc)

@@ -151,8 +151,8 @@ class WorkerReport:
     ) -> None:
         """A settled job at INFO, with its fields for structured logs: how long its handler ran
         (`run_s`, None if it never started) and how long it waited before (`wait_s`)."""
-        if label == "unknown_type":
-            return  # logged by unknown_type
+        if label == "unknown_type" or not self._log.info_enabled():
+            return  # logged by unknown_type; or nobody reads INFO
         outcome = "lease_lost" if label is None else label
         if dead_lettered:
             outcome += ", dead-lettered"

@@ -27,6 +27,14 @@ class WorkerSlots:
         self._waiting.append(held)
         self._grant()
 
+    def take(self, held: HeldJob) -> bool:
+        """Grant `held` a slot if one is free and no job waits for one; else False."""
+        if self._waiting or self._running >= self._max_in_flight:
+            return False
+        self._running += 1
+        held.phase = Phase.RUNNING
+        return True
+
     def release(self, held: HeldJob) -> None:
         """The job's handler is done (or never started): free its slot or its place."""
         if held.phase is Phase.RUNNING:

@@ -14,8 +14,8 @@ from .._model.types import (
     EnqueueRequest,
     JobContext,
     TraceContext,
-    leased_job_context,
     record_lease_expiry,
+    reserved_job,
 )
 from .._model.types import follow_ups as recorded_follow_ups
 
@@ -53,7 +53,9 @@ def job_context(
     now = datetime.now(timezone.utc)
     if trace_context is not None and not isinstance(trace_context, TraceContext):
         raise ValidationError("trace_context", "must be a sepp.TraceContext")
-    return leased_job_context(
+    return reserved_job(
+        None,
+        "",
         id=str(uuid.uuid4()) if job_id is None else v.utf8_text("job_id", job_id),
         queue=v.queue_name("queue", queue),
         job_type=v.utf8_text("job_type", job_type),
@@ -74,7 +76,7 @@ def job_context(
         worker_id=v.optional_text("worker_id", worker_id),
         client=client,
         state=state,
-    )
+    ).ctx
 
 
 def sync_job_context(ctx: JobContext) -> SyncJobContext:
