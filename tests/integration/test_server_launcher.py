@@ -24,7 +24,7 @@ from sepp.testing import (
     SeppServer,
     SeppServerNotFound,
     SeppServerStartError,
-    _server,
+    _binary,
     find_sepp_binary,
     sepp_server,
 )
@@ -434,21 +434,21 @@ def test_the_advice_is_cargo_and_sepp_bin_and_the_script_only_in_a_checkout(
     script = Path(__file__).resolve().parents[2] / "scripts" / "ensure-sepp-server.sh"
     assert f"in this checkout, run {script}" in in_checkout
 
-    monkeypatch.setattr(_server, "_repository_script", lambda: None)  # as from a wheel
+    monkeypatch.setattr(_binary, "_repository_script", lambda: None)  # as from a wheel
     installed = not_found(tmp_path, monkeypatch)
     assert "ensure-sepp-server" not in installed and "scripts/" not in installed
     assert f"{INSTALL_HINT} --root {root}" in installed and "SEPP_BIN=" in installed
 
 
 def test_the_script_is_looked_for_beside_the_source_tree_only(tmp_path: Path) -> None:
-    checkout = tmp_path / "checkout" / "src" / "sepp" / "testing" / "_server.py"
+    checkout = tmp_path / "checkout" / "src" / "sepp" / "testing" / "_binary.py"
     wheel = tmp_path / "venv" / "lib" / "python3.11" / "site-packages" / "sepp" / "testing"
     script = tmp_path / "checkout" / "scripts" / "ensure-sepp-server.sh"
     script.parent.mkdir(parents=True)
-    assert _server._repository_script(str(checkout)) is None  # no script yet
+    assert _binary._repository_script(str(checkout)) is None  # no script yet
     script.write_text("#!/bin/sh\n")
-    assert _server._repository_script(str(checkout)) == script.resolve()
-    assert _server._repository_script(str(wheel / "_server.py")) is None
+    assert _binary._repository_script(str(checkout)) == script.resolve()
+    assert _binary._repository_script(str(wheel / "_binary.py")) is None
 
 
 async def test_external_server_object() -> None:

@@ -6,12 +6,13 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
+import tomllib
 from pathlib import Path
+from typing import Any
 
 import trio
 
-from ..testing._memory.config import ConfigError, read_config
-from ..testing._memory.server import MemoryServer
+from ..testing import ConfigError, MemoryServer
 from ._failures import EXIT_OK, UsageError
 from ._signals import run_until_signalled
 
@@ -53,9 +54,16 @@ def _listen_address(args: argparse.Namespace, config: dict[str, object]) -> tupl
     return host, int(port)
 
 
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise UsageError(f"cannot read the sepp config: {exc}") from None
+
+
 async def run(args: argparse.Namespace) -> int:
     try:
-        config = read_config(None if args.config is None else _path(args.config))
+        config = {} if args.config is None else _read_toml(_path(args.config))
         storage = config.setdefault("storage", {})
         if isinstance(storage, dict):  # the binary's default, not sepp.testing's (10 minutes)
             storage.setdefault("dead_letter_retention_ms", 0)
