@@ -226,6 +226,8 @@ async def test_a_three_step_chain_crosses_two_worker_processes(sepp_server: Sepp
                     for n in range(chains)
                 ]
                 results = [await handle.result() for handle in handles]
+                # A step's line may still be in its pipe when the last result arrives.
+                await until(lambda: len(a.said("ran")) + len(b.said("ran")) >= 3 * chains)
                 nursery.cancel_scope.cancel()
     assert results == [tasks.chain_value(n) for n in range(chains)]
     steps = Counter((line[1], int(line[4])) for w in (a, b) for line in w.said("ran"))
