@@ -15,12 +15,16 @@ from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
+import pytest
 import trio
 from fixtures.fake_client import RecordingLogger
 
 import sepp
 from sepp import HandlerError
 from sepp.testing import SeppServer, sepp_server
+
+# In the smoke selection of the emulated architectures' parts (tests/conftest.py).
+pytestmark = pytest.mark.arch_smoke
 
 QUEUE = "work"
 

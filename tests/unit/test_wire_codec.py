@@ -21,6 +21,9 @@ from sepp.wire._framing import encode_message
 from sepp.wire._status import StatusCode
 from sepp.wire.codec._connection import _HeaderBlocks, frame
 
+# In the smoke selection of the emulated architectures' parts (tests/conftest.py).
+pytestmark = pytest.mark.arch_smoke
+
 
 def window_updates(pair: Pair) -> list[h2.events.WindowUpdated]:
     return [e for e in pair.server_events if isinstance(e, h2.events.WindowUpdated)]
