@@ -18,10 +18,11 @@
 #                     /usr/share/python-wheels/ as the place of those wheels (Debian's ensurepip
 #                     has none bundled), so `-m venv` would quietly install the host's old pip;
 #                     it is pointed at the root's copy.
-#   py3.13-riscv64 <path>   CPython 3.13 from Debian trixie's `python3.13` and `python3.13-venv`
-#   py3.13-s390x <path>     for riscv64, s390x (big-endian) and ppc64el, unpacked and patched
-#   py3.13-ppc64le <path>   like the sid Pythons, run by qemu-user (trixie's static
-#                     `qemu-user` binaries, unpacked too). Where binfmt_misc runs the
+#   py3.13-riscv64 <path>   CPython 3.13 from Debian trixie's `python3.13`, `python3.13-venv`
+#   py3.13-s390x <path>     (and `libstdc++6`, for protobuf's upb) for riscv64, s390x
+#   py3.13-ppc64le <path>   (big-endian) and ppc64el, unpacked and patched like the sid
+#                     Pythons, run by qemu-user (trixie's static `qemu-user` binaries, unpacked
+#                     too). Where binfmt_misc runs the
 #                     architecture's ELF files through qemu (an entry of the machine's, or one
 #                     this script registers as root, mounting binfmt_misc if it must), <path>
 #                     is the interpreter itself; elsewhere (or with SEPP_TRIO_BINFMT=0) it is
@@ -378,6 +379,9 @@ fetch_served() {  # fetch_served SUITE-ARCH DIR PACKAGE...: their closure into D
 provide_emulated_python() {  # provide_emulated_python MACHINE: trixie's CPython 3.13 there, emulated
     local machine=$1 arch=${DEBIAN_ARCH[$1]} version=3.13
     local home="$DIR/python$version-$SUITE-$arch" root bin wrapper qemu
+    # libstdc++6, which every real system has: protobuf's upb wheel for s390x needs it (without
+    # it protobuf quietly falls back to its pure-Python build).
+    local packages=("python$version" "python$version-venv" libstdc++6)
     exec 9>"$home.lock" # one maker at a time; the others wait here and find its result
     flock 9
     root="$home/root"
@@ -385,14 +389,15 @@ provide_emulated_python() {  # provide_emulated_python MACHINE: trixie's CPython
     # Beside the interpreter, so that its prefix is found from the wrapper's path as from its own.
     wrapper="$bin-qemu"
     qemu="$(provide_qemu)/qemu-$machine"
-    if ! [ -f "$home/.complete" ] || ! [ -x "$bin" ]; then
+    # .complete names the packages: a root made from another list is made again.
+    if [ "$(cat "$home/.complete" 2>/dev/null)" != "${packages[*]}" ] || ! [ -x "$bin" ]; then
         local started=$SECONDS count byteorder=little
         [ "$machine" != s390x ] || byteorder=big
         as_root_install patchelf
         suite_apt "$SUITE-$arch"
         rm -rf "$home"
         mkdir -p "$root" "$home/debs/partial"
-        fetch_served "$SUITE-$arch" "$home/debs" "python$version" "python$version-venv"
+        fetch_served "$SUITE-$arch" "$home/debs" "${packages[@]}"
         count="$(unpack_debs "$home/debs" "$root")"
         rm -rf "$home/debs"
         [ -x "$bin" ] || die "$bin is not in $SUITE's python$version package for $arch"
@@ -405,7 +410,7 @@ provide_emulated_python() {  # provide_emulated_python MACHINE: trixie's CPython
         debian_python_ready "$home" "$version" "$wrapper"
         [ "$("$wrapper" -c 'import platform, sys; print(platform.machine(), sys.byteorder)')" = \
             "$machine $byteorder" ] || die "$wrapper is not a $byteorder-endian $machine Python"
-        touch "$home/.complete"
+        printf '%s\n' "${packages[*]}" >"$home/.complete"
         log "CPython $version for $machine from $count packages in $((SECONDS - started))s:" \
             "$("$wrapper" -VV)"
     fi
