@@ -16,9 +16,9 @@ Drivers (benchmarks/trio_driver.py, one process each, connected and warmed up on
 - `pypy3.11` and `py3.13t` (our codec), when scripts/ensure-interpreters.sh has them cached
   with a test-matrix virtualenv (this never builds them): PyPy's figure after 30,000 calls
   (warm, the JIT's) and for its first 300 (cold, a new process);
-- `py3.13-riscv64`, `py3.13-s390x` and `py3.13-ppc64le` (our codec, pure-Python protobuf:
-  no upb wheel there) likewise: under qemu-user on this machine, so their figures are the
-  emulation's cost, never those machines' own speed.
+- `py3.13-riscv64`, `py3.13-s390x` and `py3.13-ppc64le` (our codec) likewise: under
+  qemu-user on this machine, so their figures are the emulation's cost, never those
+  machines' own speed.
 
 Also the 1 MiB-payload enqueue (64 tasks): ms of client CPU per enqueue on each codec (upb).
 """
