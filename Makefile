@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: test demo docs gen check-gen lint typecheck bench venv chaos soak matrix release-check
+.PHONY: test demo docs gen check-gen lint typecheck bench venv chaos soak matrix test-arch release-check
 
 test:            ## set up (venv, deps, sepp server) and run lint, types and every test
 	bash scripts/test.sh
@@ -12,6 +12,12 @@ matrix: venv     ## only the tests on every claimed Python and the dependency fl
 	SEPP_BIN="$$(bash scripts/ensure-sepp-server.sh | tail -n 1)" \
 		SEPPY_PYTHON="$$(bash scripts/ensure-seppy-venv.sh | tail -n 1)" \
 		$(PY) scripts/test_matrix.py -- $(ARGS)
+
+test-arch: venv  ## the whole tree on one emulated machine, full counts (ARCH: riscv64, s390x, ppc64le)
+	@case "$(ARCH)" in riscv64|s390x|ppc64le) ;; *) echo "ARCH=riscv64, s390x or ppc64le"; exit 2 ;; esac
+	SEPP_BIN="$$(bash scripts/ensure-sepp-server.sh | tail -n 1)" \
+		SEPPY_PYTHON="$$(bash scripts/ensure-seppy-venv.sh | tail -n 1)" \
+		$(PY) scripts/test_matrix.py --full --only py3.13-$(ARCH) -- $(ARGS)
 
 release-check:   ## build sdist + wheel, twine check, install the wheel per Python, smoke round trip
 	bash scripts/release-check.sh

@@ -15,7 +15,10 @@ Drivers (benchmarks/trio_driver.py, one process each, connected and warmed up on
 - `pure+protobuf`: the same with the generated classes (what those platforms paid before);
 - `pypy3.11` and `py3.13t` (our codec), when scripts/ensure-interpreters.sh has them cached
   with a test-matrix virtualenv (this never builds them): PyPy's figure after 30,000 calls
-  (warm, the JIT's) and for its first 300 (cold, a new process).
+  (warm, the JIT's) and for its first 300 (cold, a new process);
+- `py3.13-riscv64`, `py3.13-s390x` and `py3.13-ppc64le` (our codec) likewise: under
+  qemu-user on this machine, so their figures are the emulation's cost, never those
+  machines' own speed.
 
 Also the 1 MiB-payload enqueue (64 tasks): ms of client CPU per enqueue on each codec (upb).
 """
@@ -46,7 +49,15 @@ CACHE = Path(os.environ.get("SEPP_TRIO_CACHE", Path.home() / ".cache" / "sepp-tr
 INTERPRETERS = {
     "pypy3.11": ("interpreters/pypy3.11-trixie", "pypy3.11/bin/python"),
     "py3.13t": ("interpreters/python3.13t-debian", "py3.13t/bin/python"),
+    **{
+        f"py3.13-{machine}": (
+            f"interpreters/python3.13-trixie-{debian}",
+            f"py3.13-{machine}/bin/python",
+        )
+        for machine, debian in (("riscv64", "riscv64"), ("s390x", "s390x"), ("ppc64le", "ppc64el"))
+    },
 }
+EMULATED = ("py3.13-riscv64", "py3.13-s390x", "py3.13-ppc64le")
 PAYLOAD = 256
 WARM_CALLS = 30_000
 COLD_CALLS = 300
@@ -187,6 +198,11 @@ def render(results: dict[str, Any]) -> str:
         f"- `pure+sepp` over `pure+protobuf` (our codec where upb is missing, over the"
         f" generated classes there): {_ratios(cpu['pure+sepp'], cpu['pure+protobuf'])}"
     )
+    if emulated := [name for name in EMULATED if name in cpu]:
+        lines.append(
+            f"- {', '.join(f'`{name}`' for name in emulated)}: under qemu-user on this machine,"
+            " the emulation's cost per call, not those processors' speed"
+        )
     if "pypy3.11" in cpu:
         lines.append(
             f"- PyPy 3.11, our codec: warm (after {WARM_CALLS:,} calls) {_us(cpu['pypy3.11'])}"

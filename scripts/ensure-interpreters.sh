@@ -18,9 +18,21 @@
 #                     /usr/share/python-wheels/ as the place of those wheels (Debian's ensurepip
 #                     has none bundled), so `-m venv` would quietly install the host's old pip;
 #                     it is pointed at the root's copy.
+#   py3.13-riscv64 <path>   CPython 3.13 from Debian trixie's `python3.13`, `python3.13-venv`
+#   py3.13-s390x <path>     (and `libstdc++6`, for protobuf's upb) for riscv64, s390x
+#   py3.13-ppc64le <path>   (big-endian) and ppc64el, unpacked and patched like the sid
+#                     Pythons, run by qemu-user (trixie's static `qemu-user` binaries, unpacked
+#                     too). Where binfmt_misc runs the
+#                     architecture's ELF files through qemu (an entry of the machine's, or one
+#                     this script registers as root, mounting binfmt_misc if it must), <path>
+#                     is the interpreter itself; elsewhere (or with SEPP_TRIO_BINFMT=0) it is
+#                     a wrapper script beside it that names the emulator, so that what starts
+#                     `sys.executable` (the tests' subprocesses, venvs) works either way. A
+#                     file of trixie's that the mirror does not serve for that architecture
+#                     (its point-release updates, for some) is taken from sid instead, and said.
 #
 # Those lines are the LAST lines on stdout (in that order, or only the ones asked for:
-# `ensure-interpreters.sh py3.13t`; no argument means all four); progress goes to stderr.
+# `ensure-interpreters.sh py3.13t`; no argument means all seven); progress goes to stderr.
 # They live under ${SEPP_TRIO_CACHE:-$HOME/.cache/sepp-trio}/interpreters/ and are made only
 # when missing (a second run prints at once). Each is made by one run at a time (flock): a
 # parallel caller waits for the first one's result.
@@ -45,12 +57,16 @@ die() {
     exit 1
 }
 
+# The emulated architectures: the name's suffix (Python's platform.machine()) -> Debian's.
+declare -A DEBIAN_ARCH=([riscv64]=riscv64 [s390x]=s390x [ppc64le]=ppc64el)
+ALL=(pypy3.11 py3.13t py3.14 py3.15 py3.13-riscv64 py3.13-s390x py3.13-ppc64le)
+
 wanted=("$@")
-[ ${#wanted[@]} -gt 0 ] || wanted=(pypy3.11 py3.13t py3.14 py3.15)
+[ ${#wanted[@]} -gt 0 ] || wanted=("${ALL[@]}")
 for name in "${wanted[@]}"; do
-    case "$name" in
-        pypy3.11 | py3.13t | py3.14 | py3.15) ;;
-        *) die "unknown interpreter '$name' (pypy3.11, py3.13t, py3.14, py3.15)" ;;
+    case " ${ALL[*]} " in
+        *" $name "*) ;;
+        *) die "unknown interpreter '$name' ($(printf '%s, ' "${ALL[@]}" | sed 's/, $//'))" ;;
     esac
 done
 
@@ -85,14 +101,22 @@ debian_mirror() {  # the Debian archive this machine's apt uses (not the securit
 
 APT=()
 apt_ready=""
+foreign_arch() {  # foreign_arch SUITE: ARCH when SUITE is SUITE-ARCH (DEBIAN_ARCH's), else nothing
+    case " ${DEBIAN_ARCH[*]} " in *" ${1##*-} "*) printf '%s\n' "${1##*-}" ;; esac
+}
+
 suite_get() {  # suite_get SUITE ARGS...: SUITE's private apt-get, one at a time (lists, archives)
-    local state="$DIR/apt-$1"
+    # SUITE-ARCH: that suite's packages of a foreign architecture, only them, the suite first.
+    local state="$DIR/apt-$1" arch=() foreign
+    foreign="$(foreign_arch "$1")"
+    [ -z "$foreign" ] || arch=(-o "APT::Architecture=$foreign" -o "APT::Architectures::=$foreign"
+        -o "APT::Default-Release=${1%-*}" -o Acquire::IndexTargets::deb::DEP-11::DefaultEnabled=false)
     shift
     APT=(apt-get -q
         -o "Dir::Etc::SourceList=$state/sources.list" -o Dir::Etc::SourceParts=/nonexistent
         -o "Dir::State::Lists=$state/lists" -o "Dir::State::status=$state/status"
         -o "Dir::Cache=$state" -o "Dir::Cache::archives=$state/archives"
-        -o Debug::NoLocking=1 -o Acquire::Languages=none -o APT::Sandbox::User=root)
+        -o Debug::NoLocking=1 -o Acquire::Languages=none -o APT::Sandbox::User=root "${arch[@]}")
     (
         flock 8
         "${APT[@]}" "$@"
@@ -104,8 +128,13 @@ suite_apt() {  # suite_apt SUITE: its private apt state, the index fetched once 
     mirror="$(debian_mirror)"
     mkdir -p "$state/lists/partial" "$state/archives/partial"
     : >"$state/status"
-    printf 'deb [signed-by=%s] %s %s main\ndeb-src [signed-by=%s] %s %s main\n' \
-        "$KEYRING" "$mirror" "$suite" "$KEYRING" "$mirror" "$suite" >"$state/sources.list"
+    if [ "$(foreign_arch "$suite")" ]; then # SUITE-ARCH: the suite's binaries, and sid's where it lacks one
+        printf 'deb [signed-by=%s] %s %s main\ndeb [signed-by=%s] %s sid main\n' \
+            "$KEYRING" "$mirror" "${suite%-*}" "$KEYRING" "$mirror" >"$state/sources.list"
+    else
+        printf 'deb [signed-by=%s] %s %s main\ndeb-src [signed-by=%s] %s %s main\n' \
+            "$KEYRING" "$mirror" "$suite" "$KEYRING" "$mirror" "$suite" >"$state/sources.list"
+    fi
     log "apt index of Debian $suite from $mirror"
     suite_get "$suite" update >&2 || die "apt-get update for $suite failed"
     apt_ready="$apt_ready $suite"
@@ -208,6 +237,36 @@ provide_py313t() {
     printf '%s\n' "$bin"
 }
 
+debian_python_ready() {  # debian_python_ready HOME VERSION PYTHON: the unpacked root's last steps
+    # PYTHON runs the root's interpreter (it, or its emulator's wrapper); the root is HOME/root.
+    local home=$1 version=$2 python=$3 root="$1/root"
+    # Debian's ensurepip takes pip and setuptools from WHEEL_PKG_DIR, which names the host's
+    # directory: point it at the root's (the Debian wheels unpacked there).
+    local wheels="$root/usr/share/python-wheels" data
+    compgen -G "$wheels/pip-*.whl" >/dev/null || die "no pip wheel in $wheels"
+    for data in "$root/usr/lib/python$version"/_sysconfigdata_*.py; do
+        [ -e "$data" ] || die "no _sysconfigdata_*.py in $root/usr/lib/python$version"
+        grep -q "'WHEEL_PKG_DIR': '$wheels/'" "$data" && continue # a symlink to one done
+        grep -q "'WHEEL_PKG_DIR': '/usr/share/python-wheels/\?'" "$data" ||
+            die "$data does not name /usr/share/python-wheels/ as WHEEL_PKG_DIR any more"
+        sed -i --follow-symlinks \
+            "s|'WHEEL_PKG_DIR': '/usr/share/python-wheels/\?'|'WHEEL_PKG_DIR': '$wheels/'|" "$data"
+    done
+    "$python" -c 'import ctypes, hashlib, lzma, sqlite3, ssl, venv, zoneinfo, ensurepip
+import sysconfig, sys
+assert sysconfig.get_config_var("WHEEL_PKG_DIR").startswith(sys.argv[1]), "WHEEL_PKG_DIR"' "$root" ||
+        die "the unpacked CPython $version does not start or lacks a module"
+    # And a virtualenv made with it gets the root's pip, not the host's (or none).
+    local pip_wheel pip_version
+    pip_wheel="$(basename "$(compgen -G "$wheels/pip-*.whl" | head -n 1)")"
+    pip_version="${pip_wheel#pip-}"
+    pip_version="${pip_version%%-*}"
+    "$python" -m venv "$home/venv-check" >&2 &&
+        "$home/venv-check/bin/python" -m pip --version | grep -q "^pip $pip_version " ||
+        die "python$version -m venv does not install the root's pip $pip_version"
+    rm -rf "$home/venv-check"
+}
+
 provide_debian_python() {  # provide_debian_python 3.X: CPython 3.X from Debian sid's packages
     local version=$1 suite=sid
     local home="$DIR/python$version-$suite" root bin
@@ -234,34 +293,132 @@ provide_debian_python() {  # provide_debian_python 3.X: CPython 3.X from Debian 
     rm -rf "$home/debs"
     [ -x "$bin" ] || die "$bin is not in $suite's python$version package"
     point_at_root "$root" "$bin"
-    # Debian's ensurepip takes pip and setuptools from WHEEL_PKG_DIR, which names the host's
-    # directory: point it at the root's (the sid wheels unpacked there).
-    local wheels="$root/usr/share/python-wheels" data
-    compgen -G "$wheels/pip-*.whl" >/dev/null || die "no pip wheel in $wheels"
-    for data in "$root/usr/lib/python$version"/_sysconfigdata_*.py; do
-        [ -e "$data" ] || die "no _sysconfigdata_*.py in $root/usr/lib/python$version"
-        grep -q "'WHEEL_PKG_DIR': '$wheels/'" "$data" && continue # a symlink to one done
-        grep -q "'WHEEL_PKG_DIR': '/usr/share/python-wheels/\?'" "$data" ||
-            die "$data does not name /usr/share/python-wheels/ as WHEEL_PKG_DIR any more"
-        sed -i --follow-symlinks \
-            "s|'WHEEL_PKG_DIR': '/usr/share/python-wheels/\?'|'WHEEL_PKG_DIR': '$wheels/'|" "$data"
-    done
-    "$bin" -c 'import ctypes, hashlib, lzma, sqlite3, ssl, venv, zoneinfo, ensurepip
-import sysconfig, sys
-assert sysconfig.get_config_var("WHEEL_PKG_DIR").startswith(sys.argv[1]), "WHEEL_PKG_DIR"' "$root" ||
-        die "the unpacked CPython $version does not start or lacks a module"
-    # And a virtualenv made with it gets the root's pip, not the host's (or none).
-    local pip_wheel pip_version
-    pip_wheel="$(basename "$(compgen -G "$wheels/pip-*.whl" | head -n 1)")"
-    pip_version="${pip_wheel#pip-}"
-    pip_version="${pip_version%%-*}"
-    "$bin" -m venv "$home/venv-check" >&2 &&
-        "$home/venv-check/bin/python" -m pip --version | grep -q "^pip $pip_version " ||
-        die "python$version -m venv does not install the root's pip $pip_version"
-    rm -rf "$home/venv-check"
+    debian_python_ready "$home" "$version" "$bin"
     touch "$home/.complete"
     log "CPython $version from $count $suite packages in $((SECONDS - started))s: $("$bin" -VV)"
     printf '%s\n' "$bin"
+}
+
+QEMU_MACHINES=(riscv64 s390x ppc64le)
+
+provide_qemu() {  # provide_qemu: trixie's qemu-user (static) for QEMU_MACHINES; prints its bin dir
+    local home="$DIR/qemu-user-$SUITE"
+    exec 9>"$home.lock"
+    flock 9
+    if [ -f "$home/.complete" ]; then
+        printf '%s\n' "$home/bin"
+        return
+    fi
+    local started=$SECONDS
+    trixie_apt
+    rm -rf "$home"
+    mkdir -p "$home/debs/partial" "$home/unpacked"
+    # 71 MB with every architecture's emulator (statically linked: no dependencies): three kept.
+    trixie_get -o "Dir::Cache::archives=$home/debs" -y install --download-only \
+        --no-install-recommends qemu-user >&2 || die "downloading $SUITE's qemu-user failed"
+    local deb members=() machine
+    deb="$(compgen -G "$home/debs/qemu-user_*.deb" | head -n 1)" || die "no qemu-user package"
+    for machine in "${QEMU_MACHINES[@]}"; do
+        members+=("./usr/bin/qemu-$machine" "./usr/share/qemu/binfmt.d/qemu-$machine.conf")
+    done
+    dpkg-deb --fsys-tarfile "$deb" | tar -x -C "$home/unpacked" "${members[@]}" ||
+        die "$deb lacks one of ${members[*]}"
+    mv "$home/unpacked/usr/bin" "$home/bin"
+    mv "$home/unpacked/usr/share/qemu/binfmt.d" "$home/binfmt.d"
+    rm -rf "$home/debs" "$home/unpacked"
+    for machine in "${QEMU_MACHINES[@]}"; do
+        "$home/bin/qemu-$machine" --version >/dev/null || die "$home/bin/qemu-$machine does not run"
+    done
+    touch "$home/.complete"
+    log "qemu-user in $((SECONDS - started))s: $("$home/bin/qemu-s390x" --version | head -n 1)"
+    printf '%s\n' "$home/bin"
+}
+
+reports_machine() {  # reports_machine PYTHON MACHINE: PYTHON starts and is MACHINE's
+    [ "$(timeout 300 "$1" -S -c 'import platform; print(platform.machine())' 2>/dev/null)" = "$2" ]
+}
+
+binfmt_runs() {  # binfmt_runs MACHINE QEMU PYTHON: PYTHON (MACHINE's ELF) runs through binfmt_misc
+    # An entry of the machine's does, or one registered here as root (binfmt_misc mounted if it
+    # is not: a container may allow it); SEPP_TRIO_BINFMT=0 says not to use it.
+    local machine=$1 qemu=$2 python=$3 misc=/proc/sys/fs/binfmt_misc
+    [ "${SEPP_TRIO_BINFMT:-1}" != 0 ] || return 1
+    reports_machine "$python" "$machine" && return 0
+    [ "$(id -u)" = 0 ] || return 1
+    [ -e "$misc/register" ] || mount -t binfmt_misc binfmt_misc "$misc" 2>/dev/null || return 1
+    local name="sepp-trio-qemu-$machine" type offset magic mask flags
+    [ -e "$misc/$name" ] && return 1 # ours is there and does not run it
+    # Debian's entry (magic and mask) with our emulator; F: opened now, so it keeps working
+    # whatever happens to the path (and in other mount namespaces).
+    IFS=: read -r _ _ type offset magic mask _ flags <"$(dirname "$qemu")/../binfmt.d/qemu-$machine.conf"
+    printf ':%s:%s:%s:%s:%s:%s:%s\n' "$name" "$type" "$offset" "$magic" "$mask" "$qemu" "$flags" \
+        >"$misc/register" 2>/dev/null || return 1
+    log "registered $qemu with binfmt_misc for $machine's ELF binaries ($misc/$name)"
+    reports_machine "$python" "$machine"
+}
+
+fetch_served() {  # fetch_served SUITE-ARCH DIR PACKAGE...: their closure into DIR, sid's where need be
+    # A mirror may lack some of a suite's files for an architecture (here: trixie's point-release
+    # updates of libc6, zlib, openssl, ... for s390x and ppc64el): those packages come from sid.
+    local state=$1 debs=$2 output round failed from_sid=()
+    shift 2
+    for round in 1 2 3 4 5; do
+        output="$(suite_get "$state" -o "Dir::Cache::archives=$debs" -y install --download-only \
+            --no-install-recommends "$@" "${from_sid[@]/%//sid}" 2>&1)" && return 0
+        mapfile -t failed < <(grep -oE 'Failed to fetch [^ ]+\.deb +404' <<<"$output" |
+            sed -E 's|^Failed to fetch ([^ ]*/)?([^/_ ]+)_.*|\2|')
+        if [ ${#failed[@]} -eq 0 ] || [ "$round" = 5 ]; then
+            printf '%s\n' "$output" >&2
+            die "downloading ${state%-*}'s $* for ${state##*-} failed"
+        fi
+        log "the mirror serves no ${state%-*} file of ${failed[*]} for ${state##*-}: taking sid's"
+        from_sid+=("${failed[@]}")
+    done
+}
+
+provide_emulated_python() {  # provide_emulated_python MACHINE: trixie's CPython 3.13 there, emulated
+    local machine=$1 arch=${DEBIAN_ARCH[$1]} version=3.13
+    local home="$DIR/python$version-$SUITE-$arch" root bin wrapper qemu
+    # libstdc++6, which every real system has: protobuf's upb wheel for s390x needs it (without
+    # it protobuf quietly falls back to its pure-Python build).
+    local packages=("python$version" "python$version-venv" libstdc++6)
+    exec 9>"$home.lock" # one maker at a time; the others wait here and find its result
+    flock 9
+    root="$home/root"
+    bin="$root/usr/bin/python$version"
+    # Beside the interpreter, so that its prefix is found from the wrapper's path as from its own.
+    wrapper="$bin-qemu"
+    qemu="$(provide_qemu)/qemu-$machine"
+    # .complete names the packages: a root made from another list is made again.
+    if [ "$(cat "$home/.complete" 2>/dev/null)" != "${packages[*]}" ] || ! [ -x "$bin" ]; then
+        local started=$SECONDS count byteorder=little
+        [ "$machine" != s390x ] || byteorder=big
+        as_root_install patchelf
+        suite_apt "$SUITE-$arch"
+        rm -rf "$home"
+        mkdir -p "$root" "$home/debs/partial"
+        fetch_served "$SUITE-$arch" "$home/debs" "${packages[@]}"
+        count="$(unpack_debs "$home/debs" "$root")"
+        rm -rf "$home/debs"
+        [ -x "$bin" ] || die "$bin is not in $SUITE's python$version package for $arch"
+        point_at_root "$root" "$bin"
+        # qemu named explicitly, and told the name the program was started by ("$0": a venv's
+        # python, linked to this), from which Python finds its prefix or its venv.
+        printf '#!/bin/sh\n# CPython %s for %s (Debian %s), run by qemu-user.\nexec %s -0 "$0" %s "$@"\n' \
+            "$version" "$machine" "$SUITE" "$qemu" "$bin" >"$wrapper"
+        chmod +x "$wrapper"
+        debian_python_ready "$home" "$version" "$wrapper"
+        [ "$("$wrapper" -c 'import platform, sys; print(platform.machine(), sys.byteorder)')" = \
+            "$machine $byteorder" ] || die "$wrapper is not a $byteorder-endian $machine Python"
+        printf '%s\n' "${packages[*]}" >"$home/.complete"
+        log "CPython $version for $machine from $count packages in $((SECONDS - started))s:" \
+            "$("$wrapper" -VV)"
+    fi
+    if binfmt_runs "$machine" "$qemu" "$bin"; then
+        printf '%s\n' "$bin"
+    else
+        printf '%s\n' "$wrapper"
+    fi
 }
 
 out=()
@@ -270,6 +427,7 @@ for name in "${wanted[@]}"; do
         pypy3.11) out+=("pypy3.11 $(provide_pypy)") ;;
         py3.13t) out+=("py3.13t $(provide_py313t)") ;;
         py3.14 | py3.15) out+=("$name $(provide_debian_python "${name#py}")") ;;
+        py3.13-*) out+=("$name $(provide_emulated_python "${name#py3.13-}")") ;;
     esac
 done
 printf '%s\n' "${out[@]}"

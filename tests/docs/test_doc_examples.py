@@ -59,6 +59,9 @@ import sepp
 from sepp.testing import SeppServer
 from sepp.testing.pytest_plugin import DEFAULT_TEST_CONFIG
 
+# The same on every interpreter and dependency version: on the matrix's main part only.
+pytestmark = pytest.mark.main_only
+
 ROOT = Path(__file__).resolve().parents[2]
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # The address examples use for a server on this machine; it reaches the test server.

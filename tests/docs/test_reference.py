@@ -17,6 +17,9 @@ import sepp.contrib.sentry
 import sepp.testing
 import sepp.testing.pytest_plugin
 
+# The same on every interpreter and dependency version: on the matrix's main part only.
+pytestmark = pytest.mark.main_only
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "docs" / "_ext"))
 from sepp_docs import attribute_doc  # noqa: E402  (docs/_ext is not a package)

@@ -280,6 +280,7 @@ async def test_an_unreachable_server_is_one_line_and_exit_1_and_debug_adds_the_t
 # -- enqueue ----------------------------------------------------------------------------------
 
 
+@pytest.mark.arch_smoke  # the command line's round trip: enqueue, drain, worker
 async def test_enqueue_prints_the_job_id_and_sends_every_option(
     sepp_server: SeppServer, client: sepp.Client
 ) -> None:
@@ -589,6 +590,7 @@ async def test_enqueue_file_shows_progress_only_on_a_terminal(
 # -- dead letters -----------------------------------------------------------------------------
 
 
+@pytest.mark.arch_smoke  # (the round trip)
 async def test_drain_prints_json_lines_and_out_appends_to_a_file(
     sepp_server: SeppServer, client: sepp.Client, tmp_path: Path
 ) -> None:
@@ -785,6 +787,7 @@ async def worker(
         yield running
 
 
+@pytest.mark.arch_smoke  # (the round trip)
 async def test_worker_processes_jobs_and_sigterm_lets_the_running_job_finish(
     sepp_server: SeppServer, client: sepp.Client, app_dir: Path
 ) -> None:

@@ -17,7 +17,7 @@ import sepp
 from sepp._client.operations import Call
 from sepp.testing import SeppServer, sepp_server
 
-pytestmark = [pytest.mark.both_engines, pytest.mark.asyncio_too]
+pytestmark = [pytest.mark.both_engines, pytest.mark.asyncio_too, pytest.mark.arch_smoke]
 
 HANG_GUARD_S = 30.0  # ends a call that should have ended already; never part of an assertion
 BASE = {"admin": {"enabled": False}, "storage": {"persist_mode": "buffer"}}

@@ -134,6 +134,7 @@ async def round_trip(address: str, **env: str) -> dict[str, Any]:
     [{}, {"PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION": "python"}],
     ids=["no-wheels", "python-requested"],
 )
+@pytest.mark.arch_smoke
 async def test_round_trip_loads_no_native_code_outside_the_standard_library(
     env: dict[str, str], sepp_server: SeppServer
 ) -> None:

@@ -12,6 +12,9 @@ from otel_support import install
 import sepp
 from sepp.testing import sepp_server
 
+# In the smoke selection of the emulated architectures' parts (tests/conftest.py).
+pytestmark = pytest.mark.arch_smoke
+
 KEY = "s3cr3t-key-value-42"
 CONFIG = {
     "admin": {"enabled": False},

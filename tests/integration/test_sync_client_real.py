@@ -25,7 +25,7 @@ import trio
 import sepp
 from sepp.testing import SeppServer
 
-pytestmark = pytest.mark.both_engines
+pytestmark = [pytest.mark.both_engines, pytest.mark.arch_smoke]
 
 T = TypeVar("T")
 FORK_WAIT_S = 60  # only a bound on a hung child; never part of an assertion

@@ -23,6 +23,9 @@ import pytest
 
 import sepp
 
+# The same on every interpreter and dependency version: on the matrix's main part only.
+pytestmark = pytest.mark.main_only
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 import hatch_build  # noqa: E402  (the build hook, from the project root)

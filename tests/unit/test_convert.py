@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
+import pytest
 from fixtures.fuzz import examples
 from google.protobuf.message import DecodeError
 from hypothesis import given, settings
@@ -14,6 +15,9 @@ import sepp
 from sepp._model import convert as cv
 from sepp._model.types import reserved_job
 from sepp._pb import queue_pb2 as pb
+
+# In the smoke selection of the emulated architectures' parts (tests/conftest.py).
+pytestmark = pytest.mark.arch_smoke
 
 UTC = timezone.utc
 datetimes = st.datetimes(

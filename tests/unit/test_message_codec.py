@@ -30,7 +30,7 @@ from sepp.wire._framing import joined
 UPB = api_implementation.Type() == "upb"
 PYPY = platform.python_implementation() == "PyPy"
 PROTOBUF_MAJOR = int(protobuf_version.split(".")[0])
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.arch_smoke]
 
 # -- strategies ------------------------------------------------------------------------------
 

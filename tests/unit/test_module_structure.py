@@ -5,6 +5,11 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
+# The same on every interpreter and dependency version: on the matrix's main part only.
+pytestmark = pytest.mark.main_only
+
 SRC = Path(__file__).resolve().parents[2] / "src"
 
 

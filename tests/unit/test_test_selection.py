@@ -116,3 +116,38 @@ def test_every_test_path_the_project_names_exists() -> None:
     assert len(named) > 10  # the scan sees them
     missing = sorted((str(s), p) for s, p in named if not (ROOT / p).is_file())
     assert missing == [], f"files named but not on disk: {missing}"
+
+
+def test_the_main_only_suites_are_the_ones_that_declare_it() -> None:
+    # The suites whose outcome depends on neither the interpreter nor the dependencies'
+    # versions (SEPP_TEST_SELECTION=off_main, every matrix part but main, leaves them out).
+    assert marks_used_by_test_modules()["main_only"] == {
+        "packaging/test_distribution.py",
+        "packaging/test_matrix_script.py",
+        "docs/test_doc_examples.py",
+        "docs/test_reference.py",
+        "unit/test_module_structure.py",
+        "unit/test_typing.py",
+    }
+
+
+def test_the_smoke_selection_covers_what_the_emulated_machines_must_prove() -> None:
+    # The codec and the wire (byte order, HPACK, framing, varints, gzip), the client against
+    # the real server (TLS too), the Worker, the blocking client and the CLI's round trip,
+    # and the check that the part runs on the machine it names.
+    smoke = marks_used_by_test_modules()["arch_smoke"]
+    assert {
+        "unit/test_architecture.py",
+        "unit/test_byte_order.py",
+        "unit/test_wire_codec.py",
+        "unit/test_wire_hpack.py",
+        "unit/test_wire_framing.py",
+        "unit/test_wire_connection.py",
+        "unit/test_message_codec.py",
+        "integration/test_client_real.py",
+        "integration/test_security_real.py",
+        "integration/test_worker_real.py",
+        "integration/test_sync_client_real.py",
+        "integration/test_cli_real.py",
+    } <= smoke
+    assert smoke.isdisjoint(marks_used_by_test_modules()["main_only"])

@@ -17,6 +17,9 @@ from pathlib import Path
 
 import pytest
 
+# The same on every interpreter and dependency version: on the matrix's main part only.
+pytestmark = pytest.mark.main_only
+
 ROOT = Path(__file__).resolve().parents[2]
 TYPING = ROOT / "tests" / "typing"
 

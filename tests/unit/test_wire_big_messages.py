@@ -31,6 +31,9 @@ from sepp.wire.codec._connection import CodecGrpcConnection
 from sepp.wire.codec._windows import VIEW_MIN_BYTES
 from sepp.wire.drivers._sending import advance
 
+# In the smoke selection of the emulated architectures' parts (tests/conftest.py).
+pytestmark = pytest.mark.arch_smoke
+
 _FRAME = struct.Struct(">HBBBL")
 DATA, HEADERS, SETTINGS, WINDOW_UPDATE = 0x0, 0x1, 0x4, 0x8
 END_STREAM, END_HEADERS = 0x1, 0x4

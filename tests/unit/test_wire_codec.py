@@ -22,6 +22,9 @@ from sepp.wire._status import StatusCode
 from sepp.wire.codec._frames import frame
 from sepp.wire.codec._header_blocks import ResponseHeaderBlocks
 
+# In the smoke selection of the emulated architectures' parts (tests/conftest.py).
+pytestmark = pytest.mark.arch_smoke
+
 
 def window_updates(pair: Pair) -> list[h2.events.WindowUpdated]:
     return [e for e in pair.server_events if isinstance(e, h2.events.WindowUpdated)]

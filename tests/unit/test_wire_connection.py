@@ -57,7 +57,7 @@ from sepp.wire._failure import FailureKind
 from sepp.wire._framing import encode_message
 from sepp.wire._status import StatusCode
 
-pytestmark = pytest.mark.both_engines
+pytestmark = [pytest.mark.both_engines, pytest.mark.arch_smoke]
 
 SC = h2.settings.SettingCodes
 OK_HEADERS = [(b":status", b"200"), (b"content-type", b"application/grpc")]

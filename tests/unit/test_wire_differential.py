@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 from importlib.metadata import version
 
 import hpack
+import pytest
 from fixtures.fuzz import examples
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
@@ -59,6 +60,9 @@ from sepp.wire._constants import DEFAULT_MAX_FRAME_SIZE
 from sepp.wire._engine import GrpcConnection
 from sepp.wire._framing import encode_message
 from sepp.wire._status import StatusCode
+
+# In the smoke selection of the emulated architectures' parts (tests/conftest.py).
+pytestmark = pytest.mark.arch_smoke
 
 _FRAME = struct.Struct(">HBBBL")
 CALLS = (1, 3, 5)

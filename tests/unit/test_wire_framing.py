@@ -14,6 +14,9 @@ from hypothesis import strategies as st
 from sepp.wire._failure import FailureKind
 from sepp.wire._framing import PREFIX_BYTES, FramingError, MessageDecoder, encode_message
 
+# In the smoke selection of the emulated architectures' parts (tests/conftest.py).
+pytestmark = pytest.mark.arch_smoke
+
 
 def prefix(length: int, flag: int = 0) -> bytes:
     return struct.pack(">BI", flag, length)

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import pytest
 from hpack import Decoder, NeverIndexedHeaderTuple
 from hypothesis import given
 from hypothesis import strategies as st
 
 from sepp.wire._hpack import StatelessEncoder, encode_integer
+
+# In the smoke selection of the emulated architectures' parts (tests/conftest.py).
+pytestmark = pytest.mark.arch_smoke
 
 names = st.one_of(
     st.sampled_from([b":method", b":path", b":authority", b"content-type", b"te", b"user-agent"]),

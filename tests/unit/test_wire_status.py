@@ -19,6 +19,9 @@ from sepp.wire._status import (
     status_from_rst,
 )
 
+# In the smoke selection of the emulated architectures' parts (tests/conftest.py).
+pytestmark = pytest.mark.arch_smoke
+
 # -- status codes ------------------------------------------------------------------------------
 
 
