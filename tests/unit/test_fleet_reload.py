@@ -5,6 +5,7 @@ what counts as a change."""
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import pytest
 
 from sepp._cli._failures import UsageError
 from sepp._cli._parser import build_parser
-from sepp._cli.fleet.reload import changed, scan, watched_roots
+from sepp._cli.fleet.reload import changed, drop_cached_bytecode, scan, watched_roots
 from sepp._cli.fleet.supervisor import child_arguments
 
 
@@ -73,3 +74,34 @@ def test_a_change_is_a_file_added_removed_or_modified(tree: Path) -> None:
     (tree / "reloadpkg" / "__init__.py").unlink()
     after = scan(roots)
     assert [Path(p).name for p in changed(before, after)] == ["__init__.py", "new.py", "jobs.py"]
+
+
+def test_a_changed_source_s_cached_bytecode_is_dropped_so_a_same_size_edit_runs(
+    tmp_path: Path,
+) -> None:
+    """Python trusts a .pyc whose recorded mtime (in whole seconds) and size match the source:
+    "v2" to "v3" within one second would run v2 again after the reload, unless the supervisor
+    drops the cache of what changed."""
+    module = tmp_path / "edited.py"
+    stamp = 1_700_000_000_000_000_000
+
+    def write(text: str) -> None:
+        module.write_text(text)
+        os.utime(module, ns=(stamp, stamp))  # the same second both times
+
+    def imported() -> str:
+        code = "import edited; print(edited.VERSION)"
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+        out = subprocess.run(
+            [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True
+        )
+        assert out.returncode == 0, out.stderr
+        return out.stdout.strip()
+
+    write('VERSION = "v2"\n')
+    assert imported() == "v2"  # and its .pyc written
+    write('VERSION = "v3"\n')
+    assert imported() == "v2"  # the trap: the stale .pyc still passes as fresh
+    drop_cached_bytecode([str(module)])
+    assert imported() == "v3"
+    drop_cached_bytecode([str(tmp_path / "never_compiled.py")])  # nothing to drop: no error

@@ -68,6 +68,19 @@ def scan(roots: list[Path]) -> Snapshot:
     return found
 
 
+def drop_cached_bytecode(paths: list[str]) -> None:
+    """Remove the `__pycache__` files of changed sources, so that the next process compiles
+    them again. Python trusts a `.pyc` whose recorded mtime (whole seconds) and size match the
+    source: an edit that keeps the size within the same second as the one before (`"v2"` to
+    `"v3"`) would otherwise run the old code after a reload that said it replaced it."""
+    for path in paths:
+        for optimization in ("", 1, 2):
+            try:
+                os.unlink(importlib.util.cache_from_source(path, optimization=optimization))
+            except (OSError, ValueError, NotImplementedError):
+                pass  # none was written (or this Python keeps no cache)
+
+
 def changed(before: Snapshot, after: Snapshot) -> list[str]:
     """The files added, removed or modified between two scans, sorted."""
     return sorted(

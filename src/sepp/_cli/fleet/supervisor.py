@@ -38,7 +38,7 @@ from .._signals import PAUSE_SIGNAL, RESUME_SIGNAL, on_pause_signals, run_until_
 from .child import ChildRun, child_main
 from .messages import MessageError, Ports, Reserving, TakesSignals, decode
 from .policy import CrashLoop, NeverReady, Restart, RestartPolicy, UsageExit
-from .reload import POLL_S, changed, scan, watched_roots
+from .reload import POLL_S, changed, drop_cached_bytecode, scan, watched_roots
 
 log = logging.getLogger("sepp.cli")
 
@@ -205,6 +205,7 @@ class Fleet:
             paths = changed(before, after)
             before = after
             if paths and not self._stopping.is_set():
+                await trio.to_thread.run_sync(drop_cached_bytecode, paths)
                 self._replace_children(paths)
 
     def _replace_children(self, paths: list[str]) -> None:
