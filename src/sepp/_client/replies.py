@@ -32,10 +32,9 @@ import math
 import threading
 import uuid
 import weakref
-from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Any, Protocol
+from typing import Any
 
 from .._model import pipelines as p
 from .._model.errors import (
@@ -48,7 +47,6 @@ from .._model.errors import (
     UnknownQueuesError,
 )
 from .._model.types import (
-    EnqueueAck,
     EnqueueRequest,
     Job,
     JobContext,
@@ -58,6 +56,7 @@ from .._model.types import (
 from .._model.validate import UINT32_MAX
 from .._runtime.protocol import EventLike, Runtime
 from .._util.log import Log
+from .calls import JobsClient
 
 DIRECTORY = "sepp.replies"  # the queue of every reply queue's entry
 QUEUE_PREFIX = "sepp.replies."
@@ -72,25 +71,6 @@ ERROR_BACKOFF_S = 1.0
 BEACON_ATTEMPTS = 100  # a lapse costs the beacon an attempt (the server clamps to its ceiling)
 REGISTER_WAIT_S = 10.0  # to reserve the beacon just enqueued
 CLOSE_TIMEOUT_S = 2.0  # to release the beacon as the client closes
-
-
-class ReplyCalls(Protocol):
-    """The client calls the listener and the worker's reply sender make (`sepp.Client`'s)."""
-
-    async def enqueue(self, request: EnqueueRequest, /) -> EnqueueAck: ...
-
-    async def reserve(
-        self,
-        queues: Sequence[str] | str,
-        *,
-        lease_duration: float | timedelta = ...,
-        wait_timeout: float | timedelta = ...,
-        max_jobs: int | None = ...,
-    ) -> list[Job] | None: ...
-
-    async def ack(self, ctx: JobContext, *, timeout: float | timedelta | None = ...) -> None: ...
-
-    async def extend(self, ctx: JobContext, lease_duration: float | timedelta) -> datetime: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +102,7 @@ def now_utc() -> datetime:
     return datetime.now(timezone.utc)
 
 
-async def probe_beacon(calls: ReplyCalls, beacon_id: str) -> bool | None:
+async def probe_beacon(calls: JobsClient, beacon_id: str) -> bool | None:
     """Whether the client owning beacon `beacon_id` is alive (its beacon in flight): an extend
     for an attempt no job ever has is refused FAILED_PRECONDITION then, NOT_FOUND once it is
     not, and changes nothing either way. None: the server could not tell (a failed call)."""
@@ -233,7 +213,7 @@ class Replies:
 
     # -- the listener's life --------------------------------------------------------------------
 
-    async def register(self, calls: ReplyCalls) -> None:
+    async def register(self, calls: JobsClient) -> None:
         """Make the reply queue: its beacon (reserved and held) and its directory entry.
         ResultUnavailableError if the server refuses them (strict_queues)."""
         try:
@@ -263,7 +243,7 @@ class Replies:
                 " that accepts undeclared queues (strict_queues off)"
             ) from exc
 
-    async def run(self, calls: ReplyCalls) -> None:
+    async def run(self, calls: JobsClient) -> None:
         """Listen until `stop()` (or cancelled): one Reserve of the reply queue and the
         directory at a time, the beacon's lease kept between them. A failure of its own
         (never the client's calls, which it retries) ends every wait rather than the task
@@ -274,7 +254,7 @@ class Replies:
             self._log.error("sepp: the reply listener of %s failed", self.queue, exc_info=exc)
             self._fail_all(ResultUnavailableError(f"the reply listener failed: {exc!r}"))
 
-    async def _listen(self, calls: ReplyCalls) -> None:
+    async def _listen(self, calls: JobsClient) -> None:
         failures = 0
         while not self._stopping:
             wait_s = max(1.0, min(WAIT_S, self._extend_at - self._rt.current_time()))
@@ -313,7 +293,7 @@ class Replies:
     def stopping(self) -> bool:
         return self._stopping
 
-    async def close(self, calls: ReplyCalls) -> None:
+    async def close(self, calls: JobsClient) -> None:
         """The client closes: release the beacon, so a check clears what is left of the queue
         soon, and end every wait (ResultUnavailableError)."""
         self.stop()
@@ -327,7 +307,7 @@ class Replies:
 
     # -- what a reserve brings -------------------------------------------------------------------
 
-    async def _take(self, calls: ReplyCalls, job: Job) -> None:
+    async def _take(self, calls: JobsClient, job: Job) -> None:
         ctx = job.ctx
         if ctx.queue == DIRECTORY:
             await self._check(calls, job)
@@ -354,13 +334,13 @@ class Replies:
         else:
             waiter.settle(Reply(job.payload))
 
-    async def _ack(self, calls: ReplyCalls, ctx: JobContext) -> None:
+    async def _ack(self, calls: JobsClient, ctx: JobContext) -> None:
         try:
             await calls.ack(ctx)
         except SeppError as exc:  # it comes back when its lease runs out, and is dropped then
             self._log.debug("sepp: could not ack %s in the reply listener: %s", ctx, exc)
 
-    async def _keep_beacon(self, calls: ReplyCalls) -> None:
+    async def _keep_beacon(self, calls: JobsClient) -> None:
         beacon = self._beacon
         if beacon is None:
             return
@@ -389,7 +369,7 @@ class Replies:
     # -- the directory --------------------------------------------------------------------------
 
     async def _put_entry(
-        self, calls: ReplyCalls, queue: str, beacon: str, *, final: bool, generation: int = 0
+        self, calls: JobsClient, queue: str, beacon: str, *, final: bool, generation: int = 0
     ) -> None:
         entry = {"queue": queue, "beacon": beacon, "final": final, "generation": generation}
         request = EnqueueRequest(
@@ -401,7 +381,7 @@ class Replies:
         )
         await calls.enqueue(request)
 
-    async def _check(self, calls: ReplyCalls, job: Job) -> None:
+    async def _check(self, calls: JobsClient, job: Job) -> None:
         """A directory entry fell due: the reply queue it names is kept, or cleared."""
         try:
             entry: Any = job.payload.json() if job.payload is not None else None
@@ -423,7 +403,7 @@ class Replies:
             )
         await self._ack(calls, job.ctx)
 
-    async def _clear(self, calls: ReplyCalls, queue: str) -> int:
+    async def _clear(self, calls: JobsClient, queue: str) -> int:
         cleared = 0
         while jobs := await calls.reserve(
             queue, lease_duration=LEASE_S, wait_timeout=0.0, max_jobs=256

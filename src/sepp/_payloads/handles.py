@@ -6,8 +6,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Coroutine, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Generic, NamedTuple, Protocol, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar, overload
 
+from .._client.calls import JobsClient
 from .._client.replies import Replies, Reply, Waiter
 from .._model import pipelines as p
 from .._model import validate as v
@@ -28,14 +29,6 @@ R = TypeVar("R")
 
 Decode = Callable[[Payload | None], Any]
 Combine = Callable[[list[Any]], Any]
-
-
-class SubmitCalls(Protocol):
-    """The calls a submission makes (`sepp.Client`'s; a `SyncClient`'s as coroutines)."""
-
-    async def enqueue(self, request: EnqueueRequest, /) -> EnqueueAck: ...
-
-    async def enqueue_atomic(self, jobs: Sequence[EnqueueRequest]) -> list[EnqueueAck]: ...
 
 
 def _single(values: list[Any]) -> Any:
@@ -269,7 +262,7 @@ def checked_ttl(result_ttl: float | timedelta) -> float:
 
 
 async def submit(
-    calls: SubmitCalls, replies: Replies, submission: Submission, ttl_s: float
+    calls: JobsClient, replies: Replies, submission: Submission, ttl_s: float
 ) -> tuple[_Results, tuple[EnqueueAck, ...]]:
     """Enqueue the submission's requests, each carrying the address of a new waiter of
     `replies` (one request alone, or atomically together)."""
@@ -330,11 +323,11 @@ async def submit_async(
 def submit_blocking(
     client: SyncClient, submission: Submission, result_ttl: float | timedelta
 ) -> SyncResultHandle[Any]:
-    from .._client.sync import blocking_calls
+    from .._client.sync import BlockingCalls
 
     ttl_s = checked_ttl(result_ttl)
     replies = client._awaiting_results()
-    results, acks = run_blocking(submit(blocking_calls(client), replies, submission, ttl_s))
+    results, acks = run_blocking(submit(BlockingCalls(client), replies, submission, ttl_s))
     return SyncResultHandle(results, acks)
 
 

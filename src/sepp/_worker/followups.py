@@ -14,27 +14,19 @@ custom map's truth.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
-from datetime import timedelta
-from typing import Any, Protocol, cast
+from collections.abc import Callable
+from typing import Any, cast
 
-from .._client.replies import ReplyCalls, now_utc, probe_beacon
+from .._client.calls import JobsClient
+from .._client.replies import now_utc, probe_beacon
 from .._model import pipelines as p
 from .._model.errors import BatchValidationError, SeppError, ValidationError
 from .._model.settlement import HandlerError, Outcome, describe
-from .._model.types import EnqueueAck, EnqueueRequest, JobContext, Payload
+from .._model.types import EnqueueRequest, JobContext, Payload
 from .._util.log import Log
 
 EncodeResult = Callable[[Any], Payload | None]
 DEFAULT_MAX_BATCH = 256  # the server's default max_enqueue_batch
-
-
-class FollowUpClient(ReplyCalls, Protocol):
-    """The client calls follow-ups need besides the Worker's own (`sepp.Client` has them)."""
-
-    async def enqueue_atomic(
-        self, jobs: Sequence[EnqueueRequest], *, timeout: float | timedelta | None = ...
-    ) -> list[EnqueueAck]: ...
 
 
 def default_encode_result(value: object) -> Payload | None:
@@ -51,7 +43,7 @@ class FollowUps:
     """The Worker's sender of what succeeded jobs lead to, over its client."""
 
     def __init__(self, client: object, log: Log) -> None:
-        self._client = cast("FollowUpClient", client)
+        self._client = cast("JobsClient", client)
         self._log = log
 
     async def succeeded(self, ctx: JobContext, returned: object, encode: EncodeResult) -> None:
