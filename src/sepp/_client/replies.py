@@ -33,7 +33,7 @@ import threading
 import uuid
 import weakref
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import timedelta
 from typing import Any
 
 from .._model import pipelines as p
@@ -55,6 +55,7 @@ from .._model.types import (
 )
 from .._model.validate import UINT32_MAX
 from .._runtime.protocol import EventLike, Runtime
+from .._runtime.wall_clock import utc_now
 from .._util.log import Log
 from .calls import JobsClient
 
@@ -98,10 +99,6 @@ class Waiter:
             self.event.set()
 
 
-def now_utc() -> datetime:
-    return datetime.now(timezone.utc)
-
-
 async def probe_beacon(calls: JobsClient, beacon_id: str) -> bool | None:
     """Whether the client owning beacon `beacon_id` is alive (its beacon in flight): an extend
     for an attempt no job ever has is refused FAILED_PRECONDITION then, NOT_FOUND once it is
@@ -116,10 +113,10 @@ async def probe_beacon(calls: JobsClient, beacon_id: str) -> bool | None:
         max_attempts=UINT32_MAX,
         priority=0,
         custom={},
-        enqueued_at=now_utc(),
+        enqueued_at=utc_now(),
         scheduled_at=None,
         trace_context=None,
-        lease_expires_at=now_utc(),
+        lease_expires_at=utc_now(),
         worker_id=None,
         client=None,
     ).ctx
@@ -172,7 +169,7 @@ class Replies:
     def address(self, waiter: Waiter, ttl_s: float) -> p.ReplyAddress:
         """Where `waiter`'s result goes (the beacon exists: `register` has run)."""
         assert self._beacon is not None
-        until = p.epoch_ms(now_utc() + timedelta(seconds=ttl_s))
+        until = p.epoch_ms(utc_now() + timedelta(seconds=ttl_s))
         return p.ReplyAddress(self.queue, waiter.reply_id, self._beacon.id, until)
 
     def forget(self, waiter: Waiter) -> None:
@@ -377,7 +374,7 @@ class Replies:
             ENTRY_TYPE,
             payload=Payload.json(entry),
             idempotency_key=f"sepp.replies/{queue}/{beacon}/{generation}",
-            scheduled_at=now_utc() + timedelta(seconds=CHECK_S),
+            scheduled_at=utc_now() + timedelta(seconds=CHECK_S),
         )
         await calls.enqueue(request)
 

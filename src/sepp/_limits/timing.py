@@ -10,11 +10,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from .._runtime.concurrency import ServiceRuntime
+from .._runtime.wall_clock import utc_now
 from .client_calls import LimitClient
-
-
-def utc_now() -> datetime:
-    return datetime.now(timezone.utc)
 
 
 class ServerClock:

@@ -18,11 +18,12 @@ from collections.abc import Callable
 from typing import Any, cast
 
 from .._client.calls import JobsClient
-from .._client.replies import now_utc, probe_beacon
+from .._client.replies import probe_beacon
 from .._model import pipelines as p
 from .._model.errors import BatchValidationError, SeppError, ValidationError
 from .._model.settlement import HandlerError, Outcome, describe
 from .._model.types import EnqueueRequest, JobContext, Payload
+from .._runtime.wall_clock import utc_now
 from .._util.log import Log
 
 EncodeResult = Callable[[Any], Payload | None]
@@ -131,7 +132,7 @@ class FollowUps:
         """Best effort: a result nobody can take is not sent, and one that cannot be sent is
         logged, the job acked (or nacked) as it would be; its awaiter's wait ends at its
         deadline."""
-        if address.expired(now_utc()):
+        if address.expired(utc_now()):
             return  # the awaiting handle has given up
         client = self._client
         if await probe_beacon(client, address.beacon) is False:
