@@ -226,6 +226,9 @@ async def test_a_three_step_chain_crosses_two_worker_processes(sepp_server: Sepp
                     for n in range(chains)
                 ]
                 results = [await handle.result() for handle in handles]
+                # A step's line is printed before its result leaves the process, but read
+                # here by another task: wait for every line, not for the results alone.
+                await until(lambda: sum(len(w.said("ran")) for w in (a, b)) >= 3 * chains)
                 nursery.cancel_scope.cancel()
     assert results == [tasks.chain_value(n) for n in range(chains)]
     steps = Counter((line[1], int(line[4])) for w in (a, b) for line in w.said("ran"))
