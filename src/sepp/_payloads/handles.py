@@ -9,6 +9,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar, overload
 
 from .._client.calls import JobsClient
+from .._client.client_kind import either_client
 from .._client.replies import Replies, Reply, Waiter
 from .._model import pipelines as p
 from .._model import validate as v
@@ -215,7 +216,7 @@ class Submittable(Generic[R]):
 
         what = f"{type(self).__name__}.submit"
         submission = self._submission()
-        checked = checked_client(client, what)
+        checked = either_client(client, what)
         if isinstance(checked, SyncClient):
             return submit_blocking(checked, submission, result_ttl)
         return submit_async(checked, submission, result_ttl)
@@ -246,7 +247,7 @@ class OneJob(Submittable[R]):
         first step's."""
         (request,) = self._enqueue_requests()
         what = f"{type(self).__name__}.enqueue"
-        return checked_client(client, what).enqueue(request, timeout=timeout)
+        return either_client(client, what).enqueue(request, timeout=timeout)
 
 
 # -- submitting ---------------------------------------------------------------------------------
@@ -295,20 +296,6 @@ async def submit(
     job_ids = tuple(ack.job_id for ack in acks)
     results = _Results(replies, waiters, submission.decoders, submission.combine, job_ids)
     return results, acks
-
-
-def checked_client(client: object, what: str) -> Client | SyncClient:
-    """`client`, a `sepp.Client` or a `sepp.SyncClient`; TypeError (before anything is sent)
-    for anything else."""
-    from .._client.client import Client
-    from .._client.sync import SyncClient
-
-    if not isinstance(client, Client | SyncClient):
-        raise TypeError(
-            f"{what} takes a sepp.Client (await the result) or a sepp.SyncClient, not a"
-            f" {type(client).__qualname__}"
-        )
-    return client
 
 
 async def submit_async(
