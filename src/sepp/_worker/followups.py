@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any, cast
 
 from .._client.calls import JobsClient
+from .._client.chunking import DEFAULT_MAX_ENQUEUE_BATCH
 from .._client.replies import probe_beacon
 from .._model import pipelines as p
 from .._model.errors import BatchValidationError, SeppError, ValidationError
@@ -27,7 +28,6 @@ from .._runtime.wall_clock import utc_now
 from .._util.log import Log
 
 EncodeResult = Callable[[Any], Payload | None]
-DEFAULT_MAX_BATCH = 256  # the server's default max_enqueue_batch
 
 
 def default_encode_result(value: object) -> Payload | None:
@@ -147,8 +147,8 @@ class FollowUps:
 
 def _max_batch(client: object) -> int:
     limit = getattr(client, "_max_enqueue_batch", None)
-    most = limit() if callable(limit) else DEFAULT_MAX_BATCH
-    return most if isinstance(most, int) and most > 0 else DEFAULT_MAX_BATCH
+    most = limit() if callable(limit) else DEFAULT_MAX_ENQUEUE_BATCH
+    return most if isinstance(most, int) and most > 0 else DEFAULT_MAX_ENQUEUE_BATCH
 
 
 def _refused(exc: BatchValidationError, chunk: list[EnqueueRequest], start: int) -> HandlerError:
