@@ -76,7 +76,7 @@ class FollowUps:
             requests.append(p.next_step_request(position, payload, address, ctx.id))
             address = None  # the last step sends the result
         if requests:
-            await self._enqueue(ctx, requests)
+            await self._enqueue(requests)
         if address is not None:
             await self._reply(ctx, address, payload, None)
 
@@ -103,7 +103,7 @@ class FollowUps:
         )
         await self._reply(ctx, address, None, failure)
 
-    async def _enqueue(self, ctx: JobContext, requests: list[EnqueueRequest]) -> None:
+    async def _enqueue(self, requests: list[EnqueueRequest]) -> None:
         client = self._client
         if getattr(client, "enqueue_atomic", None) is None:
             raise HandlerError.permanent(
