@@ -37,6 +37,7 @@ from datetime import timedelta
 from typing import Any
 
 from .._model import pipelines as p
+from .._model.backoff import backoff_delay
 from .._model.errors import (
     AttemptMismatchError,
     JobNotFoundError,
@@ -68,7 +69,8 @@ LEASE_S = 60.0  # the beacon's (and every reserved reply's) lease
 EXTEND_S = 20.0  # how often the beacon's lease is extended
 CHECK_S = 300.0  # how far ahead a directory entry falls due
 WAIT_S = 20.0  # the longest long-poll (an extend comes due at most this far apart)
-ERROR_BACKOFF_S = 1.0
+ERROR_BACKOFF_S = 1.0  # the first wait after the listener's calls failed, doubling up to:
+MAX_ERROR_BACKOFF_S = 10.0
 BEACON_ATTEMPTS = 100  # a lapse costs the beacon an attempt (the server clamps to its ceiling)
 REGISTER_WAIT_S = 10.0  # to reserve the beacon just enqueued
 CLOSE_TIMEOUT_S = 2.0  # to release the beacon as the client closes
@@ -274,13 +276,16 @@ class Replies:
                 if self.stopping:  # the client closed under the call
                     return
                 failures += 1
+                delay_s = backoff_delay(
+                    failures, initial=ERROR_BACKOFF_S, multiplier=2.0, cap=MAX_ERROR_BACKOFF_S
+                )
                 self._log.warning(
                     "sepp: the reply listener of %s failed (%s); retrying in %gs",
                     self.queue,
                     exc,
-                    ERROR_BACKOFF_S * min(failures, 10),
+                    delay_s,
                 )
-                await self._rt.sleep(ERROR_BACKOFF_S * min(failures, 10))
+                await self._rt.sleep(delay_s)
 
     def stop(self) -> None:
         """The listener ends at its next turn (the client is closing)."""
