@@ -230,17 +230,6 @@ async def test_a_manual_clock_decides_leases_and_schedules() -> None:
         )
 
 
-def test_starting_one_costs_little_cpu() -> None:
-    costs = []
-    for _ in range(5):
-        before = time.process_time()
-        server = MemoryServer().start()
-        costs.append(time.process_time() - before)
-        server.stop()
-    costs.sort()
-    assert costs[2] < 0.05, costs  # CPU seconds (median of five), not wall time
-
-
 async def test_the_dev_server_command() -> None:
     process = await trio.lowlevel.open_process(
         [sys.executable, "-m", "sepp", "dev-server", "--listen", "127.0.0.1:0"],
@@ -295,4 +284,6 @@ async def test_the_wall_clock_is_the_systems_on_trios_own_clock() -> None:
     from sepp._runtime import wall_clock
 
     assert not wall_clock.virtual()
-    assert abs(wall_clock.wall_ns() - time.time_ns()) < 10**9
+    before = time.time_ns()
+    read = wall_clock.wall_ns()
+    assert before <= read <= time.time_ns()  # read between two readings of the system's

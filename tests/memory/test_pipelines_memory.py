@@ -1,6 +1,6 @@
 """Jobs that lead to jobs on sepp.testing's memory server, as a user's tests run them: a chain,
 a group, follow-ups and awaited results under trio's MockClock (virtual time), and a result's
-ttl passing in it."""
+ttl passing in it (for the awaiting client and for the worker: one wall clock)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ from datetime import timedelta
 import pytest
 import trio
 import trio.testing
+from fixtures.pipeline_tasks import CountingReplies
 
 import sepp
-from sepp.testing import MemoryServer
+from sepp.testing import MemoryServer, QueueDepths
 
 pytestmark = pytest.mark.memory_server
 
@@ -64,3 +65,19 @@ async def test_a_result_nobody_ran_in_time_is_unavailable_past_its_ttl(
             await handle.result(timeout=60)  # a minute of virtual time, no worker
         with pytest.raises(sepp.ResultUnavailableError, match="result_ttl"):
             await handle.result()  # until the ttl: no worker ran in time
+
+
+async def test_a_worker_sends_no_result_once_its_ttl_passed_in_virtual_time(
+    memory_server: MemoryServer, autojump_clock: trio.testing.MockClock
+) -> None:
+    """The ttl a handle stamps and the one a worker reads are on the same clock as the
+    server's (virtual here): a worker that runs the job after it passed sends no result."""
+    async with sepp.open(memory_server.address) as client:
+        handle = await double.submit(client, 3, result_ttl=timedelta(minutes=5))
+        await memory_server.advance(timedelta(minutes=6))
+        with pytest.raises(sepp.ResultUnavailableError, match="result_ttl"):
+            await handle.result(timeout=0)
+        counting = CountingReplies(client)
+        await worker_for(counting).run(until_idle=True)  # type: ignore[arg-type]
+        assert memory_server.depths("nums") == QueueDepths()  # the job ran and was acked
+        assert counting.replies == []

@@ -5,6 +5,8 @@ or count outcomes; a lower bound ("waited at least") is fine.
 This module reads every Python file under tests/ with `ast` and finds:
 - an `assert` that bounds from above an elapsed time on the real clock: a difference of two
   readings of `time.monotonic()`, `time.perf_counter()`, `time.time()` (or their `_ns` forms),
+  or of the CPU clocks `time.process_time()` / `time.thread_time()` (CPU seconds move with a
+  loaded machine's caches and frequency too: speed is proven by `make bench`),
   or of `trio.current_time()` / `anyio.current_time()` outside a test on a MockClock (one with an
   `autojump_clock` or `mock_clock` parameter), followed through local names, lists appended to,
   and the module's functions that return one (`elapsed < 1.0`, `0.3 <= elapsed < 2.5`,
@@ -25,7 +27,16 @@ from pathlib import Path
 
 TESTS = Path(__file__).resolve().parents[1]
 HANG_GUARD_S = 10.0  # the suite's guards (GUARD_S) are 10 s or more
-REAL_CLOCKS = {"monotonic", "perf_counter", "monotonic_ns", "perf_counter_ns"}
+REAL_CLOCKS = {
+    "monotonic",
+    "perf_counter",
+    "monotonic_ns",
+    "perf_counter_ns",
+    "process_time",
+    "process_time_ns",
+    "thread_time",
+    "thread_time_ns",
+}
 TRIO_CLOCKS = {"current_time"}
 MOCK_CLOCK_PARAMETERS = {"autojump_clock", "mock_clock"}
 
@@ -373,6 +384,13 @@ async def test_time_left_bounded_from_below():
     await work()
     left = deadline - time.monotonic()
     assert left > 4.0
+
+def test_cpu_seconds():
+    costs = []
+    before = time.process_time()
+    start()
+    costs.append(time.process_time() - before)
+    assert costs[0] < 0.05
 """
 
 FINE = """
@@ -426,5 +444,6 @@ def test_the_rule_finds_each_shape_of_bound_and_nothing_else() -> None:
         "test_through_a_helper",
         "test_short_fail_after",
         "test_time_left_bounded_from_below",
+        "test_cpu_seconds",
     ]
     assert bounds_in(TESTS / "fine.py", FINE) == []

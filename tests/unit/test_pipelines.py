@@ -6,6 +6,7 @@ trio's MockClock). The real server's side is tests/integration/test_pipelines_re
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -24,6 +25,7 @@ import sepp
 from sepp._client import replies as replies_module
 from sepp._client.replies import Replies
 from sepp._model import pipelines as p
+from sepp._runtime.trio_runtime import TRIO
 from sepp._util.log import Log
 from sepp.testing import follow_ups, job_context, sync_job_context
 
@@ -542,6 +544,25 @@ async def test_a_directory_entry_keeps_a_live_clients_queue_and_clears_a_gone_on
             "final": put_back == "final",
             "generation": 5,
         }
+
+
+async def test_the_listener_retries_failed_calls_on_the_one_backoff(
+    autojump_clock: MockClock,
+) -> None:
+    """A reserve that fails is tried again after 1 s, doubling up to 10 s (`backoff_delay`)."""
+    replies = Replies(TRIO, Log(RecordingLogger()))
+    tried: list[float] = []
+
+    class Failing(DirectoryFake):
+        async def reserve(self, queues: Sequence[str] | str, **_: Any) -> list[sepp.Job] | None:
+            tried.append(trio.current_time())
+            if len(tried) == 7:
+                replies.stop()  # the client closes under the call: the listener ends
+            raise sepp.ClientError("UNAVAILABLE: the server went away")
+
+    await replies.run(Failing(set()))
+    assert [round(b - a, 6) for a, b in itertools.pairwise(tried)] == [1, 2, 4, 8, 10, 10]
+    assert replies.closed is None  # its calls' failures end no wait
 
 
 async def test_a_reply_nobody_waits_for_is_acked_and_dropped() -> None:

@@ -1,13 +1,19 @@
-"""Which client a service was given: the Worker, the Scheduler and `OutboxRelay.run` await
+"""Which client a call was given: the Worker, the Scheduler and `OutboxRelay.run` await
 the async `sepp.Client`, and `OutboxRelay.run_sync` blocks on a `sepp.SyncClient`. Handed the
 other kind, they would block the event loop, or make coroutines nothing awaits; they refuse it
-before anything is sent."""
+before anything is sent. A task's `enqueue`, `submit` and the like take either, and nothing
+else."""
 
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
 from .._model.errors import ValidationError
+
+if TYPE_CHECKING:
+    from .client import Client
+    from .sync import SyncClient
 
 
 def refuse_a_blocking_client(client: object, where: str) -> None:
@@ -32,3 +38,17 @@ def refuse_an_async_client(client: object, where: str) -> None:
             f"{where} blocks on a sepp.SyncClient; with the async sepp.Client its calls would"
             " be coroutines nothing awaits",
         )
+
+
+def either_client(client: object, what: str, advice: str = "") -> Client | SyncClient:
+    """`client`, a `sepp.Client` or a `sepp.SyncClient`; TypeError (before anything is sent)
+    for anything else, its message ending with `advice`."""
+    from .client import Client
+    from .sync import SyncClient
+
+    if not isinstance(client, Client | SyncClient):
+        raise TypeError(
+            f"{what} takes a sepp.Client (await the result) or a sepp.SyncClient, not a"
+            f" {type(client).__qualname__}{advice}"
+        )
+    return client

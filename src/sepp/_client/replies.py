@@ -32,12 +32,12 @@ import math
 import threading
 import uuid
 import weakref
-from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
-from typing import Any, Protocol
+from datetime import timedelta
+from typing import Any
 
 from .._model import pipelines as p
+from .._model.backoff import backoff_delay
 from .._model.errors import (
     AttemptMismatchError,
     JobNotFoundError,
@@ -48,7 +48,6 @@ from .._model.errors import (
     UnknownQueuesError,
 )
 from .._model.types import (
-    EnqueueAck,
     EnqueueRequest,
     Job,
     JobContext,
@@ -57,7 +56,9 @@ from .._model.types import (
 )
 from .._model.validate import UINT32_MAX
 from .._runtime.protocol import EventLike, Runtime
+from .._runtime.wall_clock import utc_now
 from .._util.log import Log
+from .calls import JobsClient
 
 DIRECTORY = "sepp.replies"  # the queue of every reply queue's entry
 QUEUE_PREFIX = "sepp.replies."
@@ -68,29 +69,11 @@ LEASE_S = 60.0  # the beacon's (and every reserved reply's) lease
 EXTEND_S = 20.0  # how often the beacon's lease is extended
 CHECK_S = 300.0  # how far ahead a directory entry falls due
 WAIT_S = 20.0  # the longest long-poll (an extend comes due at most this far apart)
-ERROR_BACKOFF_S = 1.0
+ERROR_BACKOFF_S = 1.0  # the first wait after the listener's calls failed, doubling up to:
+MAX_ERROR_BACKOFF_S = 10.0
 BEACON_ATTEMPTS = 100  # a lapse costs the beacon an attempt (the server clamps to its ceiling)
 REGISTER_WAIT_S = 10.0  # to reserve the beacon just enqueued
 CLOSE_TIMEOUT_S = 2.0  # to release the beacon as the client closes
-
-
-class ReplyCalls(Protocol):
-    """The client calls the listener and the worker's reply sender make (`sepp.Client`'s)."""
-
-    async def enqueue(self, request: EnqueueRequest, /) -> EnqueueAck: ...
-
-    async def reserve(
-        self,
-        queues: Sequence[str] | str,
-        *,
-        lease_duration: float | timedelta = ...,
-        wait_timeout: float | timedelta = ...,
-        max_jobs: int | None = ...,
-    ) -> list[Job] | None: ...
-
-    async def ack(self, ctx: JobContext, *, timeout: float | timedelta | None = ...) -> None: ...
-
-    async def extend(self, ctx: JobContext, lease_duration: float | timedelta) -> datetime: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,11 +101,7 @@ class Waiter:
             self.event.set()
 
 
-def now_utc() -> datetime:
-    return datetime.now(timezone.utc)
-
-
-async def probe_beacon(calls: ReplyCalls, beacon_id: str) -> bool | None:
+async def probe_beacon(calls: JobsClient, beacon_id: str) -> bool | None:
     """Whether the client owning beacon `beacon_id` is alive (its beacon in flight): an extend
     for an attempt no job ever has is refused FAILED_PRECONDITION then, NOT_FOUND once it is
     not, and changes nothing either way. None: the server could not tell (a failed call)."""
@@ -136,10 +115,10 @@ async def probe_beacon(calls: ReplyCalls, beacon_id: str) -> bool | None:
         max_attempts=UINT32_MAX,
         priority=0,
         custom={},
-        enqueued_at=now_utc(),
+        enqueued_at=utc_now(),
         scheduled_at=None,
         trace_context=None,
-        lease_expires_at=now_utc(),
+        lease_expires_at=utc_now(),
         worker_id=None,
         client=None,
     ).ctx
@@ -192,7 +171,7 @@ class Replies:
     def address(self, waiter: Waiter, ttl_s: float) -> p.ReplyAddress:
         """Where `waiter`'s result goes (the beacon exists: `register` has run)."""
         assert self._beacon is not None
-        until = p.epoch_ms(now_utc() + timedelta(seconds=ttl_s))
+        until = p.epoch_ms(utc_now() + timedelta(seconds=ttl_s))
         return p.ReplyAddress(self.queue, waiter.reply_id, self._beacon.id, until)
 
     def forget(self, waiter: Waiter) -> None:
@@ -233,7 +212,7 @@ class Replies:
 
     # -- the listener's life --------------------------------------------------------------------
 
-    async def register(self, calls: ReplyCalls) -> None:
+    async def register(self, calls: JobsClient) -> None:
         """Make the reply queue: its beacon (reserved and held) and its directory entry.
         ResultUnavailableError if the server refuses them (strict_queues)."""
         try:
@@ -263,7 +242,7 @@ class Replies:
                 " that accepts undeclared queues (strict_queues off)"
             ) from exc
 
-    async def run(self, calls: ReplyCalls) -> None:
+    async def run(self, calls: JobsClient) -> None:
         """Listen until `stop()` (or cancelled): one Reserve of the reply queue and the
         directory at a time, the beacon's lease kept between them. A failure of its own
         (never the client's calls, which it retries) ends every wait rather than the task
@@ -274,7 +253,7 @@ class Replies:
             self._log.error("sepp: the reply listener of %s failed", self.queue, exc_info=exc)
             self._fail_all(ResultUnavailableError(f"the reply listener failed: {exc!r}"))
 
-    async def _listen(self, calls: ReplyCalls) -> None:
+    async def _listen(self, calls: JobsClient) -> None:
         failures = 0
         while not self._stopping:
             wait_s = max(1.0, min(WAIT_S, self._extend_at - self._rt.current_time()))
@@ -297,13 +276,16 @@ class Replies:
                 if self.stopping:  # the client closed under the call
                     return
                 failures += 1
+                delay_s = backoff_delay(
+                    failures, initial=ERROR_BACKOFF_S, multiplier=2.0, cap=MAX_ERROR_BACKOFF_S
+                )
                 self._log.warning(
                     "sepp: the reply listener of %s failed (%s); retrying in %gs",
                     self.queue,
                     exc,
-                    ERROR_BACKOFF_S * min(failures, 10),
+                    delay_s,
                 )
-                await self._rt.sleep(ERROR_BACKOFF_S * min(failures, 10))
+                await self._rt.sleep(delay_s)
 
     def stop(self) -> None:
         """The listener ends at its next turn (the client is closing)."""
@@ -313,7 +295,7 @@ class Replies:
     def stopping(self) -> bool:
         return self._stopping
 
-    async def close(self, calls: ReplyCalls) -> None:
+    async def close(self, calls: JobsClient) -> None:
         """The client closes: release the beacon, so a check clears what is left of the queue
         soon, and end every wait (ResultUnavailableError)."""
         self.stop()
@@ -327,7 +309,7 @@ class Replies:
 
     # -- what a reserve brings -------------------------------------------------------------------
 
-    async def _take(self, calls: ReplyCalls, job: Job) -> None:
+    async def _take(self, calls: JobsClient, job: Job) -> None:
         ctx = job.ctx
         if ctx.queue == DIRECTORY:
             await self._check(calls, job)
@@ -354,13 +336,13 @@ class Replies:
         else:
             waiter.settle(Reply(job.payload))
 
-    async def _ack(self, calls: ReplyCalls, ctx: JobContext) -> None:
+    async def _ack(self, calls: JobsClient, ctx: JobContext) -> None:
         try:
             await calls.ack(ctx)
         except SeppError as exc:  # it comes back when its lease runs out, and is dropped then
             self._log.debug("sepp: could not ack %s in the reply listener: %s", ctx, exc)
 
-    async def _keep_beacon(self, calls: ReplyCalls) -> None:
+    async def _keep_beacon(self, calls: JobsClient) -> None:
         beacon = self._beacon
         if beacon is None:
             return
@@ -389,7 +371,7 @@ class Replies:
     # -- the directory --------------------------------------------------------------------------
 
     async def _put_entry(
-        self, calls: ReplyCalls, queue: str, beacon: str, *, final: bool, generation: int = 0
+        self, calls: JobsClient, queue: str, beacon: str, *, final: bool, generation: int = 0
     ) -> None:
         entry = {"queue": queue, "beacon": beacon, "final": final, "generation": generation}
         request = EnqueueRequest(
@@ -397,11 +379,11 @@ class Replies:
             ENTRY_TYPE,
             payload=Payload.json(entry),
             idempotency_key=f"sepp.replies/{queue}/{beacon}/{generation}",
-            scheduled_at=now_utc() + timedelta(seconds=CHECK_S),
+            scheduled_at=utc_now() + timedelta(seconds=CHECK_S),
         )
         await calls.enqueue(request)
 
-    async def _check(self, calls: ReplyCalls, job: Job) -> None:
+    async def _check(self, calls: JobsClient, job: Job) -> None:
         """A directory entry fell due: the reply queue it names is kept, or cleared."""
         try:
             entry: Any = job.payload.json() if job.payload is not None else None
@@ -423,7 +405,7 @@ class Replies:
             )
         await self._ack(calls, job.ctx)
 
-    async def _clear(self, calls: ReplyCalls, queue: str) -> int:
+    async def _clear(self, calls: JobsClient, queue: str) -> int:
         cleared = 0
         while jobs := await calls.reserve(
             queue, lease_duration=LEASE_S, wait_timeout=0.0, max_jobs=256

@@ -22,16 +22,15 @@ import os
 import ssl
 import threading
 import weakref
-from collections.abc import Callable, Coroutine, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
-from datetime import datetime, timedelta
+from datetime import timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypedDict, TypeVar
 
 import outcome
 
 from .._model.errors import ClientError, OtherRunError
-from .._model.types import EnqueueAck, EnqueueRequest, Job, JobContext
 from .._runtime.blocking_runtime import BLOCKING, run_blocking
 from .._runtime.protocol import CancelScope, EventLike, Runtime, TaskGroup
 from .._runtime.trio_runtime import TRIO
@@ -152,7 +151,7 @@ class SyncClient:
         with self._replies_lock:
             replies, self._replies = self._replies, None
         if replies is not None:
-            run_blocking(replies.close(_BlockingReplyCalls(self)))
+            run_blocking(replies.close(BlockingCalls(self)))
         with self._lock:
             self._closed = True
             engine, self._current = self._current, None
@@ -195,7 +194,7 @@ class SyncClient:
             if self._closed:
                 raise ClientError(f"this sepp.SyncClient ({self._address}) is closed")
             replies = Replies(BLOCKING, self._log())
-            calls = _BlockingReplyCalls(self)
+            calls = BlockingCalls(self)
             run_blocking(replies.register(calls))
             replies.ready.set()
             self._replies = replies
@@ -520,41 +519,32 @@ class _Portal:
             self._thread.join()
 
 
-class _BlockingReplyCalls:
-    """A `SyncClient` as the reply listener calls a client: each call completes before its
-    await does, so the listener's loop runs under `run_blocking`."""
+def _completing(
+    method: Callable[Concatenate[SyncClient, P], T],
+) -> Callable[Concatenate[BlockingCalls, P], Coroutine[Any, Any, T]]:
+    """A `SyncClient` method as a coroutine method that never suspends: same signature."""
+
+    async def call(self: BlockingCalls, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        return method(self._client, *args, **kwargs)
+
+    return call
+
+
+class BlockingCalls:
+    """A `SyncClient`'s calls as a `sepp.Client`'s (`calls.JobsClient`), each complete before
+    its await is: what the reply listener and a submission make run under `run_blocking`."""
+
+    __slots__ = ("_client",)
 
     def __init__(self, client: SyncClient) -> None:
         self._client = client
 
-    async def enqueue(self, request: EnqueueRequest, /) -> EnqueueAck:
-        return self._client.enqueue(request)
-
-    async def reserve(
-        self,
-        queues: Sequence[str] | str,
-        *,
-        lease_duration: float | timedelta = 30.0,
-        wait_timeout: float | timedelta = 20.0,
-        max_jobs: int | None = None,
-    ) -> list[Job] | None:
-        return self._client.reserve(
-            queues, lease_duration=lease_duration, wait_timeout=wait_timeout, max_jobs=max_jobs
-        )
-
-    async def enqueue_atomic(self, jobs: Sequence[EnqueueRequest]) -> list[EnqueueAck]:
-        return self._client.enqueue_atomic(jobs)
-
-    async def ack(self, ctx: JobContext, *, timeout: float | timedelta | None = None) -> None:
-        self._client.ack(ctx, timeout=timeout)
-
-    async def extend(self, ctx: JobContext, lease_duration: float | timedelta) -> datetime:
-        return self._client.extend(ctx, lease_duration)
-
-
-def blocking_calls(client: SyncClient) -> _BlockingReplyCalls:
-    """`client`'s calls as coroutines that complete before their await does."""
-    return _BlockingReplyCalls(client)
+    enqueue = _completing(SyncClient.enqueue)
+    enqueue_atomic = _completing(SyncClient.enqueue_atomic)
+    reserve = _completing(SyncClient.reserve)
+    ack = _completing(SyncClient.ack)
+    nack = _completing(SyncClient.nack)
+    extend = _completing(SyncClient.extend)
 
 
 _LIVE: weakref.WeakSet[SyncClient] = weakref.WeakSet()

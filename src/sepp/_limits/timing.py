@@ -10,11 +10,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from .._runtime.concurrency import ServiceRuntime
+from .._runtime.wall_clock import utc_now
 from .client_calls import LimitClient
-
-
-def utc_now() -> datetime:
-    return datetime.now(timezone.utc)
 
 
 class ServerClock:
@@ -35,9 +32,6 @@ class ServerClock:
         self.offset_s = 0.0
         self.uncertainty_s = math.inf  # half the round trip of the last measurement
         self.max_lease_s: float | None = None
-
-    def use(self, cc: ServiceRuntime) -> None:
-        self._cc = cc
 
     async def sync(self) -> None:
         """Measure the offset (and the lease ceiling) again; keeps the old one on failure."""

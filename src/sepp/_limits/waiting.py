@@ -6,7 +6,7 @@ always serves the jobs that can run."""
 
 from __future__ import annotations
 
-import random
+from .._model.backoff import backoff_delay, shortening_draw
 
 DEFAULT_PATIENCE_S = 5.0
 FIRST_DEFERRAL_S = 1.0
@@ -53,5 +53,11 @@ def deferral_delay_s(
     (½, 1] of that so that jobs deferred together do not all come back together."""
     if hint_s is not None:
         return min(max(hint_s, 0.0), longest_s)
-    step = min(first_s * 2.0 ** min(deferrals_so_far, 30), longest_s)
-    return step * (1.0 - 0.5 * random.random())
+    return backoff_delay(
+        deferrals_so_far + 1,
+        initial=first_s,
+        multiplier=2.0,
+        cap=longest_s,
+        jitter=0.5,
+        draw=shortening_draw(),
+    )

@@ -6,8 +6,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Coroutine, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Generic, NamedTuple, Protocol, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar, overload
 
+from .._client.calls import JobsClient
+from .._client.client_kind import either_client
 from .._client.replies import Replies, Reply, Waiter
 from .._model import pipelines as p
 from .._model import validate as v
@@ -28,14 +30,6 @@ R = TypeVar("R")
 
 Decode = Callable[[Payload | None], Any]
 Combine = Callable[[list[Any]], Any]
-
-
-class SubmitCalls(Protocol):
-    """The calls a submission makes (`sepp.Client`'s; a `SyncClient`'s as coroutines)."""
-
-    async def enqueue(self, request: EnqueueRequest, /) -> EnqueueAck: ...
-
-    async def enqueue_atomic(self, jobs: Sequence[EnqueueRequest]) -> list[EnqueueAck]: ...
 
 
 def _single(values: list[Any]) -> Any:
@@ -222,7 +216,7 @@ class Submittable(Generic[R]):
 
         what = f"{type(self).__name__}.submit"
         submission = self._submission()
-        checked = checked_client(client, what)
+        checked = either_client(client, what)
         if isinstance(checked, SyncClient):
             return submit_blocking(checked, submission, result_ttl)
         return submit_async(checked, submission, result_ttl)
@@ -253,7 +247,7 @@ class OneJob(Submittable[R]):
         first step's."""
         (request,) = self._enqueue_requests()
         what = f"{type(self).__name__}.enqueue"
-        return checked_client(client, what).enqueue(request, timeout=timeout)
+        return either_client(client, what).enqueue(request, timeout=timeout)
 
 
 # -- submitting ---------------------------------------------------------------------------------
@@ -269,7 +263,7 @@ def checked_ttl(result_ttl: float | timedelta) -> float:
 
 
 async def submit(
-    calls: SubmitCalls, replies: Replies, submission: Submission, ttl_s: float
+    calls: JobsClient, replies: Replies, submission: Submission, ttl_s: float
 ) -> tuple[_Results, tuple[EnqueueAck, ...]]:
     """Enqueue the submission's requests, each carrying the address of a new waiter of
     `replies` (one request alone, or atomically together)."""
@@ -304,20 +298,6 @@ async def submit(
     return results, acks
 
 
-def checked_client(client: object, what: str) -> Client | SyncClient:
-    """`client`, a `sepp.Client` or a `sepp.SyncClient`; TypeError (before anything is sent)
-    for anything else."""
-    from .._client.client import Client
-    from .._client.sync import SyncClient
-
-    if not isinstance(client, Client | SyncClient):
-        raise TypeError(
-            f"{what} takes a sepp.Client (await the result) or a sepp.SyncClient, not a"
-            f" {type(client).__qualname__}"
-        )
-    return client
-
-
 async def submit_async(
     client: Client, submission: Submission, result_ttl: float | timedelta
 ) -> ResultHandle[Any]:
@@ -330,11 +310,11 @@ async def submit_async(
 def submit_blocking(
     client: SyncClient, submission: Submission, result_ttl: float | timedelta
 ) -> SyncResultHandle[Any]:
-    from .._client.sync import blocking_calls
+    from .._client.sync import BlockingCalls
 
     ttl_s = checked_ttl(result_ttl)
     replies = client._awaiting_results()
-    results, acks = run_blocking(submit(blocking_calls(client), replies, submission, ttl_s))
+    results, acks = run_blocking(submit(BlockingCalls(client), replies, submission, ttl_s))
     return SyncResultHandle(results, acks)
 
 

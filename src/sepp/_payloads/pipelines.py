@@ -10,10 +10,11 @@ from collections.abc import Coroutine, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
+from .._client.client_kind import either_client
 from .._model import pipelines as p
 from .._model.errors import ValidationError
 from .._model.types import EnqueueAck, EnqueueRequest
-from .handles import SINGLE, Decode, OneJob, Submission, Submittable, checked_client
+from .handles import SINGLE, Decode, OneJob, Submission, Submittable
 from .task import Task, TaskJob
 
 if TYPE_CHECKING:
@@ -143,7 +144,7 @@ class Group(Submittable[R]):
         """Enqueue every member in one atomic enqueue (await it with a `sepp.Client`):
         all are enqueued, or `sepp.BatchValidationError` says which were refused and none is."""
         requests = self._enqueue_requests()
-        return checked_client(client, "Group.enqueue").enqueue_atomic(requests, timeout=timeout)
+        return either_client(client, "Group.enqueue").enqueue_atomic(requests, timeout=timeout)
 
     def _submission(self) -> Submission:
         # The first member found failed fails the group's result (JobFailedError).

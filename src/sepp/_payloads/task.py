@@ -7,6 +7,7 @@ from collections.abc import Coroutine, Mapping
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Generic, TypedDict, TypeVar, Unpack, overload
 
+from .._client.client_kind import either_client
 from .._model import pipelines as p
 from .._model import validate as v
 from .._model.errors import SeppError, ValidationError
@@ -359,18 +360,11 @@ class Task(Generic[T, R]):
         result; a `sepp.SyncClient` blocks and returns the `EnqueueAck`. Raises
         JobRejectedError if the server rejects it; a payload that does not encode raises
         ValidationError before anything is sent, as any other client raises TypeError."""
-        from .._client.client import Client
-
-        blocking = not isinstance(client, Client)
-        if blocking:
-            from .._client.sync import SyncClient
-
-            if not isinstance(client, SyncClient):
-                raise TypeError(
-                    f"Task.enqueue(client, payload) takes a sepp.Client (await the result) or a"
-                    f" sepp.SyncClient, not a {type(client).__qualname__}; with another client,"
-                    f" call its enqueue(task.request(payload)) ({self!r})"
-                )
+        client = either_client(
+            client,
+            "Task.enqueue(client, payload)",
+            f"; with another client, call its enqueue(task.request(payload)) ({self!r})",
+        )
         request = self.request(
             payload,
             queue=queue,

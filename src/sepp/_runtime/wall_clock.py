@@ -38,7 +38,7 @@ def _run_vars() -> list[Any]:
     return _RUN_VARS
 
 
-def _trio_clock() -> Any:
+def trio_clock() -> Any:
     """The current trio run's clock, or None outside a trio run (trio not even imported)."""
     if "trio" not in sys.modules:
         return None
@@ -63,7 +63,7 @@ def _running_loop() -> object | None:
 
 def wall_ns() -> int:
     """Nanoseconds since the epoch, on the clock described above."""
-    clock = _trio_clock()
+    clock = trio_clock()
     if clock is not None:
         anchor_var, installed_var = _run_vars()
         installed: WallReader | None = installed_var.get(None)
@@ -92,7 +92,7 @@ def utc_now() -> datetime:
 
 def virtual() -> bool:
     """Whether the wall clock here follows something other than the system's clock."""
-    clock = _trio_clock()
+    clock = trio_clock()
     if clock is not None:
         return _run_vars()[1].get(None) is not None or type(clock).__name__ != "SystemClock"
     loop = _running_loop()
@@ -102,7 +102,7 @@ def virtual() -> bool:
 def install(reader: WallReader) -> Callable[[], None]:
     """Make `reader` the wall clock of the current trio run or asyncio loop; returns what
     undoes it. Outside both, a RuntimeError."""
-    if _trio_clock() is not None:
+    if trio_clock() is not None:
         installed_var = _run_vars()[1]
         installed_var.set(reader)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from .._limits.client_calls import LeaseClient
+from .._client.calls import LeaseClient
 
 
 class WorkerClient(LeaseClient, Protocol):

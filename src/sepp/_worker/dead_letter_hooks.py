@@ -4,7 +4,6 @@ thread, as a `def` handler does."""
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -55,16 +54,11 @@ def checked_hook(field: str, hook: object) -> tuple[HookCall, ...]:
             raise TypeError(
                 f"{field}: the hook {name}{signature} cannot be called as hook(ctx, exc)"
             ) from None
-    if _is_async(hook):
+    from .thread_handlers import is_async_callable
+
+    if is_async_callable(hook):
         return (HookCall(name, hook),)
     return (HookCall(name, _in_a_thread(hook, name)),)
-
-
-def _is_async(fn: object) -> bool:
-    if inspect.iscoroutinefunction(fn):
-        return True
-    # An object with an async __call__ (a function's type is callable too, never async).
-    return not inspect.isroutine(fn) and inspect.iscoroutinefunction(type(fn).__call__)
 
 
 def _in_a_thread(hook: Callable[..., object], name: str) -> HookFn:

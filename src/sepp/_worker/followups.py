@@ -14,27 +14,20 @@ custom map's truth.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
-from datetime import timedelta
-from typing import Any, Protocol, cast
+from collections.abc import Callable
+from typing import Any, cast
 
-from .._client.replies import ReplyCalls, now_utc, probe_beacon
+from .._client.calls import JobsClient
+from .._client.chunking import DEFAULT_MAX_ENQUEUE_BATCH
+from .._client.replies import probe_beacon
 from .._model import pipelines as p
 from .._model.errors import BatchValidationError, SeppError, ValidationError
 from .._model.settlement import HandlerError, Outcome, describe
-from .._model.types import EnqueueAck, EnqueueRequest, JobContext, Payload
+from .._model.types import EnqueueRequest, JobContext, Payload
+from .._runtime.wall_clock import utc_now
 from .._util.log import Log
 
 EncodeResult = Callable[[Any], Payload | None]
-DEFAULT_MAX_BATCH = 256  # the server's default max_enqueue_batch
-
-
-class FollowUpClient(ReplyCalls, Protocol):
-    """The client calls follow-ups need besides the Worker's own (`sepp.Client` has them)."""
-
-    async def enqueue_atomic(
-        self, jobs: Sequence[EnqueueRequest], *, timeout: float | timedelta | None = ...
-    ) -> list[EnqueueAck]: ...
 
 
 def default_encode_result(value: object) -> Payload | None:
@@ -51,7 +44,7 @@ class FollowUps:
     """The Worker's sender of what succeeded jobs lead to, over its client."""
 
     def __init__(self, client: object, log: Log) -> None:
-        self._client = cast("FollowUpClient", client)
+        self._client = cast("JobsClient", client)
         self._log = log
 
     async def succeeded(self, ctx: JobContext, returned: object, encode: EncodeResult) -> None:
@@ -83,7 +76,7 @@ class FollowUps:
             requests.append(p.next_step_request(position, payload, address, ctx.id))
             address = None  # the last step sends the result
         if requests:
-            await self._enqueue(ctx, requests)
+            await self._enqueue(requests)
         if address is not None:
             await self._reply(ctx, address, payload, None)
 
@@ -110,7 +103,7 @@ class FollowUps:
         )
         await self._reply(ctx, address, None, failure)
 
-    async def _enqueue(self, ctx: JobContext, requests: list[EnqueueRequest]) -> None:
+    async def _enqueue(self, requests: list[EnqueueRequest]) -> None:
         client = self._client
         if getattr(client, "enqueue_atomic", None) is None:
             raise HandlerError.permanent(
@@ -139,7 +132,7 @@ class FollowUps:
         """Best effort: a result nobody can take is not sent, and one that cannot be sent is
         logged, the job acked (or nacked) as it would be; its awaiter's wait ends at its
         deadline."""
-        if address.expired(now_utc()):
+        if address.expired(utc_now()):
             return  # the awaiting handle has given up
         client = self._client
         if await probe_beacon(client, address.beacon) is False:
@@ -154,8 +147,8 @@ class FollowUps:
 
 def _max_batch(client: object) -> int:
     limit = getattr(client, "_max_enqueue_batch", None)
-    most = limit() if callable(limit) else DEFAULT_MAX_BATCH
-    return most if isinstance(most, int) and most > 0 else DEFAULT_MAX_BATCH
+    most = limit() if callable(limit) else DEFAULT_MAX_ENQUEUE_BATCH
+    return most if isinstance(most, int) and most > 0 else DEFAULT_MAX_ENQUEUE_BATCH
 
 
 def _refused(exc: BatchValidationError, chunk: list[EnqueueRequest], start: int) -> HandlerError:

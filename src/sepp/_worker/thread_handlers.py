@@ -88,6 +88,14 @@ def is_sync_function(fn: object) -> bool:
     )
 
 
+def is_async_callable(fn: object) -> bool:
+    """An `async def` function or method, or an object whose `__call__` is one (a function's
+    type is callable too, never async)."""
+    if inspect.iscoroutinefunction(fn):
+        return True
+    return not inspect.isroutine(fn) and inspect.iscoroutinefunction(type(fn).__call__)
+
+
 def run_in_thread(
     fn: Callable[[Payload | None, SyncJobContext], object],
 ) -> Callable[[Payload | None, JobContext], Awaitable[object]]:

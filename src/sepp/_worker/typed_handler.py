@@ -107,6 +107,7 @@ def _adapter(
 ) -> Callable[[Payload | None, JobContext], Any]:
     """`fn` behind a decoder: sync stays sync (a worker may run it in a thread)."""
     from .._payloads.codecs import PayloadDecodeError, type_name
+    from .thread_handlers import is_async_callable
 
     decode = codec.decode
     directive = Retry.DEAD_LETTER if on_invalid == "dead_letter" else Retry.DEFAULT
@@ -115,8 +116,7 @@ def _adapter(
         reason = f"{what}: payload does not decode into {type_name(into)}: {error.error}"
         return PoisonPayload(reason, directive)
 
-    call = type(fn).__call__ if not inspect.isroutine(fn) else None  # an object: its method
-    if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(call):
+    if is_async_callable(fn):
 
         async def decoded(payload: Payload | None, ctx: JobContext) -> Any:
             try:

@@ -5,7 +5,6 @@ for blocking code."""
 from __future__ import annotations
 
 import contextlib
-import sys
 import threading
 from collections.abc import AsyncIterator, Callable
 from datetime import datetime, timedelta, timezone
@@ -102,7 +101,7 @@ class MemoryServer:
         if isinstance(clock, ManualClock):
             clock.advance(seconds)
         else:
-            run_clock = _trio_clock()
+            run_clock = wall_clock.trio_clock()
             if run_clock is None or not hasattr(run_clock, "jump"):
                 raise RuntimeError(
                     "time can be moved under a trio MockClock or a sepp.testing.ManualClock; "
@@ -274,14 +273,6 @@ def _nothing() -> None:
     pass
 
 
-def _trio_clock() -> object | None:
-    if not _in_trio_run():
-        return None
-    import trio
-
-    return trio.lowlevel.current_clock()
-
-
 async def _checkpoint() -> None:
     if _in_trio_run():
         import trio
@@ -294,15 +285,7 @@ async def _checkpoint() -> None:
 
 
 def _in_trio_run() -> bool:
-    if "trio" not in sys.modules:
-        return False
-    import trio
-
-    try:
-        trio.lowlevel.current_task()
-    except RuntimeError:
-        return False
-    return True
+    return wall_clock.trio_clock() is not None
 
 
 @contextlib.asynccontextmanager
