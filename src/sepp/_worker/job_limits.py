@@ -463,19 +463,19 @@ class JobLimits:
     # -- the log ------------------------------------------------------------------------------
 
     def _report_wait(self, ctx: JobContext, entry: LimitEntry, key: str) -> None:
-        stats = entry.stats(key)
+        stats = entry.stats(key)  # before this job joins its waiters
         limit = entry.limit
         args = (
             ctx,
             entry.label,
             f" (key {key!r})" if key else "",
             stats.running,
-            stats.waiting,
+            stats.waiting + 1,
             _describe(limit),
         )
         text = "sepp: %s waits for limit %r%s: %d running, %d waiting in this worker (%s)"
         # A global limit always asks the server: it is news only when it is busy here too.
-        if not limit.is_global or stats.running or stats.waiting > 1:
+        if not limit.is_global or stats.running or stats.waiting:
             self._log.info(text, *args, extra={"sepp_limit": entry.label})
         else:
             self._log.debug(text, *args)

@@ -1,7 +1,8 @@
 """The `limit=` of a registration and of a Router, checked: which `sepp.Limit`s a handler's
 jobs pass, and which of them are one and the same limit.
 
-A handler's own limit is named after its job type when it has no name; limits with one name
+A handler's own limit is named after its job type when it has no name (a second unnamed one
+in its list `<job type>.2`, and so on); limits with one name
 are one limit (in a Worker, and for `scope="global"` across every process), so the same
 name with other values is refused. A Router's own limit is one limit for all of its handlers:
 named, or else that Router's alone (a global one must be named: every process must agree)."""
@@ -45,12 +46,16 @@ def checked_limits(
         return ()
     items = [limit] if isinstance(limit, Limit) else _listed(field, limit)
     uses = []
+    unnamed = 0
     for index, item in enumerate(items):
         where = field if isinstance(limit, Limit) else f"{field}[{index}]"
         if not isinstance(item, Limit):
             raise ValidationError(where, f"must be a sepp.Limit, got {type(item).__name__}")
         if job_type is not None:
-            uses.append(LimitUse(item.named(job_type)))
+            if item.name is None:
+                unnamed += 1
+            default = job_type if unnamed <= 1 else f"{job_type}.{unnamed}"
+            uses.append(LimitUse(item.named(default)))
         elif item.name is not None:
             uses.append(LimitUse(item))
         elif item.is_global:
