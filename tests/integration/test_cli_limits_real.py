@@ -100,7 +100,7 @@ def read(app_dir: Path) -> list[dict[str, Any]]:
 
 async def wait_for(app_dir: Path, done: Callable[[list[dict[str, Any]]], bool]) -> None:
     with trio.fail_after(HANG_GUARD_S):
-        while not done(read(app_dir)):
+        while not done(read(app_dir)):  # noqa: ASYNC110 - other processes write the file
             await trio.sleep(0.1)
 
 

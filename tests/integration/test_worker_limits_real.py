@@ -8,6 +8,8 @@ never bounded by the clock."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -18,7 +20,7 @@ import trio
 from fixtures.fake_client import RecordingLogger
 
 import sepp
-from sepp.testing import SeppServer
+from sepp.testing import SeppServer, sepp_server
 
 pytestmark = [pytest.mark.real_server]
 
@@ -168,3 +170,96 @@ async def test_a_local_limit_holds_on_an_asyncio_worker(sepp_server: SeppServer)
 
     await trio.to_thread.run_sync(asyncio.run, main())
     check_local_limit(record)
+
+
+async def test_a_lost_global_permit_cancels_its_handler_and_the_job_is_deferred() -> None:
+    """The server stops answering (SIGSTOP) while a handler holds a global permit: the holder
+    fences itself within the permit's lease, cancelling its handler before the permit could
+    go to anyone else, and the job is deferred, to run again at its same attempt."""
+    config = {"admin": {"enabled": False}, "storage": {"persist_mode": "sync_data"}}
+    logger = RecordingLogger()
+    monitor = sepp.WorkerMonitor()
+    runs: list[tuple[int, int, str]] = []  # (attempt, logical attempt, how it ended)
+    started, cancelled, finished = trio.Event(), trio.Event(), trio.Event()
+    with trio.fail_after(HANG_GUARD_S):
+        async with sepp_server(config) as server, sepp.open(server.address) as client:
+            await client.enqueue(QUEUE, "fenced")
+            worker = sepp.Worker(client, QUEUE, wait_timeout=1, logger=logger, monitor=monitor)
+            limit = sepp.Limit(concurrency=1, scope="global", name="fenced", lease=1.5)
+
+            @worker.handler("fenced", limit=limit)
+            async def fenced(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
+                ending = "cancelled"
+                try:
+                    if not runs:
+                        started.set()
+                        await trio.sleep_forever()
+                    ending = "returned"
+                finally:
+                    runs.append((ctx.attempt, ctx.logical_attempt, ending))
+                    (cancelled if ending == "cancelled" else finished).set()
+
+            async with trio.open_nursery() as nursery:
+                await nursery.start(worker.run)
+                await started.wait()
+                assert server.pid is not None
+                os.kill(server.pid, signal.SIGSTOP)
+                try:
+                    await cancelled.wait()  # by the holder's own clock: the server is stopped
+                finally:
+                    os.kill(server.pid, signal.SIGCONT)
+                await finished.wait()
+                worker.shutdown()
+    assert runs == [(1, 1, "cancelled"), (1, 1, "returned")]
+    assert logger.matching("could not keep its permit")
+    text = monitor.prometheus_text()
+    assert 'sepp_worker_limit_lost_total{limit="fenced",scope="global"} 1' in text
+    assert 'sepp_worker_jobs_deferred_total{queue="work",job_type="fenced"} 1' in text
+
+
+async def test_at_shutdown_the_waiting_jobs_are_deferred_and_run_elsewhere_at_attempt_1(
+    sepp_server: SeppServer,
+) -> None:
+    seen: list[tuple[str, int, int]] = []
+    started = trio.Event()
+    limit = sepp.Limit(concurrency=1, name="single")
+    with trio.fail_after(HANG_GUARD_S):
+        async with sepp.open(sepp_server.address) as client:
+            ids = {
+                a.job_id
+                for a in await client.enqueue_batch(
+                    [sepp.EnqueueRequest(QUEUE, "single", max_attempts=1) for _ in range(4)]
+                )
+                if isinstance(a, sepp.EnqueueAck)
+            }
+            first = sepp.Worker(client, QUEUE, wait_timeout=1, limit_patience=None)
+
+            @first.handler("single", limit=limit)
+            async def hold(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
+                seen.append((ctx.id, ctx.attempt, ctx.logical_attempt))
+                started.set()
+                await trio.sleep(0.5)
+
+            async with trio.open_nursery() as nursery:
+                await nursery.start(first.run)
+                await started.wait()
+                while first.in_flight < 4:  # noqa: ASYNC110 - one runs, three wait for it
+                    await trio.sleep(0.01)
+                first.shutdown()
+            assert len(seen) == 1  # the others were given back, not run, and not nacked
+            second = sepp.Worker(client, QUEUE, wait_timeout=1)
+            done = trio.Event()
+
+            @second.handler("single", limit=limit)
+            async def run(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
+                seen.append((str(ctx.custom["sepp.deferred.of"]), ctx.attempt, ctx.logical_attempt))
+                if len(seen) == 4:
+                    done.set()
+
+            async with trio.open_nursery() as nursery:
+                await nursery.start(second.run)
+                await done.wait()
+                second.shutdown()
+    # max_attempts=1: a nack would have dead-lettered them; a deferral costs no attempt.
+    assert {origin for origin, *_ in seen} == ids
+    assert {(attempt, logical) for _, attempt, logical in seen} == {(1, 1)}

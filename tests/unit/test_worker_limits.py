@@ -49,6 +49,11 @@ async def running(worker: sepp.Worker) -> AsyncIterator[trio.Nursery]:
         worker.shutdown()
 
 
+async def wait_until(condition: Any) -> None:
+    while not condition():  # noqa: ASYNC110 - the fake's records have no event
+        await trio.sleep(0.1)
+
+
 async def noop(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
     pass
 
@@ -158,8 +163,7 @@ async def test_a_job_waits_in_the_room_and_one_that_finds_it_full_is_deferred(
         assert copy.idempotency_key == f"sepp.defer:{copy.custom[deferral.ORIGIN]}"
         assert copy.max_attempts == 3 and copy.scheduled_at is not None
         release.set()
-        while len(ran) < 3:
-            await trio.sleep(0.5)
+        await wait_until(lambda: len(ran) == 3)
     assert sorted(origin for origin, *_ in ran) == sorted(ids)
     assert [(a, logical) for _, a, logical, _ in ran] == [(1, 1)] * 3
     assert fake.nacks == []  # waiting never nacks
@@ -192,8 +196,7 @@ async def test_a_job_whose_patience_runs_out_is_deferred_with_its_attempts_left(
         # Its third delivery waited and never ran: it is given back with the rest.
         assert (copy.max_attempts, copy.custom[deferral.SPENT]) == (3, 2)
         release.set()
-        while len(seen) < 2:
-            await trio.sleep(0.5)
+        await wait_until(lambda: len(seen) == 2)
     # The copy is a new job, attempt 1 of the 3 left; counted across, attempt 3 of 5 still.
     assert seen == [(3, 5, 3, 5), (1, 3, 3, 5)]
     assert "waited 2.5s for limit 'slow'" in log_of(worker).matching(" deferred: ")[0][1]
@@ -266,8 +269,7 @@ async def test_a_failed_copy_backs_off_by_its_attempt_counted_across_deferrals(
         raise RuntimeError("no")
 
     async with running(worker):
-        while not fake.nacks:
-            await trio.sleep(0.1)
+        await wait_until(lambda: fake.nacks)
     (nack,) = fake.nacks
     assert nack.job_id == copy_id
     assert nack.retry == Retry.after(8.0)  # attempt 4 overall: 1 · 2³
@@ -279,8 +281,7 @@ async def test_a_key_function_that_raises_fails_its_job(autojump_clock: MockCloc
     worker = make_worker(fake)
     worker.handle("keyed", noop, limit=sepp.Limit(concurrency=1, key=lambda c: c.custom["t"]))
     async with running(worker):
-        while not fake.nacks:
-            await trio.sleep(0.1)
+        await wait_until(lambda: fake.nacks)
     assert "KeyError" in (fake.nacks[0].reason or "")
 
 
