@@ -13,7 +13,7 @@ import os
 import signal
 import textwrap
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
@@ -25,6 +25,7 @@ import trio
 import sepp
 from sepp.testing import SeppServer, sepp_server
 from tests.integration.test_cli_real import Running, spawn
+from tests.integration.test_limits_processes_real import intervals, overlaps
 
 pytestmark = [pytest.mark.real_server]
 
@@ -106,31 +107,6 @@ async def wait_for(app_dir: Path, done: Callable[[list[dict[str, Any]]], bool]) 
 
 def ended(records: list[dict[str, Any]]) -> Counter[str]:
     return Counter(r["id"] for r in records if r["event"] == "end")
-
-
-def intervals(
-    records: list[dict[str, Any]], killed: dict[int, float] | None = None
-) -> dict[str, list[tuple[float, float, int]]]:
-    """Per key: (start, end, pid) of every run; a run of a killed process ends at the kill."""
-    starts: dict[tuple[int, str], dict[str, Any]] = {}
-    out: dict[str, list[tuple[float, float, int]]] = defaultdict(list)
-    for r in records:
-        if r["event"] == "start":
-            starts[(r["pid"], r["id"])] = r
-        elif r["event"] == "end":
-            s = starts.pop((r["pid"], r["id"]))
-            out[r["key"]].append((s["t"], r["t"], r["pid"]))
-    for (pid, _), s in starts.items():
-        assert killed is not None and pid in killed, "a run that never ended"
-        out[s["key"]].append((s["t"], killed[pid], pid))
-    return out
-
-
-def overlaps(runs: list[tuple[float, float, int]]) -> int:
-    ordered = sorted(runs)
-    return sum(
-        1 for n, (start, _, _) in enumerate(ordered) for _, end, _ in ordered[:n] if start < end
-    )
 
 
 async def enqueue(server: SeppServer, job_type: str, custom: list[dict[str, Any]]) -> set[str]:

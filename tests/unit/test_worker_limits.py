@@ -9,13 +9,11 @@ against the real server, tests/integration/test_worker_limits_real.py."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
 import trio
-from fixtures.fake_client import FakeClient, RecordingLogger
+from fixtures.fake_client import FakeClient
 from trio.testing import MockClock
 
 import sepp
@@ -23,30 +21,15 @@ from sepp import Retry
 from sepp._limits import deferral
 from sepp._worker.limit_uses import LimitUse
 from sepp._worker.router import registered_handlers
+from tests.unit.test_worker import log_of, running
+from tests.unit.test_worker import make_worker as worker_on
 
 pytestmark = pytest.mark.fixture  # a scripted FakeClient
 
 
 def make_worker(fake: FakeClient, **options: Any) -> sepp.Worker:
-    options.setdefault("queues", ["q"])
-    options.setdefault("logger", RecordingLogger())
-    options.setdefault("backoff", Retry.DEFAULT)
     options.setdefault("wait_timeout", 1.0)
-    return sepp.Worker(fake, _wall_clock=fake.now, **options)
-
-
-def log_of(worker: sepp.Worker) -> RecordingLogger:
-    target = worker._log._target
-    assert isinstance(target, RecordingLogger)
-    return target
-
-
-@asynccontextmanager
-async def running(worker: sepp.Worker) -> AsyncIterator[trio.Nursery]:
-    async with trio.open_nursery() as nursery:
-        await nursery.start(worker.run)
-        yield nursery
-        worker.shutdown()
+    return worker_on(fake, **options)
 
 
 async def wait_until(condition: Any) -> None:
