@@ -268,6 +268,27 @@ async def test_a_key_function_that_raises_fails_its_job(autojump_clock: MockCloc
     assert "KeyError" in (fake.nacks[0].reason or "")
 
 
+async def test_a_deferred_copys_follow_ups_are_keyed_by_the_first_job_as_its_own_would_be(
+    autojump_clock: MockClock,
+) -> None:
+    fake = FakeClient()
+    (copy,) = await fake.enqueue_batch(
+        [sepp.EnqueueRequest("q", "step", custom={deferral.ORIGIN: "first-id", deferral.COUNT: 1})]
+    )
+    fake.add("step")
+    worker = make_worker(fake)
+
+    @worker.handler("step", limit=ONE)
+    async def step(payload: sepp.Payload | None, ctx: sepp.JobContext) -> None:
+        ctx.then(sepp.EnqueueRequest("q", "next"))
+
+    async with running(worker):
+        await wait_until(lambda: len(fake.acks) == 2)
+    keys = sorted(r.idempotency_key or "" for r in fake.enqueued if r.job_type == "next")
+    first = next(c.job_id for c in fake.acks if c.job_id != copy.job_id)
+    assert keys == sorted(["sepp.then/first-id/0", f"sepp.then/{first}/0"])
+
+
 # -- what shows ----------------------------------------------------------------------------------
 
 

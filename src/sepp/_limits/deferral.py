@@ -25,6 +25,7 @@ from .._model.deferred import COUNT as COUNT
 from .._model.deferred import ENTRIES
 from .._model.deferred import ORIGIN as ORIGIN
 from .._model.deferred import SPENT as SPENT
+from .._model.deferred import origin_id as _origin_id
 from .._model.deferred import spent_attempts as _spent_attempts
 from .._model.errors import AttemptMismatchError, JobNotFoundError
 from .._model.rejections import JobRejection
@@ -66,8 +67,7 @@ def deferrals(ctx: JobContext) -> int:
 
 def origin_id(ctx: JobContext) -> str:
     """The id of the job first enqueued, before any deferral."""
-    value = ctx.custom.get(ORIGIN)
-    return value if type(value) is str and value else ctx.id
+    return _origin_id(ctx.custom, ctx.id)
 
 
 def deferral_request(job: Job, *, scheduled_at: datetime | None) -> EnqueueRequest:

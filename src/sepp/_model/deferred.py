@@ -16,3 +16,11 @@ def spent_attempts(custom: Mapping[str, object]) -> int:
     """Attempts the job spent before this copy of it (0 for a job never deferred)."""
     value = custom.get(SPENT) if custom else None
     return value if type(value) is int and value >= 0 else 0
+
+
+def origin_id(custom: Mapping[str, object], job_id: str) -> str:
+    """The id of the job first enqueued, before any deferral (`job_id` for one never
+    deferred): what a job's follow-ups and result are keyed by, so that they are made once
+    however many copies the job had."""
+    value = custom.get(ORIGIN) if custom else None
+    return value if type(value) is str and value else job_id
