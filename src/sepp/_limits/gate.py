@@ -62,13 +62,6 @@ class LimitGate:
         else:
             self._local = LocalLimiter(limit, cc)
 
-    def use(self, cc: ServiceRuntime) -> None:
-        """Run on `cc` (before `run()` and before anything is admitted)."""
-        if self._local is not None:
-            self._local.use(cc)
-        if self._global is not None:
-            self._global.use(cc)
-
     def key_of(self, ctx: JobContext) -> str:
         return self.limit.key_of(ctx)
 
@@ -160,13 +153,6 @@ class GlobalLimiter:
             self._rate = GlobalRate(*common, size=limit.rate, worker_id=worker_id, cc=cc)
             self._pools.append(self._rate)
         self._closed: Event = cc.event()
-
-    def use(self, cc: ServiceRuntime) -> None:
-        self._cc = cc
-        self.clock.use(cc)
-        for pool in self._pools:
-            pool.use(cc)
-        self._closed = cc.event()
 
     async def admit(self, key: str, *, patience_s: float) -> Admission | None:
         cc = self._cc

@@ -124,9 +124,6 @@ class GlobalPool:
         self.error: GlobalLimitError | None = None
         self.closing = False
         self.pending = 0  # moves started in the background and not finished
-        self.use(cc)
-
-    def use(self, cc: ServiceRuntime) -> None:
         self.cc = cc
         self._pending_done = cc.parking_lot()
 

@@ -52,10 +52,6 @@ class LocalLimiter:
         self._rate = limit.rate
         self._per = limit.per
         self._keys: dict[str, _KeyState] = {}
-        self.use(cc)
-
-    def use(self, cc: ServiceRuntime) -> None:
-        """Run on `cc` (before anything waits)."""
         self._cc = cc
 
     # -- admitting ----------------------------------------------------------------------------

@@ -36,9 +36,6 @@ class ServerClock:
         self.uncertainty_s = math.inf  # half the round trip of the last measurement
         self.max_lease_s: float | None = None
 
-    def use(self, cc: ServiceRuntime) -> None:
-        self._cc = cc
-
     async def sync(self) -> None:
         """Measure the offset (and the lease ceiling) again; keeps the old one on failure."""
         get_info = getattr(self._client, "get_server_info", None)
