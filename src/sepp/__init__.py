@@ -122,6 +122,7 @@ _PUBLIC: dict[str, tuple[str, bool]] = {
     "Schedule": ("_scheduling.schedule", LAZY),
     "Scheduler": ("_scheduling.scheduler", LAZY),
     "Limit": ("_limits.limit", LAZY),
+    "LimitStats": ("_model.limit_stats", LAZY),
     "CallNext": ("_worker.middleware", LAZY),
     "DeadLetterHook": ("_worker.dead_letter_hooks", LAZY),
     "Middleware": ("_worker.middleware", LAZY),
@@ -171,6 +172,7 @@ if TYPE_CHECKING:
     from ._model.errors import UnexpectedStatusError as UnexpectedStatusError
     from ._model.errors import UnknownQueuesError as UnknownQueuesError
     from ._model.errors import ValidationError as ValidationError
+    from ._model.limit_stats import LimitStats as LimitStats
     from ._model.rejection_reasons import CustomEntriesTooMany as CustomEntriesTooMany
     from ._model.rejection_reasons import CustomKeyTooLong as CustomKeyTooLong
     from ._model.rejection_reasons import CustomMapTooLarge as CustomMapTooLarge

@@ -5,7 +5,8 @@ how many run, how many wait)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+
+from .._model.limit_stats import LimitStats as LimitStats
 
 LostCallback = Callable[[str], None]
 
@@ -74,19 +75,3 @@ class Admissions:
     def _release_parts(self, _: Admission) -> None:
         for part in self._parts:
             part.release()
-
-
-@dataclass(frozen=True, slots=True)
-class LimitStats:
-    """One limit's state for one key in this process: how many of its handlers hold an
-    admission (`running`) and how many wait for one (`waiting`), against `concurrency` and
-    `rate` per `per` seconds. For a global limit the counts are this process's share."""
-
-    name: str | None
-    scope: str
-    key: str
-    running: int
-    waiting: int
-    concurrency: int | None
-    rate: int | None
-    per: float

@@ -21,13 +21,16 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Protocol
 
+from .._model.deferred import COUNT as COUNT
+from .._model.deferred import ENTRIES
+from .._model.deferred import ORIGIN as ORIGIN
+from .._model.deferred import SPENT as SPENT
+from .._model.deferred import origin_id as _origin_id
+from .._model.deferred import spent_attempts as _spent_attempts
 from .._model.errors import AttemptMismatchError, JobNotFoundError
 from .._model.rejections import JobRejection
 from .._model.types import EnqueueAck, EnqueueRequest, Job, JobContext
 
-ORIGIN = "sepp.deferred.of"  # the first job's id, across every copy
-COUNT = "sepp.deferred.n"  # how many times the job was deferred
-SPENT = "sepp.deferred.spent"  # attempts spent before this copy (its attempts start after)
 KEY_PREFIX = "sepp.defer:"
 
 
@@ -45,17 +48,16 @@ def deferral_key(job_id: str) -> str:
 
 def spent_attempts(ctx: JobContext) -> int:
     """Attempts the job spent before this copy of it (0 for a job never deferred)."""
-    value = ctx.custom.get(SPENT)
-    return value if type(value) is int and value >= 0 else 0
+    return _spent_attempts(ctx.custom)
 
 
 def logical_attempt(ctx: JobContext) -> int:
     """The job's attempt counted across its copies (what a handler should be shown)."""
-    return spent_attempts(ctx) + ctx.attempt
+    return ctx.logical_attempt
 
 
 def logical_max_attempts(ctx: JobContext) -> int:
-    return spent_attempts(ctx) + ctx.max_attempts
+    return ctx.logical_max_attempts
 
 
 def deferrals(ctx: JobContext) -> int:
@@ -65,14 +67,13 @@ def deferrals(ctx: JobContext) -> int:
 
 def origin_id(ctx: JobContext) -> str:
     """The id of the job first enqueued, before any deferral."""
-    value = ctx.custom.get(ORIGIN)
-    return value if type(value) is str and value else ctx.id
+    return _origin_id(ctx.custom, ctx.id)
 
 
 def deferral_request(job: Job, *, scheduled_at: datetime | None) -> EnqueueRequest:
     """The copy that stands in for `job` (not yet enqueued)."""
     ctx = job.ctx
-    custom = {k: v for k, v in ctx.custom.items() if k not in (ORIGIN, COUNT, SPENT)}
+    custom = {k: v for k, v in ctx.custom.items() if k not in ENTRIES}
     custom[ORIGIN] = origin_id(ctx)
     custom[COUNT] = deferrals(ctx) + 1
     # This delivery never ran: it is given back with the rest.

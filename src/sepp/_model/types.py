@@ -8,11 +8,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta
 from types import MappingProxyType
-from typing import Any, ClassVar, Literal, Protocol, overload
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, overload
 
 from . import validate as v
+from .deferred import spent_attempts
 from .errors import ValidationError
 from .rejections import BatchRejection as BatchRejection
+
+if TYPE_CHECKING:
+    from .limit_stats import LimitStats
 
 CustomValue = v.CustomValue
 JSON_ENCODING = "application/json"
@@ -219,9 +223,13 @@ class EnqueueAck:
 
 class _Lease:
     """The part of a JobContext that is not the job's own: the expiry an extend was granted
-    (the one thing that changes), and the client and worker state a handler is given."""
+    (the one thing that changes), and the client and worker state a handler is given.
+    `limits`, set only for a job of a handler with a `sepp.Limit` (unset otherwise: nothing
+    to pay for), says how its limits stand."""
 
-    __slots__ = ("client", "expires_at", "follow_ups", "state", "worker_id")
+    __slots__ = ("client", "expires_at", "follow_ups", "limits", "state", "worker_id")
+
+    limits: Callable[[], tuple[LimitStats, ...]]
 
     def __init__(
         self, expires_at: datetime, worker_id: str | None, client: object, state: object
@@ -285,7 +293,9 @@ class JobContext:
 
     @property
     def is_final_attempt(self) -> bool:
-        """Whether this is the last attempt: a nack now sends the job to the dead letters."""
+        """Whether this is the last attempt: a nack now sends the job to the dead letters.
+        Exact across a `sepp.Limit`'s deferrals too: a deferred copy is allowed just the
+        attempts its job had left."""
         return self.attempt >= self.max_attempts
 
     def then(self, *jobs: EnqueueRequest | Enqueueable) -> None:
@@ -303,6 +313,26 @@ class JobContext:
             lease.follow_ups = requests
         else:
             lease.follow_ups.extend(requests)
+
+    @property
+    def logical_attempt(self) -> int:
+        """The job's attempt counted across the copies a `sepp.Limit` made when it deferred
+        the job (waiting for a limit never costs an attempt): `attempt` for a job never
+        deferred. `attempt` itself is this delivery's, which ack, nack and extend send."""
+        return spent_attempts(self.custom) + self.attempt
+
+    @property
+    def logical_max_attempts(self) -> int:
+        """`max_attempts` counted across a deferred job's copies, as `logical_attempt` is."""
+        return spent_attempts(self.custom) + self.max_attempts
+
+    @property
+    def limits(self) -> tuple[LimitStats, ...]:
+        """How the `sepp.Limit`s this job's handler was admitted through stand now in this
+        Worker process, for this job's key: one `sepp.LimitStats` each (how many run, how
+        many wait), outermost first. `()` for a handler without limits."""
+        view: Callable[[], tuple[LimitStats, ...]] | None = getattr(self._lease, "limits", None)
+        return () if view is None else view()
 
     def __str__(self) -> str:
         return f"{self.job_type}[{self.id}] on {self.queue} ({self.attempt}/{self.max_attempts})"

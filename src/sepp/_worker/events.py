@@ -4,10 +4,26 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 if TYPE_CHECKING:
     from .._model.types import JobContext
+
+
+class LimitCounts(NamedTuple):
+    """One `sepp.Limit` in a Worker, as its metrics show it: how many of its handlers run and
+    how many held jobs wait for it now; how many it admitted, deferred and lost a permit of so
+    far, and the admitted jobs' waits summed (seconds); the keys it keeps state for."""
+
+    label: str
+    scope: str
+    running: int
+    waiting: int
+    admitted: int
+    deferred: int
+    lost: int
+    waited_s: float
+    keys: int
 
 
 class WorkerEvents(Protocol):
@@ -40,3 +56,6 @@ class WorkerEvents(Protocol):
     def job_settled(self, ctx: JobContext, label: str | None, dead_lettered: bool | None) -> None:
         """The job is done here: `label` is its outcome's ("ack", "error", ...; None: the
         lease was lost), `dead_lettered` the nack's answer (None: no nack, or it failed)."""
+
+    def limit_changed(self, counts: LimitCounts) -> None:
+        """A limit's counts changed (or it was made: the Worker's limits are told first)."""

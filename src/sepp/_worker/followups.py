@@ -21,6 +21,7 @@ from .._client.calls import JobsClient
 from .._client.chunking import DEFAULT_MAX_ENQUEUE_BATCH
 from .._client.replies import probe_beacon
 from .._model import pipelines as p
+from .._model.deferred import origin_id
 from .._model.errors import BatchValidationError, SeppError, ValidationError
 from .._model.settlement import HandlerError, Outcome, describe
 from .._model.types import EnqueueRequest, JobContext, Payload
@@ -66,14 +67,15 @@ class FollowUps:
                 raise HandlerError.permanent(
                     f"the handler's result cannot be sent: {describe(exc)}"
                 ) from None
+        job_id = origin_id(custom, ctx.id)  # one key across a limit's deferred copies
         requests = [
             request
             if request.idempotency_key is not None
-            else dataclasses.replace(request, idempotency_key=p.follow_up_key(ctx.id, index))
+            else dataclasses.replace(request, idempotency_key=p.follow_up_key(job_id, index))
             for index, request in enumerate(ctx._lease.follow_ups or ())
         ]
         if position is not None and position.rest:
-            requests.append(p.next_step_request(position, payload, address, ctx.id))
+            requests.append(p.next_step_request(position, payload, address, job_id))
             address = None  # the last step sends the result
         if requests:
             await self._enqueue(requests)
@@ -138,7 +140,8 @@ class FollowUps:
         if await probe_beacon(client, address.beacon) is False:
             return  # its client went away
         try:
-            await client.enqueue(p.reply_request(address, ctx.id, payload, failure))
+            job_id = origin_id(ctx.custom, ctx.id)
+            await client.enqueue(p.reply_request(address, job_id, payload, failure))
         except SeppError as exc:
             self._log.warning(
                 "sepp: the result of %s could not be sent to %s: %s", ctx, address.queue, exc

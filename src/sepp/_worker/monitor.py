@@ -29,6 +29,7 @@ from .._runtime.concurrency import (
 
 if TYPE_CHECKING:
     from .._model.types import JobContext
+    from .events import LimitCounts
 
 # Seconds; the upper bounds of the duration histograms' buckets (+Inf is implied).
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -88,6 +89,7 @@ class _Series:
 
     __slots__ = (
         "dead_lettered",
+        "deferred",
         "duration",
         "failed",
         "lease_lost",
@@ -98,7 +100,7 @@ class _Series:
 
     def __init__(self) -> None:
         self.started = self.succeeded = self.failed = 0
-        self.retried = self.dead_lettered = self.lease_lost = 0
+        self.retried = self.dead_lettered = self.lease_lost = self.deferred = 0
         self.duration = _Histogram(DURATION_BUCKETS)
 
     def copy(self) -> _Series:
@@ -116,6 +118,17 @@ _JOB_COUNTERS = (
     ("retried", "Failed jobs nacked for another attempt"),
     ("dead_lettered", "Jobs the server dead-lettered on our nack"),
     ("lease_lost", "Jobs whose lease was lost while their handler ran"),
+    ("deferred", "Jobs a limit gave back for later, without costing them an attempt"),
+)
+# Per limit (labels "limit" and "scope"): (family suffix, type, help, the LimitCounts field).
+_LIMIT_FAMILIES = (
+    ("running", "gauge", "Handlers admitted by the limit and running now", "running"),
+    ("waiting", "gauge", "Held jobs waiting for the limit now", "waiting"),
+    ("admitted_total", "counter", "Jobs the limit admitted", "admitted"),
+    ("deferred_total", "counter", "Jobs the limit deferred (no attempt spent)", "deferred"),
+    ("lost_total", "counter", "Global permits lost while held (the handler was cancelled)", "lost"),
+    ("wait_seconds_total", "counter", "Seconds the admitted jobs waited, summed", "waited_s"),
+    ("keys", "gauge", "Keys the limit keeps state for in this process", "keys"),
 )
 
 
@@ -208,6 +221,7 @@ class WorkerMonitor:
                 feed.reserves_failed,
             )
             reserve_duration = feed.reserve_duration.copy()
+            limits = sorted(feed.limits.values())
             paused = feed.state is _State.PAUSED
         Family = prometheus.Family
         families: list[prometheus.Family] = []
@@ -262,6 +276,11 @@ class WorkerMonitor:
             lag_gauge.add(lag)
         families += [unknown, duration, in_flight_gauge, reserves, reserve_time]
         families += [ready_gauge, paused_gauge, lag_gauge]
+        for suffix, kind, help_text, field in _LIMIT_FAMILIES:
+            family = Family(f"sepp_worker_limit_{suffix}", kind, f"{help_text}.")
+            for counts in limits:
+                family.add(getattr(counts, field), limit=counts.label, scope=counts.scope)
+            families.append(family)
         return prometheus.write(families)
 
     # -- serving --------------------------------------------------------------------------------
@@ -353,6 +372,7 @@ class MonitorFeed:
         "in_flight",
         "known_types",
         "last_reserve_error",
+        "limits",
         "lock",
         "reserve_duration",
         "reserve_failures",
@@ -377,6 +397,7 @@ class MonitorFeed:
         self.reserves_failed = 0
         self.reserve_duration = _Histogram(RESERVE_BUCKETS)
         self.unknown_type: dict[str, int] = {}
+        self.limits: dict[tuple[str, str], LimitCounts] = {}
 
     def worker_started(self, job_types: Iterable[str] | None) -> None:
         """The job types with a handler of their own (None: label every type as it is)."""
@@ -442,12 +463,18 @@ class MonitorFeed:
                 series.lease_lost += 1
             elif label == "ack":
                 series.succeeded += 1
+            elif label == "deferred":
+                series.deferred += 1
             elif label != "shutdown":
                 series.failed += 1
                 if dead_lettered:
                     series.dead_lettered += 1
                 elif dead_lettered is not None:
                     series.retried += 1
+
+    def limit_changed(self, counts: LimitCounts) -> None:
+        with self.lock:
+            self.limits[(counts.label, counts.scope)] = counts
 
     def loop_lag(self, now: float) -> float | None:
         """How late the heartbeat is at `now` (None: no heartbeat runs). Under `lock`."""

@@ -6,7 +6,8 @@ runs one such job after another, waiting for the next one in between, inside a c
 renews only after a run was cancelled; each job runs in a context of its own (`job_steps`).
 Spawning a task and entering a cancel scope for every job cost about what the rest of the
 job's work in the Worker does. Any other job (no slot free yet, a redelivery of a job still
-running here, a type without a handler) gets a task and a scope of its own, as before."""
+running here, a type without a handler, a handler with limits, which may wait and whose lost
+permit cancels its scope) gets a task and a scope of its own, as before."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from .dead_letter_hooks import HookCall
 from .failure_policy import FailurePolicy
 from .followups import EncodeResult, FollowUps, default_encode_result
 from .held_job import HeldJob, HeldJobs, Phase
+from .job_limits import Deferring, JobAdmission, JobLimits, Refusal, RouteLimits
 from .job_steps import JobCoroutine, drive, leave_runner_scope
 from .middleware import run_chain
 from .router import BackoffSetting, Handler, Router, RouteSettings, registered_handlers
@@ -63,11 +65,21 @@ def _with_timeout(fn: Handler, timeout_s: float, cc: ServiceRuntime) -> Handler:
 class Route:
     """A handler as the Worker runs it: the function (within its timeout), its middleware
     chain, the backoff its failures retry with, its failure policy (None: every failure
-    retries), the hooks its dead-lettered jobs are told to, and how its result is encoded (a
-    task's codec, or JSON) for a chain's next step or an awaiting client. What a failure or a
-    dead letter needs is made here, once, so that a job that succeeds pays nothing for them."""
+    retries), the hooks its dead-lettered jobs are told to, how its result is encoded (a
+    task's codec, or JSON) for a chain's next step or an awaiting client, and the limits its
+    jobs pass (None: none). What a failure, a dead letter or a limit needs is made here, once,
+    so that a job that succeeds pays nothing for them (and a job without limits nothing for
+    those)."""
 
-    __slots__ = ("backoff", "dead_letter_hooks", "encode_result", "fn", "middleware", "policy")
+    __slots__ = (
+        "backoff",
+        "dead_letter_hooks",
+        "encode_result",
+        "fn",
+        "limits",
+        "middleware",
+        "policy",
+    )
 
     def __init__(self, fn: Handler, settings: RouteSettings, cc: ServiceRuntime) -> None:
         self.encode_result: EncodeResult = getattr(fn, "sepp_encode_result", default_encode_result)
@@ -81,6 +93,7 @@ class Route:
             None if retry_on is None and not give_up_on else FailurePolicy(retry_on, give_up_on)
         )
         self.dead_letter_hooks = settings.on_dead_letter
+        self.limits: RouteLimits | None = None
 
 
 RUNNER_NAME = "sepp job runner"
@@ -129,9 +142,11 @@ class JobProcessor:
         events: WorkerEvents | None,
         metrics: _otel.WorkerMetrics,
         loop_watch: LoopWatch | None = None,
+        limits: JobLimits,
         cc: ServiceRuntime,
     ) -> None:
         self._cc = cc
+        self._limits = limits
         self._client = client
         self._worker_id = worker_id
         self._unknown_types = unknown_types
@@ -158,8 +173,15 @@ class JobProcessor:
         """Run `router`'s handlers, with the Worker's settings `own` around theirs."""
         routes: dict[str, Route] = {}
         catch_all = None
-        for entry in registered_handlers(router):
-            route = Route(entry.handler, entry.settings.inside(own), self._cc)
+        entries = [(entry, entry.settings.inside(own)) for entry in registered_handlers(router)]
+        sharing: dict[object, list[str]] = {}  # the job types of each limit, for its label
+        for entry, settings in entries:
+            for use in settings.limits:
+                sharing.setdefault(use.identity, []).append(entry.job_type or "*")
+        for entry, settings in entries:
+            route = Route(entry.handler, settings, self._cc)
+            if settings.limits:
+                route.limits = self._limits.route_limits(settings.limits, sharing)
             if entry.job_type is None:
                 catch_all = route
             else:
@@ -192,7 +214,12 @@ class JobProcessor:
         held.dispatched_at = dispatched_at
         earlier = self._held.add(held)
         route = self._routes.get(ctx.job_type, self._catch_all)
-        if route is not None and earlier is None and self._slots.take(held):
+        if (
+            route is not None
+            and earlier is None
+            and route.limits is None
+            and self._slots.take(held)
+        ):
             # A job runner's, in a context of its own as a task of its own would have.
             held.context = contextvars.copy_context()
             if self._idle:
@@ -358,6 +385,7 @@ class JobProcessor:
         metrics = self._metrics
         events = self._events
         slotted = False
+        admission: JobAdmission | None = None
         try:
             if runner_scope is None:
                 assert held.scope is not None
@@ -365,6 +393,11 @@ class JobProcessor:
                     if held.earlier is not None:
                         await self._after_earlier_run(held, held.earlier)
                     await held.wait_for_slot()
+                    if route.limits is not None:  # only ever a task of its own's
+                        admitted = await self._limits.admit(held, route.limits)
+                        if type(admitted) is Refusal:
+                            return self._limits.deferring(held, admitted)
+                        admission = admitted  # type: ignore[assignment]
                     slotted = True
                     if events is not None:
                         events.job_started(ctx)
@@ -403,6 +436,8 @@ class JobProcessor:
                 raise
         finally:
             self._slots.release(held)
+            if admission is not None:
+                admission.release()
             held.phase = Phase.SETTLING
             ended = now()
             started = held.started_at
@@ -422,6 +457,8 @@ class JobProcessor:
             return None  # someone else may own the job now; logged by the lease keeper
         if returned:
             return outcomes.ACK
+        if admission is not None and admission.lost is not None:
+            return self._limits.lost(held, admission)
         if held.forced or error is None:
             return outcomes.SHUTDOWN
         outcome = outcomes.requested(error)
@@ -434,7 +471,7 @@ class JobProcessor:
         if outcome.retry is not Retry.DEFAULT or route.backoff is Retry.DEFAULT:
             return outcome
         assert isinstance(route.backoff, Backoff)
-        delay_s = route.backoff.delay(ctx.attempt)
+        delay_s = route.backoff.delay(ctx.logical_attempt)  # counted across deferrals
         return outcomes.with_backoff(outcome, Retry.after(delay_s), delay_s)
 
     async def _send_follow_ups(self, held: HeldJob, route: Route, value: object) -> None:
@@ -486,6 +523,8 @@ class JobProcessor:
         dead-lettered the job (None: it failed)."""
         try:
             if outcome.retry is None:
+                if type(outcome) is Deferring:  # a plain ack never comes here
+                    return await self._limits.defer(outcome)
                 await self._client.ack(ctx)
                 if attributes is not None:
                     self._metrics.add("processed", 1, attributes)

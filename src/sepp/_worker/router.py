@@ -17,6 +17,7 @@ from .._model.settlement import OnInvalid, check_on_invalid
 from .._model.types import JobContext, Payload, Retry
 from .dead_letter_hooks import DeadLetterHook, HookCall, checked_hook
 from .failure_policy import ExceptionTypes, checked_exception_types
+from .limit_uses import LimitSetting, LimitUse, check_one_value_per_name, checked_limits
 from .middleware import Middleware, checked_middleware
 from .thread_handlers import SyncHandler, SyncJobContext, is_sync_function, run_in_thread
 
@@ -128,7 +129,9 @@ class RouteSettings(NamedTuple):
     and of its own registration (outermost first; the Worker adds its own in front); its
     timeout, backoff and failure policy (`retry_on`, `give_up_on`), None where inherited from
     an enclosing router or the Worker; and the `on_dead_letter` hooks of the routers it came
-    through (the Worker's first, then from the outermost router in, as for middleware)."""
+    through (the Worker's first, then from the outermost router in, as for middleware), and
+    the limits its jobs pass, gathered the same way (every router's it came through, outermost
+    first, then its own registration's)."""
 
     middleware: tuple[Middleware, ...] = ()
     timeout_s: float | None = None
@@ -136,6 +139,7 @@ class RouteSettings(NamedTuple):
     retry_on: ExceptionTypes | None = None
     give_up_on: ExceptionTypes | None = None
     on_dead_letter: tuple[HookCall, ...] = ()
+    limits: tuple[LimitUse, ...] = ()
 
     def inside(self, outer: RouteSettings) -> RouteSettings:
         """These settings as seen through a router with settings `outer`."""
@@ -146,6 +150,7 @@ class RouteSettings(NamedTuple):
             self.retry_on if self.retry_on is not None else outer.retry_on,
             self.give_up_on if self.give_up_on is not None else outer.give_up_on,
             outer.on_dead_letter + self.on_dead_letter,
+            outer.limits + self.limits,
         )
 
 
@@ -181,7 +186,11 @@ class Router:
     handler's own registration, else the nearest router's, else the Worker's; see
     `sepp.Worker` for what the last two mean). `on_dead_letter` (see `sepp.DeadLetterHook`) is
     called for each job of its handlers that the worker's nack dead-lettered, after the
-    Worker's own and those of the routers that include this one. `lifespan` (see
+    Worker's own and those of the routers that include this one. `limit` (a `sepp.Limit`, or a
+    list of them) is one limit shared by all of this router's handlers together, also after
+    another router includes it; each handler's own `limit=` holds besides (both must admit a
+    job). Unnamed, it is this router's alone; `name=` makes it the one limit of that name (a
+    global one needs a name). `lifespan` (see
     `sepp.Worker`) is the Worker's when this router is handed to it, e.g. by
     `sepp-trio worker`; a router with a lifespan cannot be included in another.
     """
@@ -207,6 +216,7 @@ class Router:
         retry_on: type[Exception] | tuple[type[Exception], ...] | None = None,
         give_up_on: type[Exception] | tuple[type[Exception], ...] | None = None,
         on_dead_letter: DeadLetterHook | None = None,
+        limit: LimitSetting = None,
     ) -> None:
         self._handlers: dict[str, Handler] = {}
         self._on_invalid = check_on_invalid(on_invalid)
@@ -220,6 +230,7 @@ class Router:
             checked_exception_types("retry_on", retry_on),
             checked_exception_types("give_up_on", give_up_on),
             checked_hook("on_dead_letter", on_dead_letter),
+            checked_limits("limit", limit, router=self),
         )
         if lifespan is not None:
             lifespan_call(lifespan)  # refused now, not when a Worker runs it
@@ -235,6 +246,7 @@ class Router:
         middleware: Iterable[Middleware] = (),
         retry_on: type[Exception] | tuple[type[Exception], ...] | None = None,
         give_up_on: type[Exception] | tuple[type[Exception], ...] | None = None,
+        limit: LimitSetting = None,
     ) -> Router:
         """Register `fn` for `job_type`; returns the router so calls chain. `timeout` (seconds
         or timedelta) cancels a handler running longer and nacks its job with the backoff;
@@ -242,9 +254,14 @@ class Router:
         dead-letters a job at once when the handler raises one of them, and `retry_on`, when
         given, retries only those (the rest dead-letter at once). None inherits the router's,
         then the Worker's. `middleware` wraps this handler alone, inside the router's and the
-        Worker's (first in the list = outermost)."""
+        Worker's (first in the list = outermost). `limit` (a `sepp.Limit`, or a list of them)
+        caps how many of its handlers run at once and how often they start, named after
+        `job_type` unless it has a name; a job that must wait for it waits without costing an
+        attempt (see `sepp.Worker`)."""
         v.utf8_text("job_type", job_type)
-        settings = own_settings(timeout, backoff, middleware, retry_on, give_up_on)
+        settings = own_settings(
+            timeout, backoff, middleware, retry_on, give_up_on, limit, job_type=job_type
+        )
         self._register(job_type, fn, settings)
         return self
 
@@ -256,6 +273,8 @@ class Router:
     def _add(self, job_type: str, fn: Handler, settings: RouteSettings) -> None:
         if job_type in self._handlers:
             raise DuplicateHandlerError(job_type)
+        if settings.limits:
+            check_one_value_per_name([*limit_uses(self), *settings.limits])
         self._handlers[job_type] = fn
         if settings != NO_SETTINGS:
             self._settings[job_type] = settings
@@ -269,18 +288,21 @@ class Router:
         middleware: Iterable[Middleware] = (),
         retry_on: type[Exception] | tuple[type[Exception], ...] | None = None,
         give_up_on: type[Exception] | tuple[type[Exception], ...] | None = None,
+        limit: LimitSetting = None,
     ) -> TaskDecorator[T, R]:
         """Decorator: register the handler of `task`'s job type; it gets the payload decoded
         into the task's type: `@router.task(send_welcome)` on
         `async def handle(job: Welcome, ctx: sepp.JobContext)`, or on a `def` handler, which
-        runs in a worker thread. `timeout`, `backoff`, `middleware`, `retry_on` and
-        `give_up_on` as for `handle`."""
+        runs in a worker thread. `timeout`, `backoff`, `middleware`, `retry_on`, `give_up_on`
+        and `limit` as for `handle`."""
         from .._payloads.task import Task
         from .typed_handler import prepare_for_task
 
         if not isinstance(task, Task):
             raise ValidationError("task", f"must be a sepp.Task, got {type(task).__name__}")
-        settings = own_settings(timeout, backoff, middleware, retry_on, give_up_on)
+        settings = own_settings(
+            timeout, backoff, middleware, retry_on, give_up_on, limit, job_type=task.job_type
+        )
 
         def register(fn: TaskHandler[T, R]) -> TaskHandler[T, R]:
             self._add(task.job_type, _checked_handler(prepare_for_task(fn, task)), settings)
@@ -297,11 +319,14 @@ class Router:
         middleware: Iterable[Middleware] = (),
         retry_on: type[Exception] | tuple[type[Exception], ...] | None = None,
         give_up_on: type[Exception] | tuple[type[Exception], ...] | None = None,
+        limit: LimitSetting = None,
     ) -> Callable[[H], H]:
         """Decorator form of `handle`."""
         v.utf8_text("job_type", job_type)
         # Refused now, not when applied.
-        settings = own_settings(timeout, backoff, middleware, retry_on, give_up_on)
+        settings = own_settings(
+            timeout, backoff, middleware, retry_on, give_up_on, limit, job_type=job_type
+        )
 
         def register(fn: H) -> H:
             self._register(job_type, fn, settings)
@@ -320,8 +345,9 @@ class Router:
 
     def include(self, other: Router) -> Router:
         """Copy `other`'s handlers (and catch-all) into this router; returns this router.
-        They keep `other`'s middleware, timeout, backoff, failure policy and `on_dead_letter`
-        hook. Later registrations on `other` are not seen. On a clash nothing is copied."""
+        They keep `other`'s middleware, timeout, backoff, failure policy, `on_dead_letter` hook
+        and limits. Later registrations on `other` are not seen. On a clash nothing is
+        copied."""
         if not isinstance(other, Router):
             raise ValidationError("other", f"must be a sepp.Router, got {type(other).__name__}")
         if other.lifespan is not None:
@@ -387,6 +413,7 @@ def copy_handlers(into: Router, other: Router) -> None:
             raise DuplicateHandlerError(job_type)
     if other._catch_all is not None and into._catch_all is not None:
         raise DuplicateHandlerError(None)
+    check_one_value_per_name([*limit_uses(into), *limit_uses(other)])
     for entry in registered_handlers(other):
         if entry.job_type is None:
             into._catch_all = entry.handler
@@ -403,15 +430,28 @@ def own_settings(
     middleware: object,
     retry_on: object = None,
     give_up_on: object = None,
+    limit: object = None,
+    *,
+    job_type: str | None = None,
 ) -> RouteSettings:
-    """One registration's own settings, checked (ValidationError)."""
+    """One registration's own settings, checked (ValidationError); `job_type` names its own
+    limit."""
     return RouteSettings(
         checked_middleware("middleware", middleware),
         optional_timeout(timeout),
         checked_backoff("backoff", backoff),
         checked_exception_types("retry_on", retry_on),
         checked_exception_types("give_up_on", give_up_on),
+        limits=checked_limits("limit", limit, job_type=job_type),
     )
+
+
+def limit_uses(router: Router) -> list[LimitUse]:
+    """Every limit `router`'s handlers pass (its own, and each registration's)."""
+    found = list(router._own.limits) + list(router._catch_all_settings.limits)
+    for settings in router._settings.values():
+        found += settings.limits
+    return found
 
 
 def optional_timeout(timeout: float | timedelta | None) -> float | None:

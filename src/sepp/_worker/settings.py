@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 import secrets
 import socket
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal
 
+from .._limits.waiting import DEFAULT_PATIENCE_S, default_room
 from .._model import validate as v
 from .._model.backoff import Backoff
 from .._model.errors import ValidationError
@@ -59,6 +61,8 @@ class WorkerSettings:
     loop_block_warning_s: float | None  # warn when a handler's step holds the loop this long
     handlers: Router | None
     lifespan: LifespanCall | None  # the Worker's, or its handlers' Router's, called as f(worker)
+    limit_waiting: int  # how many held jobs may wait for limits at once (the waiting room)
+    limit_patience_s: float  # how long one waits before it is deferred (inf: for ever)
 
     @classmethod
     def parse(
@@ -86,6 +90,8 @@ class WorkerSettings:
         monitor: WorkerMonitor | None,
         loop_block_warning: float | timedelta | None,
         wall_clock: Callable[[], datetime] | None,
+        limit_waiting: int | None = None,
+        limit_patience: float | timedelta | None = DEFAULT_PATIENCE_S,
     ) -> WorkerSettings:
         """Check every option, in the order the Worker's signature names them."""
         names = [queues] if isinstance(queues, str) else list(queues)
@@ -142,6 +148,17 @@ class WorkerSettings:
                         "lifespan", "given twice: to the Worker and to its handlers' Router"
                     )
                 lifespan = handlers.lifespan
+        if limit_waiting is None:
+            limit_waiting = default_room(max_in_flight)
+        else:
+            limit_waiting = v.whole_number(
+                "limit_waiting", limit_waiting, low=1, high=max_in_flight
+            )
+        limit_patience_s = (
+            math.inf
+            if limit_patience is None
+            else v.seconds("limit_patience", limit_patience, allow_zero=True)
+        )
         return cls(
             queues=tuple(names),
             lease_s=lease_s,
@@ -160,6 +177,8 @@ class WorkerSettings:
             loop_block_warning_s=loop_block_warning_s,
             handlers=handlers,
             lifespan=None if lifespan is None else lifespan_call(lifespan),
+            limit_waiting=limit_waiting,
+            limit_patience_s=limit_patience_s,
         )
 
 

@@ -34,7 +34,9 @@ from .client_calls import WorkerClient
 from .dead_letter_hooks import DeadLetterHook
 from .events import WorkerEvents
 from .held_job import HeldJobs
+from .job_limits import JobLimits
 from .lease_keeper import LeaseKeeper
+from .limit_uses import LimitSetting
 from .loop_watch import LoopWatch
 from .middleware import Middleware
 from .monitor import WorkerMonitor, feed_of
@@ -81,6 +83,7 @@ class _Parts:
     report: WorkerReport
     jobs: JobProcessor
     reserver: ReserveLoop
+    limits: JobLimits
 
 
 class Worker:
@@ -135,6 +138,15 @@ class Worker:
     without a handler goes back to the queue after
     `unknown_types`' delay, or to the dead letters at once with "dead_letter". A payload that
     does not decode into a typed handler's type is dead-lettered at once (see `sepp.Router`).
+
+    Limits (`limit=` of a registration or a Router, see `sepp.Limit`): a job whose limit has
+    no room waits for it, its lease kept, holding its place among the `max_in_flight` jobs the
+    worker holds; at most `limit_waiting` held jobs wait at once (None: half of
+    `max_in_flight`, at least one), so the rest always run jobs that can. A job that finds that
+    full, or has waited `limit_patience` seconds (None: no end), is deferred: given back as a
+    copy scheduled for later with the attempts it had left, so waiting never costs an attempt
+    and never dead-letters a job (`ctx.logical_attempt` counts across the copies). At shutdown
+    the waiting jobs are deferred to run at once elsewhere.
     """
 
     def __init__(
@@ -162,6 +174,8 @@ class Worker:
         on_dead_letter: DeadLetterHook | None = None,
         monitor: WorkerMonitor | None = None,
         loop_block_warning: float | timedelta | None = 1.0,
+        limit_waiting: int | None = None,
+        limit_patience: float | timedelta | None = 5.0,
         _wall_clock: Callable[[], datetime] | None = None,
     ) -> None:
         settings = WorkerSettings.parse(
@@ -187,6 +201,8 @@ class Worker:
             monitor=monitor,
             loop_block_warning=loop_block_warning,
             wall_clock=_wall_clock,
+            limit_waiting=limit_waiting,
+            limit_patience=limit_patience,
         )
         refuse_a_blocking_client(client, "sepp.Worker")
         self._settings = settings
@@ -225,6 +241,16 @@ class Worker:
             cc=cc,
         )
         report = WorkerReport(self._log, settings.worker_id, list(settings.queues), client, cc)
+        limits = JobLimits(
+            client,
+            log=self._log,
+            events=events,
+            worker_id=settings.worker_id,
+            waiting_room=settings.limit_waiting,
+            patience_s=settings.limit_patience_s,
+            now_utc=settings.now_utc,
+            cc=cc,
+        )
         jobs = JobProcessor(
             client,
             worker_id=settings.worker_id,
@@ -237,6 +263,7 @@ class Worker:
             events=events,
             metrics=self._metrics,
             loop_watch=self._loop_watch,
+            limits=limits,
             cc=cc,
         )
         jobs.use_routes(self._router, settings.own)
@@ -252,7 +279,7 @@ class Worker:
             cc=cc,
             pause_wanted=lambda: self._pause_wanted,
         )
-        return _Parts(cc, held, leases, report, jobs, reserver)
+        return _Parts(cc, held, leases, report, jobs, reserver, limits)
 
     def __repr__(self) -> str:
         settings = self._settings
@@ -273,11 +300,13 @@ class Worker:
         middleware: Iterable[Middleware] = (),
         retry_on: type[Exception] | tuple[type[Exception], ...] | None = None,
         give_up_on: type[Exception] | tuple[type[Exception], ...] | None = None,
+        limit: LimitSetting = None,
     ) -> Worker:
         """Register `fn` for `job_type`; returns the worker so calls chain. A second
         registration for the same type raises DuplicateHandlerError. `timeout`, `backoff`,
         `retry_on` and `give_up_on` override the worker's for this handler; `middleware` wraps
-        it alone, inside the worker's."""
+        it alone, inside the worker's; `limit` (a `sepp.Limit`, or a list of them) limits it
+        (see `Router.handle`)."""
         self._router.handle(
             job_type,
             fn,
@@ -286,6 +315,7 @@ class Worker:
             middleware=middleware,
             retry_on=retry_on,
             give_up_on=give_up_on,
+            limit=limit,
         )
         self._build_routes()
         return self
@@ -299,6 +329,7 @@ class Worker:
         middleware: Iterable[Middleware] = (),
         retry_on: type[Exception] | tuple[type[Exception], ...] | None = None,
         give_up_on: type[Exception] | tuple[type[Exception], ...] | None = None,
+        limit: LimitSetting = None,
     ) -> Callable[[H], H]:
         """Decorator form of `handle`."""
         register = self._router.handler(
@@ -308,6 +339,7 @@ class Worker:
             middleware=middleware,
             retry_on=retry_on,
             give_up_on=give_up_on,
+            limit=limit,
         )
 
         def register_here(fn: H) -> H:
@@ -326,6 +358,7 @@ class Worker:
         middleware: Iterable[Middleware] = (),
         retry_on: type[Exception] | tuple[type[Exception], ...] | None = None,
         give_up_on: type[Exception] | tuple[type[Exception], ...] | None = None,
+        limit: LimitSetting = None,
     ) -> TaskDecorator[T, R]:
         """Decorator: register the handler of `task` (see `Router.task`)."""
         register = self._router.task(
@@ -335,6 +368,7 @@ class Worker:
             middleware=middleware,
             retry_on=retry_on,
             give_up_on=give_up_on,
+            limit=limit,
         )
 
         def register_here(fn: TaskHandler[T, R]) -> TaskHandler[T, R]:
@@ -463,6 +497,7 @@ class Worker:
             self._events.shutting_down()
         parts.reserver.stop()
         parts.held.stop(waiting_only=True)
+        parts.limits.stop_waiting()  # the jobs waiting for limits are deferred
         parts.held.changed()
 
     # -- running ------------------------------------------------------------------------------
@@ -515,6 +550,7 @@ class Worker:
                     )
                 async with cc.open_nursery() as nursery:
                     nursery.start_soon(parts.leases.run, nursery)
+                    await nursery.start(parts.limits.run)  # a global limit reads the clock
                     async with cc.open_job_tasks(nursery) as job_tasks:
                         jobs.nursery = job_tasks
                         if shutdown.requested:
@@ -526,6 +562,7 @@ class Worker:
                         mark_started()
                         await shutdown.drain(parts.held, parts.report, cc)
                     jobs.stop_lease_keeping_if_idle()
+                    parts.limits.close()  # once their releases are sent
         finally:
             if loop_watch is not None:
                 loop_watch.stop()
