@@ -415,22 +415,6 @@ async def test_a_caller_that_gives_up_leaves_nothing_behind(
     await on(front, scenario)
 
 
-class CountingReplies:
-    """A worker's client that counts the replies it sends."""
-
-    def __init__(self, client: sepp.Client) -> None:
-        self._client = client
-        self.replies: list[sepp.EnqueueRequest] = []
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._client, name)
-
-    async def enqueue(self, request: sepp.EnqueueRequest, /, **options: Any) -> sepp.EnqueueAck:
-        if request.job_type == p.RESULT_JOB_TYPE:
-            self.replies.append(request)
-        return await self._client.enqueue(request, **options)
-
-
 async def test_no_result_is_sent_past_its_ttl_or_to_a_client_that_closed(
     sepp_server: SeppServer,
 ) -> None:
@@ -443,7 +427,7 @@ async def test_no_result_is_sent_past_its_ttl_or_to_a_client_that_closed(
         # `leaving` closed (its beacon acked); a third job has a live awaiter:
         alive = await square.submit(producer, 4)
         async with sepp.open(sepp_server.address) as client:
-            counting = CountingReplies(client)
+            counting = tasks.CountingReplies(client)
             seen: list[tuple[int, str]] = []
             worker = square_worker(counting, seen)
             async with working(worker):
