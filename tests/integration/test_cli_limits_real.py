@@ -27,7 +27,10 @@ from sepp.testing import SeppServer, sepp_server
 from tests.integration.test_cli_real import Running, spawn
 from tests.integration.test_limits_processes_real import intervals, overlaps
 
-pytestmark = [pytest.mark.real_server]
+# Processes that coordinate only through the server: the same on every interpreter (the
+# Worker's limits, tests/integration/test_worker_limits_real.py, and the in-process gates run
+# on every part), and 45 s of waiting a part: on the matrix's main part only.
+pytestmark = [pytest.mark.real_server, pytest.mark.main_only]
 
 HANG_GUARD_S = 240.0
 CONFIG: dict[str, object] = {

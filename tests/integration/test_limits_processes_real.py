@@ -21,7 +21,10 @@ import trio
 import sepp
 from sepp.testing import SeppServer, sepp_server
 
-pytestmark = [pytest.mark.real_server]
+# Processes that coordinate only through the server: the same on every interpreter (the
+# in-process gates, tests/integration/test_limits_global_real.py, run on every part), and
+# 40 s of waiting a part: on the matrix's main part only.
+pytestmark = [pytest.mark.real_server, pytest.mark.main_only]
 
 SCRIPT = Path(__file__).resolve().parents[1] / "fixtures" / "limit_process.py"
 HANG_GUARD_S = 180.0

@@ -128,6 +128,8 @@ def test_the_main_only_suites_are_the_ones_that_declare_it() -> None:
         "docs/test_reference.py",
         "unit/test_module_structure.py",
         "unit/test_typing.py",
+        "integration/test_cli_limits_real.py",
+        "integration/test_limits_processes_real.py",
     }
 
 
