@@ -297,13 +297,14 @@ class _Direct:
 class _Pending:
     """One call handed to a run: the caller waits on `done` for `result`."""
 
-    __slots__ = ("done", "result", "scope")
+    __slots__ = ("done", "interrupted", "result", "scope")
 
     def __init__(self) -> None:
         self.done = threading.Lock()
         self.done.acquire()
         self.result: outcome.Outcome[Any] | None = None
         self.scope: CancelScope | None = None
+        self.interrupted = False  # the caller stopped it (KeyboardInterrupt in its thread)
 
 
 # While a caller waits, it checks this often that the run it handed its call to still exists
@@ -323,7 +324,10 @@ class RunCalls:
 
     `close()` ends it: calls still waiting are released and raise `ClientError(cancelled)`,
     later ones `ClientError(closed)` at once; the owner of `tasks` cancels the calls still
-    running in it. A call made from the run's own thread raises (it would wait forever)."""
+    running in it. With `given_up`, a call cancelled by the owner (not by its caller) ends it
+    as well, before its caller is released: a call the thread makes next raises `given_up` at
+    once instead of starting only to be cancelled in turn. A call made from the run's own
+    thread raises (it would wait forever)."""
 
     def __init__(
         self,
@@ -333,6 +337,7 @@ class RunCalls:
         *,
         closed: str,
         cancelled: str,
+        given_up: str | None = None,
     ) -> None:
         self._rt = runtime
         self.client = client
@@ -341,6 +346,7 @@ class RunCalls:
         self._run_thread = threading.get_ident()
         self._closed_message = closed
         self._cancelled_message = cancelled
+        self._given_up_message = given_up
         # Calls handed over and not yet finished: close() releases any left, so no caller
         # waits forever.
         self._waiting: set[_Pending] = set()
@@ -370,6 +376,15 @@ class RunCalls:
             try:
                 with self._rt.move_on_at(math.inf) as pending.scope:
                     pending.result = await outcome.acapture(invoke)
+                result = pending.result
+                if (
+                    self._given_up_message is not None
+                    and not pending.interrupted
+                    and isinstance(result, outcome.Error)
+                    and self._rt.is_cancellation(result.error)
+                ):
+                    self._closed = True
+                    self._closed_message = self._given_up_message
             finally:
                 finish()
 
@@ -408,6 +423,7 @@ class RunCalls:
 
     def _cancel(self, pending: _Pending) -> None:
         def cancel() -> None:
+            pending.interrupted = True
             if pending.scope is not None:
                 pending.scope.cancel()
 

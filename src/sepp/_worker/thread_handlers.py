@@ -118,7 +118,14 @@ def run_in_thread(
         async with runtime.open_task_group() as tasks:
             calls = blocking = None
             if worker_client is not None:
-                calls = RunCalls(runtime, worker_client, tasks, closed=_ENDED, cancelled=_CANCELLED)
+                calls = RunCalls(
+                    runtime,
+                    worker_client,
+                    tasks,
+                    closed=_ENDED,
+                    cancelled=_CANCELLED,
+                    given_up=_ABANDONED,  # a call cancelled with the handler: none after it
+                )
                 blocking = SyncClient._over(calls, getattr(worker_client, "address", "?"))
             try:
                 returned = await runtime.run_sync_in_thread(
